@@ -1,0 +1,391 @@
+"""Parameter blocks of the pFedHGP hierarchy and their flat-vector packing.
+
+The server owns the global block ``G = (m_g, C_g, ell_g, var_g, phi, Z_g)``;
+client ``i`` owns ``B_i = (m_d_i, C_d_i, m_u_i, C_u_i, ell_i, var_i, Z_i,
+s2_i)`` (SPEC section 1, "Federated training").  Both live as flat vectors of
+*unconstrained* parameters:
+
+* positive scalars (lengthscales, variances, ``phi``, noise variance) go
+  through softplus, ``theta = log(1 + exp(t))``; the noise variance has a
+  floor of :data:`NOISE_FLOOR` added (``s2 = softplus(t) + 1e-6``);
+* each variational Cholesky factor ``C`` is stored as its lower triangle,
+  row by row; its *diagonal* goes through softplus (so it stays positive),
+  off-diagonal entries are free;
+* means and inducing points are free.
+
+:func:`client_objective` assembles the blocks of one client from the two
+vectors, evaluates ``E_i - KL(q(w_i)) - KL(q(v_i))`` with
+:func:`skfedgp._sparse.client_term`, and maps the gradients back to both flat
+vectors.  The ILMM extension (SPEC section 1, multi-output) adds loadings as
+further entries of the same specs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._linalg import sigmoid, softplus, softplus_inv
+from ._sparse import Block, Component, block_predict, client_term, kl_whitened
+
+__all__ = [
+    "COMPONENTS",
+    "NOISE_FLOOR",
+    "Packer",
+    "global_spec",
+    "local_spec",
+    "build_blocks",
+    "client_objective",
+    "server_objective",
+    "predict_client",
+]
+
+#: Names of the three pFedHGP components, in order.
+COMPONENTS = ("global", "deviation", "local")
+#: Lower bound added to every noise variance (standardised units).
+NOISE_FLOOR = 1e-6
+
+
+class Packer:
+    """Map between a flat unconstrained vector and named constrained arrays.
+
+    Parameters
+    ----------
+    spec : list of (name, shape, kind)
+        ``kind`` is ``"free"``, ``"positive"`` (softplus), ``"noise"``
+        (softplus plus :data:`NOISE_FLOOR`) or ``"tril"`` (lower-triangular
+        ``(M, M)`` matrix, softplus diagonal; ``shape`` is ``(M, M)``).
+
+    Attributes
+    ----------
+    size : int
+        Length of the flat vector.
+    slices : dict
+        Name to slice of the flat vector.
+    """
+
+    def __init__(self, spec):
+        self.spec = [(n, tuple(s), k) for n, s, k in spec]
+        self.slices = {}
+        off = 0
+        for name, shape, kind in self.spec:
+            if kind == "tril":
+                size = shape[0] * (shape[0] + 1) // 2
+            else:
+                size = int(np.prod(shape, dtype=int))
+            self.slices[name] = slice(off, off + size)
+            off += size
+        self.size = off
+        self._tril = {
+            name: np.tril_indices(shape[0]) for name, shape, kind in self.spec if kind == "tril"
+        }
+
+    def names(self):
+        """Names in the order of the flat vector."""
+        return [n for n, _, _ in self.spec]
+
+    def unpack(self, theta):
+        """Constrained values from the flat vector.
+
+        Parameters
+        ----------
+        theta : ndarray of shape (size,)
+
+        Returns
+        -------
+        values : dict of name to ndarray (0-d arrays become floats)
+        """
+        out = {}
+        for name, shape, kind in self.spec:
+            t = theta[self.slices[name]]
+            if kind == "free":
+                v = t.reshape(shape).copy()
+            elif kind == "positive":
+                v = softplus(t).reshape(shape)
+            elif kind == "noise":
+                v = softplus(t).reshape(shape) + NOISE_FLOOR
+            else:  # tril
+                M = shape[0]
+                C = np.zeros((M, M))
+                C[self._tril[name]] = t
+                d = np.diag_indices(M)
+                C[d] = softplus(C[d])
+                v = C
+            out[name] = float(v) if shape == () else v
+        return out
+
+    def pack(self, values):
+        """Flat unconstrained vector from constrained values (inverse of unpack).
+
+        Raises
+        ------
+        ValueError
+            If a positive value is not positive or a shape is wrong.
+        """
+        theta = np.empty(self.size)
+        for name, shape, kind in self.spec:
+            v = np.asarray(values[name], dtype=float)
+            if v.shape != shape:
+                raise ValueError(f"parameter {name!r} has shape {v.shape}, expected {shape}")
+            if kind == "free":
+                t = v.ravel()
+            elif kind == "positive":
+                t = softplus_inv(v).ravel()
+            elif kind == "noise":
+                if np.any(v <= NOISE_FLOOR):
+                    raise ValueError(f"noise variance must exceed {NOISE_FLOOR}, got {v}")
+                t = softplus_inv(v - NOISE_FLOOR).ravel()
+            else:
+                C = np.tril(v).copy()
+                d = np.diag_indices(shape[0])
+                C[d] = softplus_inv(C[d])
+                t = C[self._tril[name]]
+            theta[self.slices[name]] = t
+        return theta
+
+    def flat_grad(self, theta, grads):
+        """Chain constrained gradients back to the flat unconstrained vector.
+
+        Parameters
+        ----------
+        theta : ndarray of shape (size,)
+            Point at which the gradients were taken.
+        grads : dict of name to ndarray
+            Gradients with respect to the constrained values; missing names
+            count as zero.
+
+        Returns
+        -------
+        g : ndarray of shape (size,)
+        """
+        g = np.zeros(self.size)
+        for name, shape, kind in self.spec:
+            if name not in grads:
+                continue
+            sl = self.slices[name]
+            gv = np.asarray(grads[name], dtype=float)
+            if kind == "free":
+                g[sl] = gv.ravel()
+            elif kind in ("positive", "noise"):
+                g[sl] = (gv.reshape(-1)) * sigmoid(theta[sl])
+            else:
+                idx = self._tril[name]
+                gt = gv[idx].copy()
+                diag = idx[0] == idx[1]
+                gt[diag] *= sigmoid(theta[sl][diag])
+                g[sl] = gt
+        return g
+
+
+def global_spec(components, M, d):
+    """Packer of the server's global block for the given ``components``.
+
+    Parameters
+    ----------
+    components : tuple of str
+        Subset of :data:`COMPONENTS`.
+    M : int
+        Number of global inducing points.
+    d : int
+        Input dimension.
+
+    Returns
+    -------
+    Packer
+        Empty (size 0) when neither ``"global"`` nor ``"deviation"`` is used.
+    """
+    spec = []
+    if "global" in components or "deviation" in components:
+        spec += [("Z_g", (M, d), "free"), ("lengthscale_g", (d,), "positive"),
+                 ("variance_g", (), "positive")]
+    if "deviation" in components:
+        spec.append(("phi", (), "positive"))
+    if "global" in components:
+        spec += [("m_g", (M,), "free"), ("C_g", (M, M), "tril")]
+    return Packer(spec)
+
+
+def local_spec(components, M, M_local, d):
+    """Packer of one client's local block ``B_i``.
+
+    Parameters
+    ----------
+    components : tuple of str
+    M : int
+        Number of global inducing points (size of the deviation factor).
+    M_local : int
+        Number of local inducing points.
+    d : int
+        Input dimension.
+
+    Returns
+    -------
+    Packer
+    """
+    spec = []
+    if "deviation" in components:
+        spec += [("m_d", (M,), "free"), ("C_d", (M, M), "tril")]
+    if "local" in components:
+        spec += [("m_u", (M_local,), "free"), ("C_u", (M_local, M_local), "tril"),
+                 ("Z_l", (M_local, d), "free"), ("lengthscale_l", (d,), "positive"),
+                 ("variance_l", (), "positive")]
+    spec.append(("noise_variance", (), "noise"))
+    return Packer(spec)
+
+
+def build_blocks(G, B, components):
+    """Blocks of one client from constrained global and local values.
+
+    Parameters
+    ----------
+    G : dict
+        Unpacked global values (see :func:`global_spec`).
+    B : dict
+        Unpacked local values (see :func:`local_spec`).
+    components : tuple of str
+
+    Returns
+    -------
+    blocks : list of Block
+        ``[global block]`` (components ``global`` and/or ``deviation``) then
+        ``[local block]``, as present.
+    """
+    blocks = []
+    if "global" in components or "deviation" in components:
+        comps = []
+        if "global" in components:
+            comps.append(Component(G["m_g"], G["C_g"], 1.0))
+        if "deviation" in components:
+            comps.append(Component(B["m_d"], B["C_d"], float(np.sqrt(G["phi"]))))
+        blocks.append(Block(G["Z_g"], G["lengthscale_g"], G["variance_g"], comps, "global"))
+    if "local" in components:
+        blocks.append(Block(B["Z_l"], B["lengthscale_l"], B["variance_l"],
+                            [Component(B["m_u"], B["C_u"], 1.0)], "local"))
+    return blocks
+
+
+def client_objective(theta_g, theta_l, X, y, gpack, lpack, components, *,
+                     need_global_grad=True, client=None):
+    """``E_i - KL(q(w_i)) - KL(q(v_i))`` of one client and its gradients.
+
+    Parameters
+    ----------
+    theta_g : ndarray of shape (gpack.size,)
+        Global unconstrained vector (as broadcast by the server).
+    theta_l : ndarray of shape (lpack.size,)
+        The client's local unconstrained vector.
+    X : ndarray of shape (n_i, d)
+    y : ndarray of shape (n_i,)
+        Standardised targets.
+    gpack, lpack : Packer
+    components : tuple of str
+    need_global_grad : bool, default=True
+    client : hashable, optional
+
+    Returns
+    -------
+    value : float
+    grad_local : ndarray of shape (lpack.size,)
+    grad_global : ndarray of shape (gpack.size,) or None
+
+    Notes
+    -----
+    SPEC section 1, "Client ELBO term" and step 2–3 of "Federated training".
+    """
+    G = gpack.unpack(theta_g)
+    B = lpack.unpack(theta_l)
+    blocks = build_blocks(G, B, components)
+    value, bgrads, dnoise, _ = client_term(X, y, blocks, B["noise_variance"], client=client)
+    gl = {"noise_variance": dnoise}
+    gg = {}
+    bi = 0
+    if "global" in components or "deviation" in components:
+        bg = bgrads[bi]
+        bi += 1
+        gg.update(Z_g=bg.Z, lengthscale_g=bg.lengthscale, variance_g=bg.variance)
+        k = 0
+        if "global" in components:
+            gg.update(m_g=bg.means[k], C_g=bg.chols[k])
+            k += 1
+        if "deviation" in components:
+            sq = np.sqrt(G["phi"])
+            gg["phi"] = bg.coefs[k] / (2.0 * sq)
+            kl, dm, dC = kl_whitened(B["m_d"], B["C_d"])
+            value -= kl
+            gl.update(m_d=bg.means[k] - dm, C_d=bg.chols[k] - dC)
+    if "local" in components:
+        bl = bgrads[bi]
+        kl, dm, dC = kl_whitened(B["m_u"], B["C_u"])
+        value -= kl
+        gl.update(m_u=bl.means[0] - dm, C_u=bl.chols[0] - dC, Z_l=bl.Z,
+                  lengthscale_l=bl.lengthscale, variance_l=bl.variance)
+    grad_local = lpack.flat_grad(theta_l, gl)
+    grad_global = gpack.flat_grad(theta_g, gg) if need_global_grad else None
+    return float(value), grad_local, grad_global
+
+
+def server_objective(theta_g, gpack):
+    """``-KL(q(v_g))`` and its gradient with respect to the global vector.
+
+    Parameters
+    ----------
+    theta_g : ndarray of shape (gpack.size,)
+    gpack : Packer
+
+    Returns
+    -------
+    value : float
+    grad : ndarray of shape (gpack.size,)
+    """
+    if "m_g" not in gpack.slices:
+        return 0.0, np.zeros(gpack.size)
+    G = gpack.unpack(theta_g)
+    kl, dm, dC = kl_whitened(G["m_g"], G["C_g"])
+    return -kl, gpack.flat_grad(theta_g, {"m_g": -dm, "C_g": -dC})
+
+
+def predict_client(Xs, G, B, components, *, full_cov=False, per_component=False,
+                   client=None):
+    """Latent predictive mean and (co)variance of one client (standardised units).
+
+    Parameters
+    ----------
+    Xs : ndarray of shape (n*, d)
+    G, B : dict
+        Unpacked global and local values; a never-seen client passes the
+        prior for its deviation and local factors (``m = 0``, ``C = I``).
+    components : tuple of str
+    full_cov : bool, default=False
+    per_component : bool, default=False
+        Return a dict ``{name: (mean, var)}`` per component instead of the sum.
+    client : hashable, optional
+
+    Returns
+    -------
+    mean : ndarray of shape (n*,)
+    cov : ndarray of shape (n*,) or (n*, n*)
+        Latent covariance, without the noise variance (SPEC section 1,
+        "Prediction for client i", eq. 30 of the paper).
+    """
+    blocks = build_blocks(G, B, components)
+    if per_component:
+        out = {}
+        for blk in blocks:
+            for comp, name in zip(blk.components, _component_names(blk, components)):
+                sub = Block(blk.Z, blk.lengthscale, blk.variance, [comp], blk.name)
+                out[name] = block_predict(Xs, sub, full_cov=full_cov, client=client)
+        return out
+    mean = np.zeros(Xs.shape[0])
+    cov = 0.0
+    for blk in blocks:
+        m, c = block_predict(Xs, blk, full_cov=full_cov, client=client)
+        mean += m
+        cov = cov + c
+    if np.isscalar(cov):
+        cov = np.zeros((Xs.shape[0],) * 2) if full_cov else np.zeros(Xs.shape[0])
+    return mean, cov
+
+
+def _component_names(block, components):
+    if block.name == "local":
+        return ["local"]
+    return [c for c in ("global", "deviation") if c in components]

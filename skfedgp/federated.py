@@ -1,0 +1,521 @@
+"""Federated training of pFedHGP: clients, server, messages and rounds.
+
+Raw observations and each client's local block stay inside its
+:class:`Client`; the :class:`Server` only ever sees the message types below,
+whose arrays have sizes fixed by the model (``M``, ``d``), never by a
+client's number of observations ``n_i``.
+
+One communication round (SPEC section 1, "Federated training"; pFedHGP paper,
+Algorithm 1):
+
+1. the server broadcasts the global vector (:class:`GlobalBroadcast`);
+2. every client runs ``local_steps`` Adam steps on
+   ``E_i - KL(q(w_i)) - KL(q(v_i))`` over its local block, global fixed —
+   the clients run through :class:`joblib.Parallel`, so any joblib backend
+   (loky, threading, dask) scales them out;
+3. each client returns the gradient of that objective with respect to the
+   global vector (:class:`ClientUpdate`);
+4. the server adds the gradient of ``-KL(q(v_g))`` and takes one Adam step.
+
+Set-up exchange (before round 1): each client sends a :class:`ClientSummary`
+(count, sum and sum of squares of its targets, per-feature minimum and
+maximum of its inputs); the server derives the target standardisation and
+the bounding box in which it places the global inducing points (scrambled
+Sobol design, :mod:`scipy.stats.qmc`) and broadcasts an
+:class:`InitBroadcast`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from joblib import Parallel, delayed
+from scipy.stats import qmc
+
+from ._hierarchy import (
+    client_objective,
+    global_spec,
+    local_spec,
+    server_objective,
+)
+from .optim import Adam
+
+__all__ = [
+    "ClientSummary",
+    "InitBroadcast",
+    "GlobalBroadcast",
+    "ClientUpdate",
+    "message_arrays",
+    "message_nbytes",
+    "ModelConfig",
+    "Client",
+    "Server",
+    "run_federated_training",
+]
+
+
+# --------------------------------------------------------------------------
+# messages
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientSummary:
+    """Set-up upload of one client: aggregate statistics only.
+
+    Attributes
+    ----------
+    n_samples : int
+        Number of observations ``n_i``.
+    y_sum : float
+        Sum of the targets.
+    y_sumsq : float
+        Sum of squared targets.
+    x_min, x_max : ndarray of shape (d,)
+        Per-feature minimum and maximum of the inputs (the bounding box).
+    """
+
+    n_samples: int
+    y_sum: float
+    y_sumsq: float
+    x_min: np.ndarray
+    x_max: np.ndarray
+
+
+@dataclass(frozen=True)
+class InitBroadcast:
+    """Set-up download: target standardisation and the initial global vector.
+
+    Attributes
+    ----------
+    y_offset, y_scale : float
+        Targets are standardised as ``(y - y_offset) / y_scale``.
+    theta_global : ndarray of shape (P,)
+        Initial global unconstrained vector.
+    x_min, x_max : ndarray of shape (d,)
+        Bounding box of all clients' inputs.
+    """
+
+    y_offset: float
+    y_scale: float
+    theta_global: np.ndarray
+    x_min: np.ndarray
+    x_max: np.ndarray
+
+
+@dataclass(frozen=True)
+class GlobalBroadcast:
+    """Per-round download: the global unconstrained vector ``G``.
+
+    Attributes
+    ----------
+    round : int
+    theta_global : ndarray of shape (P,)
+    """
+
+    round: int
+    theta_global: np.ndarray
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """Per-round upload of one client; its size does not depend on ``n_i``.
+
+    Attributes
+    ----------
+    round : int
+    grad_global : ndarray of shape (P,)
+        Gradient of ``E_i - KL(q(w_i)) - KL(q(v_i))`` with respect to the
+        global unconstrained vector, after the local steps.
+    objective : float
+        Value of that objective at the same point (for the ELBO history).
+    """
+
+    round: int
+    grad_global: np.ndarray
+    objective: float
+
+
+def message_arrays(msg):
+    """All array payloads of a message, by field name.
+
+    Parameters
+    ----------
+    msg : ClientSummary, InitBroadcast, GlobalBroadcast or ClientUpdate
+
+    Returns
+    -------
+    dict of str to ndarray
+        Scalars are returned as 0-d arrays.
+    """
+    return {f.name: np.asarray(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
+
+
+def message_nbytes(msg):
+    """Payload size of a message in bytes (sum of its arrays' ``nbytes``)."""
+    return int(sum(a.nbytes for a in message_arrays(msg).values()))
+
+
+# --------------------------------------------------------------------------
+# configuration shared by server and clients
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model hyperparameters agreed by server and clients before training.
+
+    All lengths are in input units, variances in standardised target units.
+    ``lengthscale=None`` means ``0.2 x`` the input range per feature for the
+    global kernel; ``local_lengthscale=None`` means ``0.05 x`` the range
+    (ranges from the bounding box, floored at 1e-3).  ``noise_variance=None``
+    means 0.1.
+    """
+
+    components: tuple
+    n_inducing: int
+    n_inducing_local: int
+    lengthscale: object
+    local_lengthscale: object
+    variance: float
+    local_variance: float
+    noise_variance: object
+    phi: float
+    local_steps: int
+    learning_rate: float
+    global_learning_rate: float
+    normalize_y: bool
+
+
+def _default_lengthscale(value, ranges, fraction):
+    if value is None:
+        return np.maximum(fraction * ranges, 1e-3)
+    ell = np.asarray(value, dtype=float)
+    if ell.ndim == 0:
+        ell = np.full(ranges.shape, float(ell))
+    if ell.shape != ranges.shape:
+        raise ValueError(
+            f"lengthscale must be a scalar or have {ranges.shape[0]} entries, got shape {ell.shape}"
+        )
+    if not np.all(np.isfinite(ell)) or np.any(ell <= 0):
+        raise ValueError(f"lengthscales must be finite and positive, got {ell}")
+    return ell
+
+
+# --------------------------------------------------------------------------
+# client
+# --------------------------------------------------------------------------
+
+
+class Client:
+    """One federated client: private data and the local block ``B_i``.
+
+    Parameters
+    ----------
+    client_id : hashable
+        Label of the client (as in ``groups``).
+    X : ndarray of shape (n_i, d)
+        Private inputs; never sent.
+    y : ndarray of shape (n_i,)
+        Private targets (original units); never sent.
+
+    Attributes
+    ----------
+    client_id : hashable
+    n_samples : int
+    theta_local : ndarray of shape (P_i,)
+        Local unconstrained vector (after :meth:`initialise`).
+    local_pack : Packer
+    objective_ : float
+        Last value of the local objective.
+    """
+
+    def __init__(self, client_id, X, y):
+        self.client_id = client_id
+        self._X = np.ascontiguousarray(X, dtype=float)
+        self._y = np.asarray(y, dtype=float)
+        self.n_samples = self._X.shape[0]
+        self.theta_local = None
+        self.local_pack = None
+        self._adam = None
+        self.objective_ = np.nan
+
+    # -- messages ---------------------------------------------------------
+    def summary(self):
+        """Aggregate statistics for the set-up exchange (:class:`ClientSummary`)."""
+        return ClientSummary(
+            n_samples=int(self.n_samples),
+            y_sum=float(self._y.sum()),
+            y_sumsq=float(self._y @ self._y),
+            x_min=self._X.min(axis=0),
+            x_max=self._X.max(axis=0),
+        )
+
+    def initialise(self, init, config, random_state):
+        """Set up the local block from the server's :class:`InitBroadcast`.
+
+        Local inducing points are k-means centres of the client's own inputs
+        (``sklearn.cluster.KMeans``), or a scrambled Sobol design over its own
+        bounding box when it has fewer distinct inputs than ``M_i``; the
+        variational factors start at the prior (``m = 0``, ``C = I``).
+
+        Parameters
+        ----------
+        init : InitBroadcast
+        config : ModelConfig
+        random_state : int
+            Seed of this client's initialisation.
+        """
+        from sklearn.cluster import KMeans
+
+        self._y_std = (self._y - init.y_offset) / init.y_scale
+        d = self._X.shape[1]
+        M, Ml = config.n_inducing, config.n_inducing_local
+        self.local_pack = local_spec(config.components, M, Ml, d)
+        values = {}
+        if "deviation" in config.components:
+            values.update(m_d=np.zeros(M), C_d=np.eye(M))
+        if "local" in config.components:
+            n_unique = np.unique(self._X, axis=0).shape[0]
+            if n_unique >= Ml:
+                km = KMeans(n_clusters=Ml, n_init=1, random_state=random_state)
+                Zl = km.fit(self._X).cluster_centers_
+            else:
+                lo, hi = self._X.min(axis=0), self._X.max(axis=0)
+                hi = np.where(hi > lo, hi, lo + 1.0)
+                Zl = qmc.scale(
+                    qmc.Sobol(d, scramble=True, seed=random_state).random(Ml), lo, hi
+                )
+            ranges = np.maximum(init.x_max - init.x_min, 1e-3)
+            values.update(
+                m_u=np.zeros(Ml),
+                C_u=np.eye(Ml),
+                Z_l=Zl,
+                lengthscale_l=_default_lengthscale(config.local_lengthscale, ranges, 0.05),
+                variance_l=float(config.local_variance),
+            )
+        s2 = 0.1 if config.noise_variance is None else float(config.noise_variance) / init.y_scale**2
+        values["noise_variance"] = s2
+        self.theta_local = self.local_pack.pack(values)
+        self._adam = Adam(config.learning_rate)
+        return self
+
+    def local_round(self, broadcast, config, gpack):
+        """Run the local Adam steps, then report the global gradient.
+
+        Parameters
+        ----------
+        broadcast : GlobalBroadcast
+        config : ModelConfig
+        gpack : Packer
+            Layout of the global vector.
+
+        Returns
+        -------
+        ClientUpdate
+
+        Raises
+        ------
+        CholeskyError, FloatingPointError
+            If the local model becomes numerically invalid (names the client).
+        """
+        theta_g = broadcast.theta_global
+        theta = self.theta_local
+        for _ in range(config.local_steps):
+            _, g_loc, _ = client_objective(
+                theta_g, theta, self._X, self._y_std, gpack, self.local_pack,
+                config.components, need_global_grad=False, client=self.client_id,
+            )
+            theta = self._adam.step(theta, g_loc)
+        value, _, g_glob = client_objective(
+            theta_g, theta, self._X, self._y_std, gpack, self.local_pack,
+            config.components, need_global_grad=True, client=self.client_id,
+        )
+        if not np.all(np.isfinite(g_glob)):
+            raise FloatingPointError(
+                f"client {self.client_id!r} produced a non-finite global gradient"
+            )
+        self.theta_local = theta
+        self.objective_ = value
+        return ClientUpdate(round=broadcast.round, grad_global=g_glob, objective=value)
+
+    def local_values(self):
+        """Unpacked local block (constrained values), for prediction."""
+        return self.local_pack.unpack(self.theta_local)
+
+
+def _client_round(client, broadcast, config, gpack):
+    update = client.local_round(broadcast, config, gpack)
+    return client, update
+
+
+# --------------------------------------------------------------------------
+# server
+# --------------------------------------------------------------------------
+
+
+class Server:
+    """The server: owns the global block ``G`` and its Adam state.
+
+    Parameters
+    ----------
+    config : ModelConfig
+    d : int
+        Input dimension.
+    random_state : int
+        Seed of the Sobol design of the global inducing points.
+
+    Attributes
+    ----------
+    global_pack : Packer
+    theta_global : ndarray of shape (P,)
+    y_offset, y_scale : float
+    """
+
+    def __init__(self, config, d, random_state):
+        self.config = config
+        self.d = d
+        self.random_state = random_state
+        self.global_pack = global_spec(config.components, config.n_inducing, d)
+        self.theta_global = None
+        self._adam = Adam(config.global_learning_rate)
+
+    def initialise(self, summaries):
+        """Standardisation and initial global block from the client summaries.
+
+        Parameters
+        ----------
+        summaries : list of ClientSummary
+
+        Returns
+        -------
+        InitBroadcast
+        """
+        n = sum(s.n_samples for s in summaries)
+        total = sum(s.y_sum for s in summaries)
+        total_sq = sum(s.y_sumsq for s in summaries)
+        if self.config.normalize_y:
+            mean = total / n
+            var = max(total_sq / n - mean**2, 0.0)
+            scale = float(np.sqrt(var)) if var > 1e-24 * max(1.0, mean**2) else 1.0
+        else:
+            mean, scale = 0.0, 1.0
+        self.y_offset, self.y_scale = float(mean), float(scale)
+        x_min = np.min([s.x_min for s in summaries], axis=0)
+        x_max = np.max([s.x_max for s in summaries], axis=0)
+        ranges = np.maximum(x_max - x_min, 1e-3)
+        values = {}
+        gp = self.global_pack
+        if "Z_g" in gp.slices:
+            M = self.config.n_inducing
+            sob = qmc.Sobol(self.d, scramble=True, seed=self.random_state)
+            lo, hi = x_min, np.where(x_max > x_min, x_max, x_min + 1.0)
+            values["Z_g"] = qmc.scale(sob.random(M), lo, hi)
+            values["lengthscale_g"] = _default_lengthscale(self.config.lengthscale, ranges, 0.2)
+            values["variance_g"] = float(self.config.variance)
+        if "phi" in gp.slices:
+            values["phi"] = float(self.config.phi)
+        if "m_g" in gp.slices:
+            M = self.config.n_inducing
+            values.update(m_g=np.zeros(M), C_g=np.eye(M))
+        self.theta_global = gp.pack(values) if gp.size else np.zeros(0)
+        return InitBroadcast(self.y_offset, self.y_scale, self.theta_global.copy(), x_min, x_max)
+
+    def broadcast(self, round_):
+        """The per-round download (:class:`GlobalBroadcast`)."""
+        return GlobalBroadcast(round=round_, theta_global=self.theta_global.copy())
+
+    def apply(self, updates):
+        """Aggregate the client gradients and take one Adam step on ``G``.
+
+        Parameters
+        ----------
+        updates : list of ClientUpdate
+
+        Returns
+        -------
+        elbo : float
+            ELBO at the broadcast global vector (after the local steps).
+        """
+        kl_value, kl_grad = server_objective(self.theta_global, self.global_pack)
+        elbo = kl_value + sum(u.objective for u in updates)
+        if self.global_pack.size:
+            grad = kl_grad + np.sum([u.grad_global for u in updates], axis=0)
+            self.theta_global = self._adam.step(self.theta_global, grad)
+        return float(elbo)
+
+    def global_values(self):
+        """Unpacked global block (constrained values)."""
+        return self.global_pack.unpack(self.theta_global)
+
+
+# --------------------------------------------------------------------------
+# the training loop
+# --------------------------------------------------------------------------
+
+
+def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
+                           seeds=None, verbose=0):
+    """Set-up exchange followed by ``n_rounds`` communication rounds.
+
+    Parameters
+    ----------
+    clients : list of Client
+    server : Server
+    config : ModelConfig
+    n_rounds : int
+    n_jobs : int or None
+        Passed to :class:`joblib.Parallel` for the clients' local steps.
+    seeds : list of int
+        Per-client initialisation seeds.
+    verbose : int
+        If > 0, print one line per round (ELBO, time, bytes).
+
+    Returns
+    -------
+    clients : list of Client
+        Updated clients (process-based backends return copies).
+    elbo_history : list of float
+    communication : list of dict
+        One entry per exchange: ``round`` (0 = set-up), ``bytes_up``,
+        ``bytes_down``, ``n_messages``.
+    """
+    T = len(clients)
+    summaries = [c.summary() for c in clients]
+    init = server.initialise(summaries)
+    for c, seed in zip(clients, seeds):
+        c.initialise(init, config, seed)
+    communication = [{
+        "round": 0,
+        "bytes_up": int(sum(message_nbytes(s) for s in summaries)),
+        "bytes_down": T * message_nbytes(init),
+        "n_messages": T,
+    }]
+    elbo_history = []
+    gpack = server.global_pack
+    with Parallel(n_jobs=n_jobs) as parallel:
+        for r in range(1, n_rounds + 1):
+            t0 = time.perf_counter()
+            bc = server.broadcast(r)
+            out = parallel(delayed(_client_round)(c, bc, config, gpack) for c in clients)
+            clients = [o[0] for o in out]
+            updates = [o[1] for o in out]
+            elbo = server.apply(updates)
+            elbo_history.append(elbo)
+            communication.append({
+                "round": r,
+                "bytes_up": int(sum(message_nbytes(u) for u in updates)),
+                "bytes_down": T * message_nbytes(bc),
+                "n_messages": T,
+            })
+            if verbose:
+                print(
+                    f"[skfedgp] round {r:3d}/{n_rounds}  ELBO {elbo: .6e}  "
+                    f"time {time.perf_counter() - t0:6.2f}s  "
+                    f"up {communication[-1]['bytes_up']} B  down {communication[-1]['bytes_down']} B",
+                    flush=True,
+                )
+    return clients, elbo_history, communication

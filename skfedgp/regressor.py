@@ -1,0 +1,540 @@
+"""scikit-learn estimator for personalised federated hierarchical GP
+regression (pFedHGP; ``papers/pfedhgp.txt``, sections 3.1–3.8; SPEC section 1).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.metrics import r2_score
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ._hierarchy import COMPONENTS, predict_client
+from .federated import Client, ModelConfig, Server, run_federated_training
+
+__all__ = ["FederatedHierarchicalGPRegressor"]
+
+#: Smallest number of observations a client must hold.
+MIN_SAMPLES_PER_CLIENT = 2
+
+
+def _unique_labels(labels):
+    """Sorted unique labels and the inverse index (first-seen order if unorderable)."""
+    try:
+        uniq, inv = np.unique(labels, return_inverse=True)
+        return list(uniq), inv.ravel()
+    except TypeError:
+        order = {}
+        inv = np.empty(len(labels), dtype=int)
+        for i, lab in enumerate(labels):
+            inv[i] = order.setdefault(lab, len(order))
+        return list(order), inv
+
+
+class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
+    """Personalised federated hierarchical sparse GP regression (pFedHGP).
+
+    Client ``i``'s function is a shared global GP, plus a client deviation on
+    the same inducing basis with kernel ``phi * k_g``, plus a local sparse GP
+    with its own kernel (SPEC section 1; pFedHGP paper, sections 3.1–3.8)::
+
+        y_i(x) = f_g(x) + f_delta_i(x) + f_i(x) + eps,  eps ~ N(0, s2_i)
+
+    Each part is a whitened variational sparse GP (Titsias VFE); the ELBO
+    is maximised federatedly (Algorithm 1 of the paper): clients run Adam
+    steps on their local blocks with their private data and upload only the
+    gradient with respect to the global block, a vector whose size depends
+    on ``n_inducing`` and the input dimension, never on how many
+    observations a client holds.
+
+    Parameters
+    ----------
+    n_inducing : int, default=25
+        Number ``M`` of global inducing points (shared by the global and the
+        deviation parts).
+    n_inducing_local : int, default=25
+        Number ``M_i`` of inducing points of each client's local part.
+    components : tuple of str, default=("global", "deviation", "local")
+        Which parts to use: a non-empty subset. ``("local",)`` is Local-only
+        (independent per-client SGPRs), ``("global",)`` is Global-only, and
+        ``("global", "local")`` is No-deviation (paper section 4.4).
+    lengthscale : float or array-like of shape (n_features,), default=None
+        Initial global lengthscale(s), in input units; None means 0.2 times
+        each feature's range over all clients (from the client-reported
+        bounding box).
+    local_lengthscale : float or array-like of shape (n_features,), default=None
+        Initial local lengthscale(s); None means 0.05 times the range.
+    variance : float, default=1.0
+        Initial global kernel variance (standardised target units).
+    local_variance : float, default=1.0
+        Initial local kernel variance (standardised target units).
+    noise_variance : float, default=None
+        Initial noise variance of every client, in squared target units;
+        None means 0.1 in standardised units.
+    phi : float, default=1.0
+        Initial deviation scale ``phi`` (deviation kernel ``phi * k_g``).
+    n_rounds : int, default=20
+        Number of communication rounds.
+    local_steps : int, default=80
+        Adam steps each client takes per round on its local block.
+    learning_rate : float, default=0.1
+        Adam step size of the clients' local steps.
+    global_learning_rate : float, default=0.1
+        Adam step size of the server's global step.
+    normalize_y : bool, default=True
+        Standardise the targets with the pooled mean and standard deviation,
+        computed by the server from each client's count, sum and sum of
+        squares only.
+    client_column : int, default=None
+        If given, column ``client_column`` of ``X`` holds each row's client
+        label and is not used as a feature (so the estimator works inside a
+        Pipeline or GridSearchCV without metadata routing). Overrides
+        ``groups``.
+    n_jobs : int, default=None
+        Number of parallel jobs for the clients' local steps
+        (:class:`joblib.Parallel`; any joblib backend, e.g. dask, applies).
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initial inducing points (Sobol design, k-means).
+    verbose : int, default=0
+        If > 0, print one line per round (ELBO, time, bytes exchanged).
+
+    Attributes
+    ----------
+    clients_ : dict
+        Client label to :class:`skfedgp.federated.Client` (holds that client's
+        data and local block; in a real deployment it lives on the client).
+    server_ : skfedgp.federated.Server
+        The server, with the global block.
+    elbo_history_ : list of float
+        ELBO after each round's local steps (standardised units).
+    communication_ : list of dict
+        Bytes uploaded and downloaded per round (round 0 = set-up).
+    components_ : tuple of str
+        Components used, in canonical order.
+    y_offset_, y_scale_ : float
+        Target standardisation.
+    n_features_in_ : int
+        Number of columns of ``X`` seen in fit (including ``client_column``).
+
+    Notes
+    -----
+    Prediction for a client never seen in fit (or for ``groups=None`` when
+    several clients were fitted) uses the global posterior plus the *prior*
+    of the deviation and local parts (``m = 0``, ``S = I``, SPEC section 1),
+    with the local kernel's lengthscales and variance set to the geometric
+    mean over the fitted clients and the noise variance to their mean; its
+    predictive variance is therefore wider.
+
+    References
+    ----------
+    pFedHGP paper (``papers/pfedhgp.txt``), sections 3.1–3.8, Algorithm 1,
+    eq. 30; Titsias (2009); Hensman et al. (2013).
+
+    Examples
+    --------
+    >>> from skfedgp import FederatedHierarchicalGPRegressor
+    >>> from skfedgp.datasets import make_hierarchical_regression
+    >>> X, y, groups = make_hierarchical_regression(n_clients=3, random_state=0)
+    >>> est = FederatedHierarchicalGPRegressor(n_rounds=3, local_steps=10,
+    ...                                        random_state=0).fit(X, y, groups)
+    >>> mean, std = est.predict(X[:5], groups[:5], return_std=True)
+    """
+
+    def __init__(
+        self,
+        *,
+        n_inducing=25,
+        n_inducing_local=25,
+        components=("global", "deviation", "local"),
+        lengthscale=None,
+        local_lengthscale=None,
+        variance=1.0,
+        local_variance=1.0,
+        noise_variance=None,
+        phi=1.0,
+        n_rounds=20,
+        local_steps=80,
+        learning_rate=0.1,
+        global_learning_rate=0.1,
+        normalize_y=True,
+        client_column=None,
+        n_jobs=None,
+        random_state=None,
+        verbose=0,
+    ):
+        self.n_inducing = n_inducing
+        self.n_inducing_local = n_inducing_local
+        self.components = components
+        self.lengthscale = lengthscale
+        self.local_lengthscale = local_lengthscale
+        self.variance = variance
+        self.local_variance = local_variance
+        self.noise_variance = noise_variance
+        self.phi = phi
+        self.n_rounds = n_rounds
+        self.local_steps = local_steps
+        self.learning_rate = learning_rate
+        self.global_learning_rate = global_learning_rate
+        self.normalize_y = normalize_y
+        self.client_column = client_column
+        self.n_jobs = n_jobs
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # ------------------------------------------------------------------
+    # validation helpers
+    # ------------------------------------------------------------------
+    def _check_params(self):
+        comps = self.components
+        if isinstance(comps, str):
+            comps = (comps,)
+        comps = tuple(comps)
+        unknown = [c for c in comps if c not in COMPONENTS]
+        if not comps or unknown:
+            raise ValueError(
+                f"components must be a non-empty subset of {COMPONENTS}, got {self.components!r}"
+            )
+        comps = tuple(c for c in COMPONENTS if c in comps)
+
+        def _pos_int(name, minimum=1):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
+            return int(v)
+
+        def _pos_float(name, allow_none=False):
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return None
+            if not isinstance(v, numbers.Real) or not np.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite positive number, got {v!r}")
+            return float(v)
+
+        return ModelConfig(
+            components=comps,
+            n_inducing=_pos_int("n_inducing"),
+            n_inducing_local=_pos_int("n_inducing_local"),
+            lengthscale=self.lengthscale,
+            local_lengthscale=self.local_lengthscale,
+            variance=_pos_float("variance"),
+            local_variance=_pos_float("local_variance"),
+            noise_variance=_pos_float("noise_variance", allow_none=True),
+            phi=_pos_float("phi"),
+            local_steps=_pos_int("local_steps", 0),
+            learning_rate=_pos_float("learning_rate"),
+            global_learning_rate=_pos_float("global_learning_rate"),
+            normalize_y=bool(self.normalize_y),
+        ), _pos_int("n_rounds", 0)
+
+    def _split_client_column(self, X, groups):
+        """Separate the client-label column from the features."""
+        if self.client_column is None:
+            return X, groups
+        j = self.client_column
+        if not isinstance(j, numbers.Integral) or not -X.shape[1] <= j < X.shape[1]:
+            raise ValueError(
+                f"client_column={j!r} is not a column index of X with {X.shape[1]} columns"
+            )
+        if X.shape[1] < 2:
+            raise ValueError("client_column needs X with at least one feature besides the labels")
+        labels = X[:, j]
+        keep = np.ones(X.shape[1], dtype=bool)
+        keep[j] = False
+        return np.ascontiguousarray(X[:, keep]), labels
+
+    def _check_groups(self, groups, n, where):
+        if groups is None:
+            return None
+        groups = np.asarray(groups, dtype=object if not hasattr(groups, "dtype") else None)
+        if groups.ndim != 1:
+            groups = groups.reshape(-1) if groups.ndim == 2 and 1 in groups.shape else groups
+        if groups.ndim != 1 or groups.shape[0] != n:
+            raise ValueError(
+                f"groups passed to {where} must be 1-D with one label per row of X "
+                f"({n} rows), got shape {np.shape(groups)}"
+            )
+        return groups
+
+    # ------------------------------------------------------------------
+    # fit
+    # ------------------------------------------------------------------
+    def fit(self, X, y, groups=None):
+        """Fit the model federatedly, one client per distinct ``groups`` label.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Inputs (finite). With ``client_column`` set, one column holds the
+            client labels.
+        y : array-like of shape (n_samples,) or (n_samples, 1)
+            Targets (finite). Multi-output targets come with the ILMM
+            extension (not yet available).
+        groups : array-like of shape (n_samples,), default=None
+            Client label of each row (any hashable). None (and no
+            ``client_column``) means a single client.
+
+        Returns
+        -------
+        self : FederatedHierarchicalGPRegressor
+            The fitted estimator.
+
+        Raises
+        ------
+        ValueError
+            NaN/inf in ``X`` or ``y``, inconsistent lengths, 1-D ``X``,
+            ``y`` with more than one column, wrong ``groups`` length, a
+            client with fewer than 2 observations, or bad hyperparameters.
+        skfedgp._linalg.CholeskyError
+            If a ``K_zz`` cannot be factorised even with jitter (names the
+            matrix and client).
+        FloatingPointError
+            If training produces a non-finite ELBO or gradient.
+
+        Notes
+        -----
+        On any error the estimator keeps its previous fitted state (or stays
+        unfitted): nothing half-fitted is left behind.
+        """
+        config, n_rounds = self._check_params()
+        X, y = validate_data(
+            self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
+            dtype=np.float64,
+        )
+        if y.ndim == 2:
+            if y.shape[1] != 1:
+                raise ValueError(
+                    f"y has {y.shape[1]} columns; multi-output (ILMM) targets are not "
+                    "supported yet — pass one target column (shape (n,) or (n, 1))"
+                )
+            y = y[:, 0]
+        groups = self._check_groups(groups, X.shape[0], "fit")
+        Xf, groups = self._split_client_column(X, groups)
+        if groups is None:
+            groups = np.zeros(Xf.shape[0], dtype=int)
+        labels, inv = _unique_labels(groups)
+        counts = np.bincount(inv, minlength=len(labels))
+        small = [(lab, c) for lab, c in zip(labels, counts) if c < MIN_SAMPLES_PER_CLIENT]
+        if small:
+            lab, c = small[0]
+            raise ValueError(
+                f"client {lab!r} has {c} sample(s); at least {MIN_SAMPLES_PER_CLIENT} "
+                f"samples per client are needed ({len(small)} client(s) too small)"
+            )
+        rng = check_random_state(self.random_state)
+        seeds = rng.randint(0, 2**31 - 1, size=len(labels) + 1)
+        clients = [Client(lab, Xf[inv == k], y[inv == k]) for k, lab in enumerate(labels)]
+        server = Server(config, Xf.shape[1], int(seeds[-1]))
+        clients, history, comm = run_federated_training(
+            clients, server, config, n_rounds=n_rounds, n_jobs=self.n_jobs,
+            seeds=[int(s) for s in seeds[:-1]], verbose=self.verbose,
+        )
+        # success: commit the fitted state at once
+        self.components_ = config.components
+        self.server_ = server
+        self.clients_ = {c.client_id: c for c in clients}
+        self.elbo_history_ = history
+        self.communication_ = comm
+        self.y_offset_ = server.y_offset
+        self.y_scale_ = server.y_scale
+        self._population_local = self._population_block()
+        return self
+
+    def _population_block(self):
+        """Prior local block for never-seen clients (see Notes of the class)."""
+        comps = self.components_
+        blocks = [c.local_values() for c in self.clients_.values()]
+        B = {"noise_variance": float(np.mean([b["noise_variance"] for b in blocks]))}
+        if "deviation" in comps:
+            M = self.server_.config.n_inducing
+            B.update(m_d=np.zeros(M), C_d=np.eye(M))
+        if "local" in comps:
+            Ml = self.server_.config.n_inducing_local
+            B.update(
+                m_u=np.zeros(Ml),
+                C_u=np.eye(Ml),
+                Z_l=blocks[0]["Z_l"],
+                lengthscale_l=np.exp(np.mean([np.log(b["lengthscale_l"]) for b in blocks], axis=0)),
+                variance_l=float(np.exp(np.mean([np.log(b["variance_l"]) for b in blocks]))),
+            )
+        return B
+
+    # ------------------------------------------------------------------
+    # prediction
+    # ------------------------------------------------------------------
+    def _prepare_predict(self, X, groups):
+        check_is_fitted(self, "clients_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        groups = self._check_groups(groups, X.shape[0], "predict")
+        Xf, groups = self._split_client_column(X, groups)
+        if groups is None:
+            if len(self.clients_) == 1:
+                groups = np.array([next(iter(self.clients_))] * Xf.shape[0], dtype=object)
+            else:
+                groups = np.array([_Population] * Xf.shape[0], dtype=object)
+        labels, inv = _unique_labels(list(groups))
+        return Xf, labels, inv
+
+    def _local_for(self, label):
+        client = self.clients_.get(label)
+        if client is None:
+            return self._population_local, label
+        return client.local_values(), label
+
+    def predict(self, X, groups=None, return_std=False, return_cov=False):
+        """Predictive distribution of the targets for each row's client.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Test inputs (same columns as in fit).
+        groups : array-like of shape (n_samples,), default=None
+            Client label of each row. Labels not seen in fit get the
+            population (prior-based) prediction described in the Notes of
+            the class. None: the single fitted client, or the population
+            prediction if several clients were fitted.
+        return_std : bool, default=False
+            Also return the predictive standard deviation.
+        return_cov : bool, default=False
+            Also return the joint predictive covariance of all rows (rows of
+            different clients are correlated through the global part).
+
+        Returns
+        -------
+        y_mean : ndarray of shape (n_samples,)
+            Predictive mean, target units.
+        y_std : ndarray of shape (n_samples,), optional
+            Predictive standard deviation of a new noisy observation
+            (latent variance plus the client's noise variance), target units.
+        y_cov : ndarray of shape (n_samples, n_samples), optional
+            Joint predictive covariance of the noisy observations.
+
+        Raises
+        ------
+        ValueError
+            If both ``return_std`` and ``return_cov`` are set, or ``X`` is
+            invalid (NaN/inf, wrong number of features).
+        sklearn.exceptions.NotFittedError
+            Before fit.
+
+        Notes
+        -----
+        SPEC section 1, "Prediction for client i" (paper eq. 30).
+        """
+        if return_std and return_cov:
+            raise ValueError("only one of return_std and return_cov can be requested")
+        Xf, labels, inv = self._prepare_predict(X, groups)
+        G = self.server_.global_values()
+        comps = self.components_
+        n = Xf.shape[0]
+        mean = np.zeros(n)
+        var = np.zeros(n)
+        cov = np.zeros((n, n)) if return_cov else None
+        for k, lab in enumerate(labels):
+            idx = np.flatnonzero(inv == k)
+            B, cid = self._local_for(lab)
+            cid = None if lab is _Population else cid
+            if return_cov:
+                parts = predict_client(Xf[idx], G, B, comps, full_cov=True,
+                                       per_component=True, client=cid)
+                m = sum(p[0] for p in parts.values())
+                c = sum(p[1] for name, p in parts.items() if name != "global")
+                cov[np.ix_(idx, idx)] += c + B["noise_variance"] * np.eye(idx.size)
+            else:
+                m, v = predict_client(Xf[idx], G, B, comps, client=cid)
+                var[idx] = v + B["noise_variance"]
+            mean[idx] = m
+        if return_cov and "global" in comps:
+            _, cg = predict_client(Xf, G, self._population_local, ("global",), full_cov=True)
+            cov += cg
+        y_mean = self.y_offset_ + self.y_scale_ * mean
+        if not np.all(np.isfinite(y_mean)):
+            raise FloatingPointError("prediction produced non-finite values")
+        if return_std:
+            return y_mean, self.y_scale_ * np.sqrt(var)
+        if return_cov:
+            return y_mean, self.y_scale_**2 * cov
+        return y_mean
+
+    def predict_components(self, X, groups=None):
+        """Mean and standard deviation of each latent component.
+
+        The interpretable decomposition of SPEC section 1: the shared global
+        function, the client's deviation and its local part, each with its
+        own posterior uncertainty (latent, without noise).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        groups : array-like of shape (n_samples,), default=None
+            As in :meth:`predict`.
+
+        Returns
+        -------
+        components : dict
+            ``{name: (mean, std)}`` for each fitted component name in
+            ``("global", "deviation", "local")``; arrays of shape
+            (n_samples,), target units. The predictive mean of
+            :meth:`predict` equals ``y_offset_`` plus the sum of the means.
+        """
+        Xf, labels, inv = self._prepare_predict(X, groups)
+        G = self.server_.global_values()
+        n = Xf.shape[0]
+        out = {c: (np.zeros(n), np.zeros(n)) for c in self.components_}
+        for k, lab in enumerate(labels):
+            idx = np.flatnonzero(inv == k)
+            B, cid = self._local_for(lab)
+            parts = predict_client(Xf[idx], G, B, self.components_, per_component=True,
+                                   client=None if lab is _Population else cid)
+            for name, (m, v) in parts.items():
+                out[name][0][idx] = self.y_scale_ * m
+                out[name][1][idx] = self.y_scale_ * np.sqrt(v)
+        return out
+
+    def score(self, X, y, groups=None, sample_weight=None):
+        """Coefficient of determination R^2 of :meth:`predict`.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        groups : array-like of shape (n_samples,), default=None
+            As in :meth:`predict`.
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        score : float
+        """
+        return r2_score(y, self.predict(X, groups), sample_weight=sample_weight)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.single_output = True
+        tags.target_tags.multi_output = False
+        return tags
+
+
+class _PopulationLabel:
+    """Sentinel label: a prediction not tied to any fitted client."""
+
+    def __repr__(self):
+        return "<population>"
+
+    def __reduce__(self):
+        return (_population_sentinel, ())
+
+    def __lt__(self, other):
+        return False
+
+    def __gt__(self, other):
+        return True
+
+
+def _population_sentinel():
+    return _Population
+
+
+_Population = _PopulationLabel()
