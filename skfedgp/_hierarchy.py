@@ -30,6 +30,7 @@ from ._sparse import Block, Component, block_predict, client_term, kl_whitened
 __all__ = [
     "COMPONENTS",
     "NOISE_FLOOR",
+    "LR_SCALE",
     "Packer",
     "global_spec",
     "local_spec",
@@ -37,12 +38,20 @@ __all__ = [
     "client_objective",
     "server_objective",
     "predict_client",
+    "global_statistics",
+    "optimal_global_factor",
+    "optimal_local_factors",
 ]
 
 #: Names of the three pFedHGP components, in order.
 COMPONENTS = ("global", "deviation", "local")
 #: Lower bound added to every noise variance (standardised units).
 NOISE_FLOOR = 1e-6
+#: Step-size multipliers per parameter.  Inputs are scaled to the unit box,
+#: so an inducing point moves at most ~``0.1 * learning_rate`` of the input
+#: range per Adam step (1 % with the default 0.1), while lengthscales (softplus)
+#: change by a relative amount of order ``learning_rate``.
+LR_SCALE = {"Z_g": 0.1, "Z_l": 0.1}
 
 
 class Packer:
@@ -78,6 +87,22 @@ class Packer:
         self._tril = {
             name: np.tril_indices(shape[0]) for name, shape, kind in self.spec if kind == "tril"
         }
+
+    def learning_rates(self, base):
+        """Per-coordinate Adam step sizes: ``base`` times :data:`LR_SCALE`.
+
+        Parameters
+        ----------
+        base : float
+
+        Returns
+        -------
+        lr : ndarray of shape (size,)
+        """
+        lr = np.full(self.size, float(base))
+        for name in self.slices:
+            lr[self.slices[name]] *= LR_SCALE.get(name, 1.0)
+        return lr
 
     def names(self):
         """Names in the order of the flat vector."""
@@ -389,3 +414,141 @@ def _component_names(block, components):
     if block.name == "local":
         return ["local"]
     return [c for c in ("global", "deviation") if c in components]
+
+
+def _whitened_features(X, blk, client):
+    from ._linalg import jittered_cholesky, solve_lower
+    from .kernels import se_ard
+
+    Kzz = se_ard(blk.Z, blk.Z, blk.lengthscale, blk.variance)
+    L, _ = jittered_cholesky(Kzz, scale=blk.variance, jitter=blk.jitter,
+                             name=f"K_zz ({blk.name})", client=client)
+    return solve_lower(L, se_ard(X, blk.Z, blk.lengthscale, blk.variance).T).T
+
+
+def _factor_posterior(W_gram, W_r, coef, s2):
+    """Optimal ``q(v) = N(m, C C^T)`` for ``coef * W v`` against a residual."""
+    from ._linalg import jittered_cholesky, solve_lower
+
+    M = W_r.shape[0]
+    P = np.eye(M) + (coef**2 / s2) * 0.5 * (W_gram + W_gram.T)
+    Lp, _ = jittered_cholesky(P, jitter=1e-12, name="variational precision")
+    Linv = solve_lower(Lp, np.eye(M))
+    S = Linv.T @ Linv
+    C, _ = jittered_cholesky(0.5 * (S + S.T), jitter=1e-12, name="variational covariance")
+    m = Linv.T @ (Linv @ ((coef / s2) * W_r))
+    return m, C
+
+
+def global_statistics(theta_g, theta_l, X, y, gpack, lpack, components, *, client=None):
+    """Sufficient statistics of one client for the closed-form ``q(v_g)``.
+
+    Given everything else, the Gaussian likelihood makes the optimal
+    whitened global factor closed form (SPEC section 1, "Beyond the paper")::
+
+        S_g^{-1} = I + sum_i W_i^T W_i / s2_i
+        m_g      = S_g sum_i W_i^T (y_i - sqrt(phi) W_i m_d_i - W_l m_u_i) / s2_i
+
+    Parameters
+    ----------
+    theta_g, theta_l : ndarray
+        Global and local unconstrained vectors.
+    X : ndarray of shape (n_i, d)
+    y : ndarray of shape (n_i,)
+        Standardised targets.
+    gpack, lpack : Packer
+    components : tuple of str
+        Must contain ``"global"``.
+    client : hashable, optional
+
+    Returns
+    -------
+    precision : ndarray of shape (M, M)
+        ``W_i^T W_i / s2_i``.
+    shift : ndarray of shape (M,)
+        ``W_i^T (y_i - [everything but the global mean]) / s2_i``.
+        Both sizes are fixed by ``M``; neither depends on ``n_i``.
+    """
+    G = gpack.unpack(theta_g)
+    B = lpack.unpack(theta_l)
+    blocks = build_blocks(G, B, components)
+    r = np.array(y, dtype=float, copy=True)
+    Wg = None
+    for blk in blocks:
+        W = _whitened_features(X, blk, client)
+        a = np.zeros(blk.Z.shape[0])
+        for comp, name in zip(blk.components, _component_names(blk, components)):
+            if name != "global":
+                a += comp.coef * comp.mean
+        r -= W @ a
+        if blk.name == "global":
+            Wg = W
+    s2 = B["noise_variance"]
+    return (Wg.T @ Wg) / s2, (Wg.T @ r) / s2
+
+
+def optimal_global_factor(precision_sum, shift_sum):
+    """Closed-form ``q(v_g) = N(m_g, C_g C_g^T)`` from summed client statistics.
+
+    Parameters
+    ----------
+    precision_sum : ndarray of shape (M, M)
+        ``sum_i W_i^T W_i / s2_i``.
+    shift_sum : ndarray of shape (M,)
+
+    Returns
+    -------
+    m_g : ndarray of shape (M,)
+    C_g : ndarray of shape (M, M)
+        Lower Cholesky factor of ``S_g = (I + precision_sum)^{-1}``;
+        ``m_g = S_g shift_sum``.
+    """
+    return _factor_posterior(precision_sum, shift_sum, 1.0, 1.0)
+
+
+def optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, *,
+                          sweeps=2, client=None):
+    """Coordinate ascent on the client's own factors ``q(w_i)``, ``q(v_i)``.
+
+    Each factor is set to its exact optimum given the others (Gaussian
+    likelihood; SPEC section 1, "The same holds for each client's own
+    q(w_i), q(v_i) given the rest"), in turn, ``sweeps`` times; every update
+    increases the ELBO.
+
+    Parameters
+    ----------
+    theta_g, theta_l : ndarray
+        Global and local unconstrained vectors.
+    X : ndarray of shape (n_i, d)
+    y : ndarray of shape (n_i,)
+    gpack, lpack : Packer
+    components : tuple of str
+    sweeps : int, default=2
+    client : hashable, optional
+
+    Returns
+    -------
+    theta_l : ndarray of shape (lpack.size,)
+        New local vector (hyperparameters unchanged).
+    """
+    G = gpack.unpack(theta_g)
+    B = lpack.unpack(theta_l)
+    blocks = build_blocks(G, B, components)
+    s2 = B["noise_variance"]
+    feats = {}
+    r = np.array(y, dtype=float, copy=True)
+    for blk in blocks:
+        W = _whitened_features(X, blk, client)
+        for comp, name in zip(blk.components, _component_names(blk, components)):
+            r -= comp.coef * (W @ comp.mean)
+            if name in ("deviation", "local"):
+                feats[name] = (W, W.T @ W, comp.coef)
+    keys = {"deviation": ("m_d", "C_d"), "local": ("m_u", "C_u")}
+    for _ in range(sweeps):
+        for name, (W, gram, coef) in feats.items():
+            km, kc = keys[name]
+            r += coef * (W @ B[km])
+            m, C = _factor_posterior(gram, W.T @ r, coef, s2)
+            B[km], B[kc] = m, C
+            r -= coef * (W @ m)
+    return lpack.pack(B)

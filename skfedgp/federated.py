@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,10 @@ from scipy.stats import qmc
 from ._hierarchy import (
     client_objective,
     global_spec,
+    global_statistics,
     local_spec,
+    optimal_global_factor,
+    optimal_local_factors,
     server_objective,
 )
 from .optim import Adam
@@ -132,11 +136,17 @@ class ClientUpdate:
         global unconstrained vector, after the local steps.
     objective : float
         Value of that objective at the same point (for the ELBO history).
+    precision : ndarray of shape (M, M) or None
+        ``W_g^T W_g / s2_i``, sent only with ``variational_update="closed_form"``.
+    shift : ndarray of shape (M,) or None
+        ``W_g^T (y_i - non-global mean) / s2_i``, likewise.
     """
 
     round: int
     grad_global: np.ndarray
     objective: float
+    precision: np.ndarray = None
+    shift: np.ndarray = None
 
 
 def message_arrays(msg):
@@ -149,9 +159,13 @@ def message_arrays(msg):
     Returns
     -------
     dict of str to ndarray
-        Scalars are returned as 0-d arrays.
+        Scalars are returned as 0-d arrays; absent (None) fields are left out.
     """
-    return {f.name: np.asarray(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
+    return {
+        f.name: np.asarray(getattr(msg, f.name))
+        for f in dataclasses.fields(msg)
+        if getattr(msg, f.name) is not None
+    }
 
 
 def message_nbytes(msg):
@@ -168,11 +182,17 @@ def message_nbytes(msg):
 class ModelConfig:
     """Model hyperparameters agreed by server and clients before training.
 
-    All lengths are in input units, variances in standardised target units.
-    ``lengthscale=None`` means ``0.2 x`` the input range per feature for the
-    global kernel; ``local_lengthscale=None`` means ``0.05 x`` the range
-    (ranges from the bounding box, floored at 1e-3).  ``noise_variance=None``
-    means 0.1.
+    Given lengthscales are in input units, variances in standardised target
+    units.  Internally every input feature is scaled to the unit interval of
+    the clients' joint bounding box (``(x - x_min) / (x_max - x_min)``; a
+    constant feature keeps scale 1), so that Adam steps on the softplus
+    lengthscales are relative to the input range.  ``lengthscale=None``
+    means ``0.2`` (in those scaled units: ``0.2 x`` the range per feature)
+    for the global kernel; ``local_lengthscale=None`` means ``0.05``.
+    ``noise_variance=None`` means 0.1 (standardised units).
+    ``variational_update="closed_form"`` sets the variational factors to
+    their exact optima (server: ``q(v_g)`` each round; clients: ``q(w_i)``,
+    ``q(v_i)`` every :data:`LOCAL_REFRESH` local steps).
     """
 
     components: tuple
@@ -188,11 +208,35 @@ class ModelConfig:
     learning_rate: float
     global_learning_rate: float
     normalize_y: bool
+    variational_update: str = "adam"
+
+
+#: With ``variational_update="closed_form"``, clients reset their own
+#: variational factors to the exact optimum every this many local steps.
+LOCAL_REFRESH = 10
+
+
+def input_scaling(x_min, x_max):
+    """Offset and scale mapping the bounding box to the unit cube.
+
+    Parameters
+    ----------
+    x_min, x_max : ndarray of shape (d,)
+
+    Returns
+    -------
+    offset, scale : ndarray of shape (d,)
+        Scaled inputs are ``(x - offset) / scale``; a constant feature gets
+        scale 1.
+    """
+    rng = np.asarray(x_max, dtype=float) - np.asarray(x_min, dtype=float)
+    return np.asarray(x_min, dtype=float), np.where(rng > 0, rng, 1.0)
 
 
 def _default_lengthscale(value, ranges, fraction):
+    """Initial lengthscales in scaled units (``ranges`` = input scales)."""
     if value is None:
-        return np.maximum(fraction * ranges, 1e-3)
+        return np.full(ranges.shape, fraction)
     ell = np.asarray(value, dtype=float)
     if ell.ndim == 0:
         ell = np.full(ranges.shape, float(ell))
@@ -202,7 +246,7 @@ def _default_lengthscale(value, ranges, fraction):
         )
     if not np.all(np.isfinite(ell)) or np.any(ell <= 0):
         raise ValueError(f"lengthscales must be finite and positive, got {ell}")
-    return ell
+    return ell / ranges
 
 
 # --------------------------------------------------------------------------
@@ -272,6 +316,8 @@ class Client:
         from sklearn.cluster import KMeans
 
         self._y_std = (self._y - init.y_offset) / init.y_scale
+        offset, scale = input_scaling(init.x_min, init.x_max)
+        self._Xs = np.ascontiguousarray((self._X - offset) / scale)
         d = self._X.shape[1]
         M, Ml = config.n_inducing, config.n_inducing_local
         self.local_pack = local_spec(config.components, M, Ml, d)
@@ -279,17 +325,19 @@ class Client:
         if "deviation" in config.components:
             values.update(m_d=np.zeros(M), C_d=np.eye(M))
         if "local" in config.components:
-            n_unique = np.unique(self._X, axis=0).shape[0]
+            n_unique = np.unique(self._Xs, axis=0).shape[0]
             if n_unique >= Ml:
                 km = KMeans(n_clusters=Ml, n_init=1, random_state=random_state)
-                Zl = km.fit(self._X).cluster_centers_
+                Zl = km.fit(self._Xs).cluster_centers_
             else:
-                lo, hi = self._X.min(axis=0), self._X.max(axis=0)
+                lo, hi = self._Xs.min(axis=0), self._Xs.max(axis=0)
                 hi = np.where(hi > lo, hi, lo + 1.0)
-                Zl = qmc.scale(
-                    qmc.Sobol(d, scramble=True, seed=random_state).random(Ml), lo, hi
-                )
-            ranges = np.maximum(init.x_max - init.x_min, 1e-3)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    Zl = qmc.scale(
+                        qmc.Sobol(d, scramble=True, seed=random_state).random(Ml), lo, hi
+                    )
+            ranges = scale
             values.update(
                 m_u=np.zeros(Ml),
                 C_u=np.eye(Ml),
@@ -300,7 +348,7 @@ class Client:
         s2 = 0.1 if config.noise_variance is None else float(config.noise_variance) / init.y_scale**2
         values["noise_variance"] = s2
         self.theta_local = self.local_pack.pack(values)
-        self._adam = Adam(config.learning_rate)
+        self._adam = Adam(self.local_pack.learning_rates(config.learning_rate))
         return self
 
     def local_round(self, broadcast, config, gpack):
@@ -324,23 +372,43 @@ class Client:
         """
         theta_g = broadcast.theta_global
         theta = self.theta_local
-        for _ in range(config.local_steps):
+        closed = config.variational_update == "closed_form" and (
+            "deviation" in config.components or "local" in config.components
+        )
+        for step in range(config.local_steps):
+            if closed and step % LOCAL_REFRESH == 0:
+                theta = optimal_local_factors(
+                    theta_g, theta, self._Xs, self._y_std, gpack, self.local_pack,
+                    config.components, client=self.client_id,
+                )
             _, g_loc, _ = client_objective(
-                theta_g, theta, self._X, self._y_std, gpack, self.local_pack,
+                theta_g, theta, self._Xs, self._y_std, gpack, self.local_pack,
                 config.components, need_global_grad=False, client=self.client_id,
             )
             theta = self._adam.step(theta, g_loc)
+        if closed:
+            theta = optimal_local_factors(
+                theta_g, theta, self._Xs, self._y_std, gpack, self.local_pack,
+                config.components, client=self.client_id,
+            )
         value, _, g_glob = client_objective(
-            theta_g, theta, self._X, self._y_std, gpack, self.local_pack,
+            theta_g, theta, self._Xs, self._y_std, gpack, self.local_pack,
             config.components, need_global_grad=True, client=self.client_id,
         )
         if not np.all(np.isfinite(g_glob)):
             raise FloatingPointError(
                 f"client {self.client_id!r} produced a non-finite global gradient"
             )
+        precision = shift = None
+        if config.variational_update == "closed_form" and "global" in config.components:
+            precision, shift = global_statistics(
+                theta_g, theta, self._Xs, self._y_std, gpack, self.local_pack,
+                config.components, client=self.client_id,
+            )
         self.theta_local = theta
         self.objective_ = value
-        return ClientUpdate(round=broadcast.round, grad_global=g_glob, objective=value)
+        return ClientUpdate(round=broadcast.round, grad_global=g_glob, objective=value,
+                            precision=precision, shift=shift)
 
     def local_values(self):
         """Unpacked local block (constrained values), for prediction."""
@@ -381,7 +449,10 @@ class Server:
         self.random_state = random_state
         self.global_pack = global_spec(config.components, config.n_inducing, d)
         self.theta_global = None
-        self._adam = Adam(config.global_learning_rate)
+        self._adam = Adam(
+            self.global_pack.learning_rates(config.global_learning_rate)
+            if self.global_pack.size else config.global_learning_rate
+        )
 
     def initialise(self, summaries):
         """Standardisation and initial global block from the client summaries.
@@ -406,14 +477,16 @@ class Server:
         self.y_offset, self.y_scale = float(mean), float(scale)
         x_min = np.min([s.x_min for s in summaries], axis=0)
         x_max = np.max([s.x_max for s in summaries], axis=0)
-        ranges = np.maximum(x_max - x_min, 1e-3)
+        self.x_offset, self.x_scale = input_scaling(x_min, x_max)
+        ranges = self.x_scale
         values = {}
         gp = self.global_pack
         if "Z_g" in gp.slices:
             M = self.config.n_inducing
             sob = qmc.Sobol(self.d, scramble=True, seed=self.random_state)
-            lo, hi = x_min, np.where(x_max > x_min, x_max, x_min + 1.0)
-            values["Z_g"] = qmc.scale(sob.random(M), lo, hi)
+            with warnings.catch_warnings():  # balance needs a power of 2; not required here
+                warnings.simplefilter("ignore", UserWarning)
+                values["Z_g"] = sob.random(M)  # unit cube = scaled bounding box
             values["lengthscale_g"] = _default_lengthscale(self.config.lengthscale, ranges, 0.2)
             values["variance_g"] = float(self.config.variance)
         if "phi" in gp.slices:
@@ -444,7 +517,17 @@ class Server:
         elbo = kl_value + sum(u.objective for u in updates)
         if self.global_pack.size:
             grad = kl_grad + np.sum([u.grad_global for u in updates], axis=0)
-            self.theta_global = self._adam.step(self.theta_global, grad)
+            theta = self._adam.step(self.theta_global, grad)
+            if self.config.variational_update == "closed_form" and "m_g" in self.global_pack.slices:
+                # q(v_g) set exactly from the summed statistics (SPEC section 1)
+                m, C = optimal_global_factor(
+                    np.sum([u.precision for u in updates], axis=0),
+                    np.sum([u.shift for u in updates], axis=0),
+                )
+                values = self.global_pack.unpack(theta)
+                values.update(m_g=m, C_g=C)
+                theta = self.global_pack.pack(values)
+            self.theta_global = theta
         return float(elbo)
 
     def global_values(self):

@@ -19,19 +19,33 @@ Two back ends compute the matrix and the gradient contractions
 
 where :math:`\\bar K = \\partial F / \\partial K` is supplied by the caller:
 
-* ``"numba"``: fused, row-parallel loops; no ``n x M`` temporary beyond the
-  output and never an ``n x M x d`` array;
-* ``"numpy"``: BLAS products (``A^T X`` with ``A = K * Kbar``), one ``n x M``
-  temporary, never an ``n x M x d`` array.
+* ``"numba"``: matrix: the scaled squared distances in a Numba loop (direct
+  differences, no cancellation), then NumPy's SIMD ``exp`` in place (Numba
+  without Intel SVML calls the scalar libm ``exp`` per entry, which was
+  measured about 3x slower); gradient: one fused Numba loop over two rows at
+  a time that never stores ``K * Kbar``, let alone an ``n x M x d`` array;
+* ``"numpy"``: matrix through the BLAS expansion ``|x|^2 + |z|^2 - 2 x.z``
+  of centred inputs; gradient through ``A^T X`` with ``A = K * Kbar`` (one
+  chunk-sized temporary, never an ``n x M x d`` array).
 
-``benchmarks/bench_elbo.py`` measures both; :data:`DEFAULT_BACKEND` is the one
-that was faster there.
+Both run over the fixed row partition of :func:`skfedgp._linalg.row_groups`
+through :func:`skfedgp._linalg.map_row_groups` (one thread per core, serial
+``nogil`` Numba code and single-threaded BLAS inside; see that module for
+why), so their results do not depend on the thread count.
+``benchmarks/bench_elbo.py`` measures both back ends; :data:`DEFAULT_BACKEND`
+holds the faster one.
+
+The chunk-level building blocks (:class:`_SEPlan`, :class:`_GradAccumulator`)
+are also used by the fused single-pass ELBO evaluation of
+:func:`skfedgp._sparse.client_term`.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
+
+from ._linalg import map_row_groups, row_chunks, row_groups
 
 __all__ = [
     "se_ard",
@@ -41,67 +55,221 @@ __all__ = [
     "DEFAULT_BACKEND",
 ]
 
-#: Back end used when ``backend=None`` (see ``benchmarks/bench_elbo.py``).
+#: Back end used when ``backend=None``: the faster one in
+#: ``benchmarks/bench_elbo.py`` (n = 20 000, M = 256, d = 8, 2 cores).
 DEFAULT_BACKEND = {"matrix": "numba", "grad": "numba"}
 
-# Number of row chunks of the parallel reductions.  Fixed (not the thread
-# count) so that results are bitwise reproducible whatever the thread count.
-_N_CHUNKS = 16
+_BACKENDS = ("numba", "numpy")
 
 
-@njit(parallel=True, cache=True, fastmath=False)
-def _se_ard_numba(Xs, Zs, variance):  # pragma: no cover - compiled
-    # Xs, Zs are the inputs divided by the lengthscales
+# ---------------------------------------------------------------------------
+# Serial Numba kernels (run inside the row-group worker threads, GIL released)
+# ---------------------------------------------------------------------------
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _neg_half_sqdist_numba(Xs, ZsT, out):  # pragma: no cover - compiled
+    # out[i, j] = -0.5 * sum_k (Xs[i, k] - ZsT[k, j])^2; Xs, ZsT already
+    # divided by the lengthscales.  The inner loop runs over j (contiguous)
+    # so that it vectorises.
     n, d = Xs.shape
-    m = Zs.shape[0]
-    out = np.empty((n, m))
-    for i in prange(n):
+    m = ZsT.shape[1]
+    for i in range(n):
+        row = out[i]
         for j in range(m):
-            s = 0.0
-            for k in range(d):
-                t = Xs[i, k] - Zs[j, k]
-                s += t * t
-            out[i, j] = variance * np.exp(-0.5 * s)
-    return out
-
-
-@njit(parallel=True, cache=True, fastmath=False)
-def _contract_numba(X, Z, K, Kbar, inv_ell2):  # pragma: no cover - compiled
-    n, d = X.shape
-    m = Z.shape[0]
-    nchunk = min(_N_CHUNKS, max(n, 1))
-    gz = np.zeros((nchunk, m, d))
-    gl = np.zeros((nchunk, d))
-    gs = np.zeros(nchunk)
-    for c in prange(nchunk):
-        start = c * n // nchunk
-        stop = (c + 1) * n // nchunk
-        gzc = gz[c]
-        glc = gl[c]
-        sc = 0.0
-        diff = np.empty(d)
-        for i in range(start, stop):
-            for j in range(m):
-                a = K[i, j] * Kbar[i, j]
-                sc += a
-                for k in range(d):
-                    t = X[i, k] - Z[j, k]
-                    diff[k] = t
-                    gzc[j, k] += a * t
-                for k in range(d):
-                    glc[k] += a * diff[k] * diff[k]
-        gs[c] = sc
-    dz = np.zeros((m, d))
-    dl = np.zeros(d)
-    s = 0.0
-    for c in range(nchunk):
-        dz += gz[c]
-        dl += gl[c]
-        s += gs[c]
-    for j in range(m):
+            row[j] = 0.0
         for k in range(d):
-            dz[j, k] *= inv_ell2[k]
-    return dz, dl, s
+            xi = Xs[i, k]
+            zk = ZsT[k]
+            for j in range(m):
+                t = xi - zk[j]
+                row[j] -= 0.5 * t * t
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _contract_rows_numba(X, ZT, K, B, u, v, gz, glv, gs):  # pragma: no cover
+    # With A[i, j] = K[i, j] * (B[i, j] + u[i] * v[j]), accumulate
+    #   gz[k, j]  += sum_i A[i, j] (X[i, k] - Z[j, k])
+    #   glv[k, j] += sum_i A[i, j] (X[i, k] - Z[j, k])^2
+    #   gs[j]     += sum_i A[i, j]
+    # Two rows per sweep halve the loads and stores of gz / glv (measured
+    # 2x faster than one row); the loops over j are contiguous and vectorise.
+    n, d = X.shape
+    m = ZT.shape[1]
+    a0 = np.empty(m)
+    a1 = np.empty(m)
+    i = 0
+    while i + 1 < n:
+        u0 = u[i]
+        u1 = u[i + 1]
+        K0 = K[i]
+        K1 = K[i + 1]
+        B0 = B[i]
+        B1 = B[i + 1]
+        for j in range(m):
+            p = K0[j] * (B0[j] + u0 * v[j])
+            q = K1[j] * (B1[j] + u1 * v[j])
+            a0[j] = p
+            a1[j] = q
+            gs[j] += p + q
+        for k in range(d):
+            x0 = X[i, k]
+            x1 = X[i + 1, k]
+            zk = ZT[k]
+            gzk = gz[k]
+            glk = glv[k]
+            for j in range(m):
+                t0 = x0 - zk[j]
+                t1 = x1 - zk[j]
+                s0 = a0[j] * t0
+                s1 = a1[j] * t1
+                gzk[j] += s0 + s1
+                glk[j] += s0 * t0 + s1 * t1
+        i += 2
+    if i < n:
+        ui = u[i]
+        Ki = K[i]
+        Bi = B[i]
+        for j in range(m):
+            p = Ki[j] * (Bi[j] + ui * v[j])
+            a0[j] = p
+            gs[j] += p
+        for k in range(d):
+            xi = X[i, k]
+            zk = ZT[k]
+            gzk = gz[k]
+            glk = glv[k]
+            for j in range(m):
+                t = xi - zk[j]
+                s = a0[j] * t
+                gzk[j] += s
+                glk[j] += s * t
+
+
+# ---------------------------------------------------------------------------
+# Chunk-level building blocks
+# ---------------------------------------------------------------------------
+
+
+def _check_backend(backend, kind):
+    backend = backend or DEFAULT_BACKEND[kind]
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use 'numba' or 'numpy'")
+    return backend
+
+
+class _SEPlan:
+    """Precomputed inducing-side quantities to fill rows of ``K(X, Z)`` (internal).
+
+    Parameters
+    ----------
+    Z : ndarray of shape (m, d)
+    ell : ndarray of shape (d,)
+    variance : float
+    backend : {"numba", "numpy"}
+    """
+
+    __slots__ = ("backend", "inv_ell", "variance", "ZsT", "Zs", "centre", "zz", "m")
+
+    def __init__(self, Z, ell, variance, backend):
+        self.backend = backend
+        self.inv_ell = 1.0 / ell
+        self.variance = float(variance)
+        Zs = Z * self.inv_ell
+        self.m = Z.shape[0]
+        if backend == "numba":
+            self.ZsT = np.ascontiguousarray(Zs.T)
+        else:
+            # centre to limit the cancellation of the expanded square
+            self.centre = Zs.mean(axis=0) if Zs.shape[0] else np.zeros(Z.shape[1])
+            self.Zs = Zs - self.centre
+            self.zz = np.einsum("ij,ij->i", self.Zs, self.Zs)
+
+    def fill(self, X, out):
+        """Write ``K(X, Z)`` into ``out`` (shape ``(len(X), m)``, C-contiguous)."""
+        Xs = X * self.inv_ell
+        if self.backend == "numba":
+            _neg_half_sqdist_numba(Xs, self.ZsT, out)
+        else:
+            Xs -= self.centre
+            np.matmul(Xs, self.Zs.T, out=out)
+            out -= 0.5 * self.zz
+            out -= 0.5 * np.einsum("ij,ij->i", Xs, Xs)[:, None]
+            np.minimum(out, 0.0, out=out)
+        np.exp(out, out=out)
+        out *= self.variance
+        return out
+
+
+class _GradAccumulator:
+    """Running sums of the kernel-gradient contraction over row chunks (internal).
+
+    For ``A = K * (B + u v^T)`` accumulates, per back end, what
+    :meth:`finish` turns into ``sum_n A_nm (x_n - z_m) / ell^2`` (shape
+    ``(m, d)``), ``sum_nm A_nm (x_n - z_m)^2 / ell^3`` (shape ``(d,)``) and
+    ``sum_nm A_nm / variance``.  ``u v^T`` is the rank-one part of a
+    ``Kbar`` that the ELBO builds as ``(r a^T - K P) / s2``: fusing it here
+    saves a pass over an ``n x M`` array.
+    """
+
+    __slots__ = ("backend", "Z", "ZT", "centre", "Zc", "gz", "glv", "gl", "gs")
+
+    def __init__(self, Z, backend):
+        m, d = Z.shape
+        self.backend = backend
+        self.gs = np.zeros(m)
+        if backend == "numba":
+            self.ZT = np.ascontiguousarray(Z.T)
+            self.gz = np.zeros((d, m))
+            self.glv = np.zeros((d, m))
+        else:
+            self.centre = Z.mean(axis=0) if m else np.zeros(d)
+            self.Zc = Z - self.centre
+            self.gz = np.zeros((m, d))
+            self.gl = np.zeros(d)
+
+    def add(self, X, K, B, u=None, v=None):
+        """Add the rows ``X`` (n_c, d) with ``K``, ``B`` (n_c, m), optional ``u`` (n_c,), ``v`` (m,)."""
+        if self.backend == "numba":
+            if u is None:
+                u = np.zeros(X.shape[0])
+                v = np.zeros(K.shape[1])
+            _contract_rows_numba(X, self.ZT, K, B, u, v, self.gz, self.glv, self.gs)
+            return
+        if u is None:
+            A = K * B
+        else:
+            A = np.multiply.outer(u, v)
+            A += B
+            A *= K
+        Xc = X - self.centre
+        AX = A.T @ Xc  # (m, d)
+        col = A.sum(axis=0)
+        row = A.sum(axis=1)
+        self.gz += AX - col[:, None] * self.Zc
+        self.gl += row @ (Xc * Xc) - 2.0 * np.einsum("md,md->d", AX, self.Zc)
+        self.gl += col @ (self.Zc * self.Zc)
+        self.gs += col
+
+    def merge(self, other):
+        """Add another accumulator's sums (callers merge in a fixed order)."""
+        self.gz += other.gz
+        self.gs += other.gs
+        if self.backend == "numba":
+            self.glv += other.glv
+        else:
+            self.gl += other.gl
+        return self
+
+    def finish(self, ell, variance):
+        """Return ``(dZ (m, d), dlengthscale (d,), dvariance float)``."""
+        if self.backend == "numba":
+            dz = self.gz.T / ell**2
+            gl = self.glv.sum(axis=1)
+        else:
+            dz = self.gz / ell**2
+            gl = self.gl
+        return np.ascontiguousarray(dz), gl / ell**3, float(self.gs.sum()) / variance
 
 
 def _as_params(lengthscale, variance, d):
@@ -118,6 +286,11 @@ def _as_params(lengthscale, variance, d):
     if not np.isfinite(variance) or variance <= 0:
         raise ValueError(f"variance must be finite and positive, got {variance}")
     return ell, variance
+
+
+# ---------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------
 
 
 def se_ard(X, Z, lengthscale, variance, *, backend=None):
@@ -145,11 +318,14 @@ def se_ard(X, Z, lengthscale, variance, *, backend=None):
     Raises
     ------
     ValueError
-        If the shapes disagree or a hyperparameter is not finite and positive.
+        If the shapes disagree, a hyperparameter is not finite and positive
+        or the back end is unknown.
 
     Notes
     -----
-    SPEC section 1, "Kernels"; pFedHGP paper section 3.1.
+    SPEC section 1, "Kernels"; pFedHGP paper section 3.1.  Rows are computed
+    in parallel threads over a fixed partition (bitwise identical results
+    for any thread count).
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
@@ -159,26 +335,16 @@ def se_ard(X, Z, lengthscale, variance, *, backend=None):
             f"{X.shape} and {Z.shape}"
         )
     ell, variance = _as_params(lengthscale, variance, X.shape[1])
-    backend = backend or DEFAULT_BACKEND["matrix"]
-    if backend == "numba":
-        return _se_ard_numba(X / ell, Z / ell, variance)
-    if backend == "numpy":
-        Xs = X / ell
-        Zs = Z / ell
-        # centre both to limit cancellation in the expanded square
-        c = Zs.mean(axis=0) if Zs.shape[0] else 0.0
-        Xs = Xs - c
-        Zs = Zs - c
-        r2 = Xs @ Zs.T
-        r2 *= -2.0
-        r2 += np.einsum("ij,ij->i", Xs, Xs)[:, None]
-        r2 += np.einsum("ij,ij->i", Zs, Zs)[None, :]
-        np.maximum(r2, 0.0, out=r2)
-        r2 *= -0.5
-        np.exp(r2, out=r2)
-        r2 *= variance
-        return r2
-    raise ValueError(f"unknown backend {backend!r}; use 'numba' or 'numpy'")
+    backend = _check_backend(backend, "matrix")
+    plan = _SEPlan(Z, ell, variance, backend)
+    out = np.empty((X.shape[0], Z.shape[0]))
+
+    def run(start, stop):
+        for a, b in row_chunks(start, stop):
+            plan.fill(X[a:b], out[a:b])
+
+    map_row_groups(run, row_groups(X.shape[0]))
+    return out
 
 
 def se_ard_diag(X, variance):
@@ -236,29 +402,28 @@ def se_ard_grad(X, Z, K, Kbar, lengthscale, variance, *, backend=None):
     Notes
     -----
     Formulas of SPEC section 1, "Gradients of one client term". Neither back
-    end builds an ``n x m x d`` array.
+    end builds an ``n x m x d`` array.  Row groups are contracted in
+    parallel threads and their partial sums added in a fixed order, so the
+    result is bitwise identical for any thread count.
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
+    K = np.ascontiguousarray(K, dtype=float)
+    Kbar = np.ascontiguousarray(Kbar, dtype=float)
     ell, variance = _as_params(lengthscale, variance, X.shape[1])
-    backend = backend or DEFAULT_BACKEND["grad"]
-    if backend == "numba":
-        dz, dl, s = _contract_numba(
-            X, Z, np.ascontiguousarray(K), np.ascontiguousarray(Kbar), 1.0 / ell**2
-        )
-        return dz, dl / ell**3, s / variance
-    if backend == "numpy":
-        A = K * Kbar
-        c = Z.mean(axis=0) if Z.shape[0] else np.zeros(X.shape[1])
-        Xc = X - c
-        Zc = Z - c
-        AX = A.T @ Xc  # (m, d)
-        col = A.sum(axis=0)  # (m,)
-        row = A.sum(axis=1)  # (n,)
-        dz = (AX - col[:, None] * Zc) / ell**2
-        dl = (row @ (Xc * Xc) - 2.0 * np.einsum("md,md->d", AX, Zc) + col @ (Zc * Zc))
-        return dz, dl / ell**3, float(col.sum()) / variance
-    raise ValueError(f"unknown backend {backend!r}; use 'numba' or 'numpy'")
+    backend = _check_backend(backend, "grad")
+
+    def run(start, stop):
+        acc = _GradAccumulator(Z, backend)
+        for a, b in row_chunks(start, stop):
+            acc.add(X[a:b], K[a:b], Kbar[a:b])
+        return acc
+
+    parts = map_row_groups(run, row_groups(X.shape[0]))
+    total = parts[0]
+    for p in parts[1:]:
+        total.merge(p)
+    return total.finish(ell, variance)
 
 
 def se_ard_grad_sym(Z, K, Kbar, lengthscale, variance, *, backend=None):

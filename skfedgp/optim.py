@@ -17,8 +17,9 @@ class Adam:
 
     Parameters
     ----------
-    learning_rate : float, default=0.1
-        Step size (units of the unconstrained parameters).
+    learning_rate : float or ndarray of shape (p,), default=0.1
+        Step size (units of the unconstrained parameters); an array gives
+        each coordinate its own step size.
     beta1 : float, default=0.9
         Decay of the first-moment estimate.
     beta2 : float, default=0.999
@@ -41,11 +42,12 @@ class Adam:
     """
 
     def __init__(self, learning_rate=0.1, beta1=0.9, beta2=0.999, eps=1e-8):
-        if not learning_rate > 0:
+        lr = np.asarray(learning_rate, dtype=float)
+        if lr.size == 0 or not np.all(np.isfinite(lr)) or not np.all(lr > 0):
             raise ValueError(f"learning_rate must be positive, got {learning_rate}")
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError("beta1 and beta2 must lie in [0, 1)")
-        self.learning_rate = float(learning_rate)
+        self.learning_rate = float(lr) if lr.ndim == 0 else lr
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
         self.eps = float(eps)

@@ -84,6 +84,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Adam step size of the clients' local steps.
     global_learning_rate : float, default=0.1
         Adam step size of the server's global step.
+    variational_update : {"adam", "closed_form"}, default="adam"
+        How the server updates the global variational factor ``q(v_g)``.
+        ``"adam"`` is the paper's Algorithm 1 (one Adam step per round on
+        every global parameter). ``"closed_form"`` (beyond the paper, SPEC
+        section 1) sets ``q(v_g)`` to its exact optimum given everything
+        else each round: clients additionally upload ``W_g^T W_g / s2_i``
+        (M x M) and ``W_g^T r_i / s2_i`` (M), still independent of ``n_i``;
+        the kernel hyperparameters, ``phi`` and ``Z_g`` keep their Adam step.
     normalize_y : bool, default=True
         Standardise the targets with the pooled mean and standard deviation,
         computed by the server from each client's count, sum and sum of
@@ -159,6 +167,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         local_steps=80,
         learning_rate=0.1,
         global_learning_rate=0.1,
+        variational_update="adam",
         normalize_y=True,
         client_column=None,
         n_jobs=None,
@@ -178,6 +187,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.local_steps = local_steps
         self.learning_rate = learning_rate
         self.global_learning_rate = global_learning_rate
+        self.variational_update = variational_update
         self.normalize_y = normalize_y
         self.client_column = client_column
         self.n_jobs = n_jobs
@@ -227,7 +237,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             learning_rate=_pos_float("learning_rate"),
             global_learning_rate=_pos_float("global_learning_rate"),
             normalize_y=bool(self.normalize_y),
+            variational_update=self._check_variational_update(),
         ), _pos_int("n_rounds", 0)
+
+    def _check_variational_update(self):
+        if self.variational_update not in ("adam", "closed_form"):
+            raise ValueError(
+                f"variational_update must be 'adam' or 'closed_form', got {self.variational_update!r}"
+            )
+        return self.variational_update
 
     def _split_client_column(self, X, groups):
         """Separate the client-label column from the features."""
@@ -375,7 +393,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             else:
                 groups = np.array([_Population] * Xf.shape[0], dtype=object)
         labels, inv = _unique_labels(list(groups))
-        return Xf, labels, inv
+        Xs = np.ascontiguousarray((Xf - self.server_.x_offset) / self.server_.x_scale)
+        return Xs, labels, inv
 
     def _local_for(self, label):
         client = self.clients_.get(label)
