@@ -52,6 +52,7 @@ NOISE_FLOOR = 1e-6
 #: range per Adam step (1 % with the default 0.1), while lengthscales (softplus)
 #: change by a relative amount of order ``learning_rate``.
 LR_SCALE = {"Z_g": 0.1, "Z_l": 0.1}
+_VARIATIONAL = ("m_g", "C_g", "m_d", "C_d", "m_u", "C_u")
 
 
 class Packer:
@@ -103,6 +104,19 @@ class Packer:
         for name in self.slices:
             lr[self.slices[name]] *= LR_SCALE.get(name, 1.0)
         return lr
+
+    def variational_mask(self):
+        """Boolean mask of the variational coordinates (means and Cholesky factors).
+
+        Returns
+        -------
+        mask : ndarray of bool, shape (size,)
+        """
+        mask = np.zeros(self.size, dtype=bool)
+        for name in self.slices:
+            if name in _VARIATIONAL:
+                mask[self.slices[name]] = True
+        return mask
 
     def names(self):
         """Names in the order of the flat vector."""

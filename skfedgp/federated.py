@@ -213,7 +213,7 @@ class ModelConfig:
 
 #: With ``variational_update="closed_form"``, clients reset their own
 #: variational factors to the exact optimum every this many local steps.
-LOCAL_REFRESH = 10
+LOCAL_REFRESH = 5
 
 
 def input_scaling(x_min, x_max):
@@ -375,6 +375,9 @@ class Client:
         closed = config.variational_update == "closed_form" and (
             "deviation" in config.components or "local" in config.components
         )
+        # with closed-form updates the variational factors are set exactly
+        # (every LOCAL_REFRESH steps) and Adam moves only the hyperparameters
+        frozen = self.local_pack.variational_mask() if closed else None
         for step in range(config.local_steps):
             if closed and step % LOCAL_REFRESH == 0:
                 theta = optimal_local_factors(
@@ -385,6 +388,13 @@ class Client:
                 theta_g, theta, self._Xs, self._y_std, gpack, self.local_pack,
                 config.components, need_global_grad=False, client=self.client_id,
             )
+            if not np.all(np.isfinite(g_loc)):
+                raise FloatingPointError(
+                    f"client {self.client_id!r} produced a non-finite local gradient "
+                    f"at local step {step + 1} of round {broadcast.round}"
+                )
+            if closed:
+                g_loc[frozen] = 0.0
             theta = self._adam.step(theta, g_loc)
         if closed:
             theta = optimal_local_factors(
@@ -519,6 +529,7 @@ class Server:
             grad = kl_grad + np.sum([u.grad_global for u in updates], axis=0)
             theta = self._adam.step(self.theta_global, grad)
             if self.config.variational_update == "closed_form" and "m_g" in self.global_pack.slices:
+                # (Adam's moves of m_g, C_g are discarded: the closed form wins)
                 # q(v_g) set exactly from the summed statistics (SPEC section 1)
                 m, C = optimal_global_factor(
                     np.sum([u.precision for u in updates], axis=0),
