@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.metrics import r2_score
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from ._hierarchy import COMPONENTS, predict_client
 from .federated import Client, ModelConfig, Server, run_federated_training
@@ -25,13 +25,19 @@ def _unique_labels(labels):
     """Sorted unique labels and the inverse index (first-seen order if unorderable)."""
     try:
         uniq, inv = np.unique(labels, return_inverse=True)
-        return list(uniq), inv.ravel()
+        # plain Python labels (``0``, ``'a'``, not ``np.int64(0)``) in clients_ and messages
+        return [u.item() if isinstance(u, np.generic) else u for u in uniq], inv.ravel()
     except TypeError:
         order = {}
         inv = np.empty(len(labels), dtype=int)
         for i, lab in enumerate(labels):
             inv[i] = order.setdefault(lab, len(order))
         return list(order), inv
+
+
+def _is_fit_attribute(name):
+    """Whether an instance attribute belongs to the fitted state."""
+    return (name.endswith("_") and not name.startswith("__")) or name == "_population_local"
 
 
 class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
@@ -288,8 +294,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             Inputs (finite). With ``client_column`` set, one column holds the
             client labels.
         y : array-like of shape (n_samples,) or (n_samples, 1)
-            Targets (finite). Multi-output targets come with the ILMM
-            extension (not yet available).
+            Targets (finite); a column vector is accepted with a
+            ``DataConversionWarning``. Multi-output targets come with the
+            ILMM extension (not yet available).
         groups : array-like of shape (n_samples,), default=None
             Client label of each row (any hashable). None (and no
             ``client_column``) means a single client.
@@ -316,6 +323,19 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         On any error the estimator keeps its previous fitted state (or stays
         unfitted): nothing half-fitted is left behind.
         """
+        # validate_data sets n_features_in_ (and feature_names_in_) before
+        # training can fail: snapshot the fitted state and restore it on error
+        saved = {k: v for k, v in vars(self).items() if _is_fit_attribute(k)}
+        try:
+            return self._fit(X, y, groups)
+        except BaseException:
+            for k in [k for k in vars(self) if _is_fit_attribute(k)]:
+                delattr(self, k)
+            self.__dict__.update(saved)
+            raise
+
+    def _fit(self, X, y, groups):
+        """Body of :meth:`fit` (which restores the fitted state on error)."""
         config, n_rounds = self._check_params()
         X, y = validate_data(
             self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
@@ -327,7 +347,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                     f"y has {y.shape[1]} columns; multi-output (ILMM) targets are not "
                     "supported yet — pass one target column (shape (n,) or (n, 1))"
                 )
-            y = y[:, 0]
+            y = column_or_1d(y, warn=True)  # DataConversionWarning, as scikit-learn does
         groups = self._check_groups(groups, X.shape[0], "fit")
         Xf, groups = self._split_client_column(X, groups)
         if groups is None:

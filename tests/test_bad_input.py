@@ -1,0 +1,267 @@
+"""Bad input to :class:`FederatedHierarchicalGPRegressor`: every problem is a
+clear error naming it, and a failed ``fit`` leaves nothing half-fitted
+behind (issue 2, "Done means", bad input)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from numpy.testing import assert_array_equal
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted
+
+import skfedgp._hierarchy as hierarchy
+from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp._linalg import CholeskyError
+
+FAST = dict(n_rounds=2, local_steps=3, n_inducing=5, n_inducing_local=5, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0.0, 5.0, size=(40, 2))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.normal(size=40)
+    g = np.repeat(["a", "b"], 20)
+    return X, y, g
+
+
+def _est(**params):
+    return FederatedHierarchicalGPRegressor(**{**FAST, **params})
+
+
+# --------------------------------------------------------------------------
+# data errors
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad, match", [(np.nan, "X contains NaN"), (np.inf, "X contains infinity"),
+                                        (-np.inf, "X contains infinity")])
+def test_non_finite_X(data, bad, match):
+    X, y, g = data
+    X = X.copy()
+    X[7, 1] = bad
+    with pytest.raises(ValueError, match=match):
+        _est().fit(X, y, g)
+
+
+@pytest.mark.parametrize("bad, match", [(np.nan, "y contains NaN"), (np.inf, "y contains infinity")])
+def test_non_finite_y(data, bad, match):
+    X, y, g = data
+    y = y.copy()
+    y[3] = bad
+    with pytest.raises(ValueError, match=match):
+        _est().fit(X, y, g)
+
+
+def test_non_finite_X_at_predict(data):
+    X, y, g = data
+    est = _est().fit(X, y, g)
+    Xt = X[:3].copy()
+    Xt[1, 0] = np.nan
+    with pytest.raises(ValueError, match="X contains NaN"):
+        est.predict(Xt, g[:3])
+
+
+def test_mismatched_lengths(data):
+    X, y, g = data
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        _est().fit(X, y[:-1], g)
+
+
+@pytest.mark.parametrize("where", ["fit", "predict"])
+def test_groups_of_wrong_length(data, where):
+    X, y, g = data
+    est = _est().fit(X, y, g) if where == "predict" else _est()
+    with pytest.raises(ValueError, match=rf"groups passed to {where} must be 1-D with one label "
+                                         r"per row of X \(40 rows\)"):
+        if where == "fit":
+            est.fit(X, y, g[:-1])
+        else:
+            est.predict(X, g[:-1])
+
+
+def test_one_dimensional_X(data):
+    X, y, g = data
+    with pytest.raises(ValueError, match="Expected 2D array, got 1D array"):
+        _est().fit(X[:, 0], y, g)
+
+
+def test_client_with_one_sample_is_named(data):
+    X, y, g = data
+    g = g.astype(object)
+    g[5] = "lonely"
+    with pytest.raises(ValueError, match="client 'lonely' has 1 sample"):
+        _est().fit(X, y, g)
+
+
+def test_single_sample_without_groups(data):
+    X, y, _ = data
+    with pytest.raises(ValueError, match="1 sample"):
+        _est().fit(X[:1], y[:1])
+
+
+def test_predict_before_fit(data):
+    X, _, g = data
+    for method in ("predict", "predict_components"):
+        with pytest.raises(NotFittedError):
+            getattr(_est(), method)(X, g)
+
+
+def test_wrong_number_of_features_at_predict(data):
+    X, y, g = data
+    est = _est().fit(X, y, g)
+    with pytest.raises(ValueError, match="X has 3 features, but FederatedHierarchicalGPRegressor "
+                                         "is expecting 2 features"):
+        est.predict(np.c_[X, X[:, 0]], g)
+
+
+@pytest.mark.parametrize("column, match", [(2, "client_column=2 is not a column index of X"),
+                                           (1.5, "client_column=1.5 is not a column index")])
+def test_bad_client_column(data, column, match):
+    X, y, _ = data
+    with pytest.raises(ValueError, match=match):
+        _est(client_column=column).fit(X, y)
+
+
+def test_client_column_needs_a_feature(data):
+    X, y, g = data
+    with pytest.raises(ValueError, match="at least one feature besides the labels"):
+        _est(client_column=0).fit(np.zeros((40, 1)), y)
+
+
+# --------------------------------------------------------------------------
+# hyperparameter errors
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"n_inducing": 0}, r"n_inducing must be an integer >= 1, got 0"),
+        ({"n_inducing": 2.5}, r"n_inducing must be an integer >= 1, got 2.5"),
+        ({"n_inducing_local": -3}, r"n_inducing_local must be an integer >= 1"),
+        ({"n_rounds": -1}, r"n_rounds must be an integer >= 0"),
+        ({"local_steps": True}, r"local_steps must be an integer"),
+        ({"variance": -1.0}, r"variance must be a finite positive number, got -1.0"),
+        ({"local_variance": 0.0}, r"local_variance must be a finite positive number"),
+        ({"noise_variance": -0.1}, r"noise_variance must be a finite positive number"),
+        ({"phi": np.inf}, r"phi must be a finite positive number"),
+        ({"learning_rate": 0}, r"learning_rate must be a finite positive number"),
+        ({"global_learning_rate": np.nan}, r"global_learning_rate must be a finite positive"),
+        ({"variational_update": "newton"}, r"variational_update must be 'adam' or 'closed_form', "
+                                           r"got 'newton'"),
+        ({"lengthscale": -1.0}, r"lengthscales must be finite and positive"),
+        ({"local_lengthscale": [1.0, 2.0, 3.0]}, r"lengthscale must be a scalar or have 2 entries"),
+    ],
+)
+def test_bad_hyperparameters(data, params, match):
+    X, y, g = data
+    with pytest.raises(ValueError, match=match):
+        _est(**params).fit(X, y, g)
+
+
+# --------------------------------------------------------------------------
+# numerical failure: Cholesky after jitter escalation
+# --------------------------------------------------------------------------
+
+
+def _coincident_client_data():
+    """Client "a" spread over [0, 10]; client "b" squeezed into a 1e-10 interval.
+
+    Client b's local inducing points (k-means centres of its inputs) are
+    then numerically identical for any sensible lengthscale, so its local
+    ``K_zz`` is numerically the rank-one matrix ``var * 11^T``.
+    """
+    rng = np.random.default_rng(1)
+    X = np.vstack([rng.uniform(0.0, 10.0, (30, 1)), 5.0 + 1e-10 * rng.uniform(size=(30, 1))])
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=60)
+    return X, y, np.repeat(["a", "b"], 30)
+
+
+def test_cholesky_failure_names_matrix_and_client(monkeypatch):
+    X, y, g = _coincident_client_data()
+    # with the default relative jitter (1e-6 * variance, escalated up to 1e-1)
+    # the singular K_zz of client b is rescued and the fit succeeds
+    ok = _est(n_jobs=1).fit(X, y, g)
+    assert np.all(np.isfinite(ok.predict(X, g)))
+
+    # Shrink the starting jitter below machine precision (1e-22, so the
+    # escalation tries 1e-22 ... 1e-17, all lost in rounding against var).
+    # The real factorisation then runs on the real, numerically singular
+    # matrix and must fail after escalation; the Cholesky routine itself is
+    # not replaced.
+    build_blocks = hierarchy.build_blocks
+
+    def tiny_jitter_blocks(G, B, components):
+        return [dataclasses.replace(b, jitter=1e-22) for b in build_blocks(G, B, components)]
+
+    monkeypatch.setattr(hierarchy, "build_blocks", tiny_jitter_blocks)
+    est = _est(n_jobs=1)
+    with pytest.raises(CholeskyError, match=r"K_zz \(local\) of client 'b' failed after \d+ tries") as info:
+        est.fit(X, y, g)
+    assert info.value.matrix == "K_zz (local)"
+    assert info.value.client == "b"
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_non_finite_training_names_client(data):
+    X, y, g = data
+    with pytest.raises(FloatingPointError, match="client '(a|b)'"):
+        _est(local_lengthscale=1e-300).fit(X, y, g)
+
+
+# --------------------------------------------------------------------------
+# nothing half-fitted
+# --------------------------------------------------------------------------
+
+
+def test_failed_first_fit_leaves_estimator_unfitted(data):
+    X, y, g = data
+    g = g.astype(object)
+    g[0] = "lonely"  # fails after validate_data has seen X
+    est = _est()
+    with pytest.raises(ValueError, match="client 'lonely'"):
+        est.fit(X, y, g)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+    assert not hasattr(est, "n_features_in_")
+    with pytest.raises(NotFittedError):
+        est.predict(X, g)
+
+
+@pytest.mark.parametrize("failure", ["nan", "one_sample", "more_features", "cholesky"])
+def test_failed_refit_keeps_previous_model(data, failure, monkeypatch):
+    X, y, g = data
+    est = _est().fit(X, y, g)
+    before = est.predict(X, g, return_std=True)
+    state = (est.n_features_in_, est.clients_, est.server_, est.elbo_history_, est.y_offset_)
+    if failure == "nan":
+        Xb = X.copy()
+        Xb[0, 0] = np.nan
+        args, err = (Xb, y, g), ValueError
+    elif failure == "one_sample":
+        gb = g.astype(object)
+        gb[0] = "lonely"
+        args, err = (X, y, gb), ValueError
+    elif failure == "more_features":  # passes validation (resetting n_features_in_), fails later
+        gb = g.astype(object)
+        gb[0] = "lonely"
+        args, err = (np.c_[X, X[:, :1]], y, gb), ValueError
+    else:
+        build_blocks = hierarchy.build_blocks
+        monkeypatch.setattr(
+            hierarchy, "build_blocks",
+            lambda G, B, c: [dataclasses.replace(b, jitter=1e-22) for b in build_blocks(G, B, c)],
+        )
+        args, err = _coincident_client_data(), CholeskyError
+        args = (np.c_[args[0], args[0]], args[1], args[2])  # two features, as before
+    with pytest.raises(err):
+        est.fit(*args)
+    monkeypatch.undo()
+    assert (est.n_features_in_, est.clients_, est.server_, est.elbo_history_, est.y_offset_) == state
+    after = est.predict(X, g, return_std=True)
+    assert_array_equal(before[0], after[0])
+    assert_array_equal(before[1], after[1])
