@@ -566,3 +566,4 @@ def optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, *,
             B[km], B[kc] = m, C
             r -= coef * (W @ m)
     return lpack.pack(B)
+

@@ -52,6 +52,7 @@ __all__ = [
     "InitBroadcast",
     "GlobalBroadcast",
     "ClientUpdate",
+    "ClientStatistics",
     "message_arrays",
     "message_nbytes",
     "ModelConfig",
@@ -136,17 +137,32 @@ class ClientUpdate:
         global unconstrained vector, after the local steps.
     objective : float
         Value of that objective at the same point (for the ELBO history).
-    precision : ndarray of shape (M, M) or None
-        ``W_g^T W_g / s2_i``, sent only with ``variational_update="closed_form"``.
-    shift : ndarray of shape (M,) or None
-        ``W_g^T (y_i - non-global mean) / s2_i``, likewise.
     """
 
     round: int
     grad_global: np.ndarray
     objective: float
-    precision: np.ndarray = None
-    shift: np.ndarray = None
+
+
+@dataclass(frozen=True)
+class ClientStatistics:
+    """Upload for the closed-form ``q(v_g)`` (``variational_update="closed_form"``).
+
+    Sent at the start of a round, at the broadcast global block and the
+    client's current local block; sizes are fixed by ``M``.
+
+    Attributes
+    ----------
+    round : int
+    precision : ndarray of shape (M, M)
+        ``W_g^T W_g / s2_i``.
+    shift : ndarray of shape (M,)
+        ``W_g^T (y_i - deviation and local means) / s2_i``.
+    """
+
+    round: int
+    precision: np.ndarray
+    shift: np.ndarray
 
 
 def message_arrays(msg):
@@ -409,20 +425,36 @@ class Client:
             raise FloatingPointError(
                 f"client {self.client_id!r} produced a non-finite global gradient"
             )
-        precision = shift = None
-        if config.variational_update == "closed_form" and "global" in config.components:
-            precision, shift = global_statistics(
-                theta_g, theta, self._Xs, self._y_std, gpack, self.local_pack,
-                config.components, client=self.client_id,
-            )
         self.theta_local = theta
         self.objective_ = value
-        return ClientUpdate(round=broadcast.round, grad_global=g_glob, objective=value,
-                            precision=precision, shift=shift)
+        return ClientUpdate(round=broadcast.round, grad_global=g_glob, objective=value)
+
+    def statistics(self, broadcast, config, gpack):
+        """Statistics for the server's closed-form ``q(v_g)`` (:class:`ClientStatistics`).
+
+        Parameters
+        ----------
+        broadcast : GlobalBroadcast
+        config : ModelConfig
+        gpack : Packer
+
+        Returns
+        -------
+        ClientStatistics
+        """
+        precision, shift = global_statistics(
+            broadcast.theta_global, self.theta_local, self._Xs, self._y_std, gpack,
+            self.local_pack, config.components, client=self.client_id,
+        )
+        return ClientStatistics(round=broadcast.round, precision=precision, shift=shift)
 
     def local_values(self):
         """Unpacked local block (constrained values), for prediction."""
         return self.local_pack.unpack(self.theta_local)
+
+
+def _client_statistics(client, broadcast, config, gpack):
+    return client, client.statistics(broadcast, config, gpack)
 
 
 def _client_round(client, broadcast, config, gpack):
@@ -527,19 +559,31 @@ class Server:
         elbo = kl_value + sum(u.objective for u in updates)
         if self.global_pack.size:
             grad = kl_grad + np.sum([u.grad_global for u in updates], axis=0)
-            theta = self._adam.step(self.theta_global, grad)
-            if self.config.variational_update == "closed_form" and "m_g" in self.global_pack.slices:
-                # (Adam's moves of m_g, C_g are discarded: the closed form wins)
-                # q(v_g) set exactly from the summed statistics (SPEC section 1)
-                m, C = optimal_global_factor(
-                    np.sum([u.precision for u in updates], axis=0),
-                    np.sum([u.shift for u in updates], axis=0),
-                )
-                values = self.global_pack.unpack(theta)
-                values.update(m_g=m, C_g=C)
-                theta = self.global_pack.pack(values)
-            self.theta_global = theta
+            if self.config.variational_update == "closed_form":
+                # q(v_g) is set by set_global_factor; Adam moves hyperparameters only
+                grad[self.global_pack.variational_mask()] = 0.0
+            self.theta_global = self._adam.step(self.theta_global, grad)
         return float(elbo)
+
+    def set_global_factor(self, statistics):
+        """Set ``q(v_g)`` to its exact optimum from the clients' statistics.
+
+        ``S_g = (I + sum_i W_i^T W_i / s2_i)^{-1}``,
+        ``m_g = S_g sum_i W_i^T r_i / s2_i`` (SPEC section 1, "Beyond the
+        paper"); the statistics were computed at the current global block,
+        so the update is an exact coordinate-ascent step on the ELBO.
+
+        Parameters
+        ----------
+        statistics : list of ClientStatistics
+        """
+        m, C = optimal_global_factor(
+            np.sum([s.precision for s in statistics], axis=0),
+            np.sum([s.shift for s in statistics], axis=0),
+        )
+        values = self.global_pack.unpack(self.theta_global)
+        values.update(m_g=m, C_g=C)
+        self.theta_global = self.global_pack.pack(values)
 
     def global_values(self):
         """Unpacked global block (constrained values)."""
@@ -590,9 +634,20 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
     }]
     elbo_history = []
     gpack = server.global_pack
+    closed_global = config.variational_update == "closed_form" and "m_g" in gpack.slices
     with Parallel(n_jobs=n_jobs) as parallel:
         for r in range(1, n_rounds + 1):
             t0 = time.perf_counter()
+            up = down = n_msg = 0
+            if closed_global:
+                # phase A: exact q(v_g) at the current global hyperparameters
+                bc = server.broadcast(r)
+                out = parallel(delayed(_client_statistics)(c, bc, config, gpack) for c in clients)
+                clients = [o[0] for o in out]
+                server.set_global_factor([o[1] for o in out])
+                up += sum(message_nbytes(o[1]) for o in out)
+                down += T * message_nbytes(bc)
+                n_msg += T
             bc = server.broadcast(r)
             out = parallel(delayed(_client_round)(c, bc, config, gpack) for c in clients)
             clients = [o[0] for o in out]
@@ -601,9 +656,9 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
             elbo_history.append(elbo)
             communication.append({
                 "round": r,
-                "bytes_up": int(sum(message_nbytes(u) for u in updates)),
-                "bytes_down": T * message_nbytes(bc),
-                "n_messages": T,
+                "bytes_up": int(up + sum(message_nbytes(u) for u in updates)),
+                "bytes_down": int(down + T * message_nbytes(bc)),
+                "n_messages": n_msg + T,
             })
             if verbose:
                 print(

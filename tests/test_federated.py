@@ -8,6 +8,7 @@ from numpy.testing import assert_array_equal
 
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp.federated import (
+    ClientStatistics,
     ClientSummary,
     ClientUpdate,
     GlobalBroadcast,
@@ -32,8 +33,13 @@ def _clients_data(sizes, d=2, seed=0):
 @pytest.fixture
 def spy(monkeypatch):
     """Record every message the server receives and sends (wraps Server methods)."""
-    log = {"summaries": [], "init": [], "updates": [], "broadcasts": []}
+    log = {"summaries": [], "init": [], "updates": [], "broadcasts": [], "statistics": []}
     initialise, apply, broadcast = Server.initialise, Server.apply, Server.broadcast
+    set_global_factor = Server.set_global_factor
+
+    def _set_global_factor(self, statistics):
+        log["statistics"].append(list(statistics))
+        return set_global_factor(self, statistics)
 
     def _initialise(self, summaries):
         log["summaries"].append(list(summaries))
@@ -53,6 +59,7 @@ def spy(monkeypatch):
     monkeypatch.setattr(Server, "initialise", _initialise)
     monkeypatch.setattr(Server, "apply", _apply)
     monkeypatch.setattr(Server, "broadcast", _broadcast)
+    monkeypatch.setattr(Server, "set_global_factor", _set_global_factor)
     return log
 
 
@@ -86,14 +93,23 @@ def test_server_bound_messages_do_not_depend_on_n_i(spy, variational_update):
 
     assert len(log["updates"]) == FAST["n_rounds"]
     expected = {"round": (), "grad_global": (P,), "objective": ()}
-    if variational_update == "closed_form":
-        expected.update(precision=(M, M), shift=(M,))  # the extra fields
     for round_a, round_b in zip(log["updates"], log_b["updates"]):
         assert len(round_a) == 2
         for u in round_a + round_b:
             assert isinstance(u, ClientUpdate)
             assert _shapes(u) == expected
             assert all(np.all(np.isfinite(a)) for a in message_arrays(u).values())
+    if variational_update == "closed_form":
+        # the extra phase of each round: statistics for the exact q(v_g)
+        assert len(log["statistics"]) == len(log_b["statistics"]) == FAST["n_rounds"]
+        for round_a, round_b in zip(log["statistics"], log_b["statistics"]):
+            assert len(round_a) == 2
+            for m in round_a + round_b:
+                assert isinstance(m, ClientStatistics)
+                assert _shapes(m) == {"round": (), "precision": (M, M), "shift": (M,)}
+                assert all(np.all(np.isfinite(a)) for a in message_arrays(m).values())
+    else:
+        assert log["statistics"] == []
     # a 200-row client uploads exactly as many bytes as a 5-row one
     assert message_nbytes(log["updates"][0][0]) == message_nbytes(log["updates"][0][1])
 
@@ -107,7 +123,7 @@ def test_server_bound_messages_do_not_depend_on_n_i(spy, variational_update):
         assert_array_equal(s.x_max, Xi.max(axis=0))
         for name, a in message_arrays(s).items():
             assert not np.isin(a, yi).any(), name
-        for u in [r[k] for r in log["updates"]]:
+        for u in [r[k] for r in log["updates"] + log["statistics"]]:
             for name, a in message_arrays(u).items():
                 if name == "round":
                     continue
