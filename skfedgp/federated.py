@@ -224,7 +224,7 @@ class ModelConfig:
     learning_rate: float
     global_learning_rate: float
     normalize_y: bool
-    variational_update: str = "adam"
+    variational_update: str = "closed_form"
 
 
 #: With ``variational_update="closed_form"``, clients reset their own

@@ -132,22 +132,26 @@ def test_server_bound_messages_do_not_depend_on_n_i(spy, variational_update):
                 assert not np.isin(a, yi).any(), name
 
 
-def test_communication_record(spy):
-    est, _, log = _fit_and_log(spy, (5, 200, 30))
+@pytest.mark.parametrize("variational_update", ["adam", "closed_form"])
+def test_communication_record(spy, variational_update):
+    est, _, log = _fit_and_log(spy, (5, 200, 30), variational_update=variational_update)
     comm = est.communication_
+    phases = 2 if variational_update == "closed_form" else 1  # statistics + local round
     assert [c["round"] for c in comm] == list(range(FAST["n_rounds"] + 1))
     assert comm[0]["bytes_up"] == sum(message_nbytes(s) for s in log["summaries"][0])
     assert comm[0]["bytes_down"] == 3 * message_nbytes(log["init"][0])
     assert isinstance(log["init"][0], InitBroadcast)
+    assert len(log["broadcasts"]) == phases * FAST["n_rounds"]
     for r in range(1, FAST["n_rounds"] + 1):
-        ups, bc = log["updates"][r - 1], log["broadcasts"][r - 1]
-        assert isinstance(bc, GlobalBroadcast) and bc.round == r
+        ups = log["updates"][r - 1] + (log["statistics"][r - 1] if phases == 2 else [])
+        bcs = log["broadcasts"][phases * (r - 1): phases * r]
+        assert all(isinstance(bc, GlobalBroadcast) and bc.round == r for bc in bcs)
         assert comm[r]["bytes_up"] == sum(message_nbytes(u) for u in ups) > 0
-        assert comm[r]["bytes_down"] == 3 * message_nbytes(bc) > 0
-        assert comm[r]["n_messages"] == 3
+        assert comm[r]["bytes_down"] == 3 * sum(message_nbytes(bc) for bc in bcs) > 0
+        assert comm[r]["n_messages"] == 3 * phases
     # fixed-size uploads: every round costs the same, whatever the n_i
     assert len({c["bytes_up"] for c in comm[1:]}) == 1
-    est_b, _, _ = _fit_and_log(spy, (100, 7, 12))
+    est_b, _, _ = _fit_and_log(spy, (100, 7, 12), variational_update=variational_update)
     assert [c["bytes_up"] for c in est_b.communication_] == [c["bytes_up"] for c in comm]
     assert [c["bytes_down"] for c in est_b.communication_] == [c["bytes_down"] for c in comm]
 
