@@ -37,10 +37,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+import llvmlite.binding as _llvm
 import numpy as np
-from scipy.linalg import blas as _blas
+from numba import njit
+from numba import types as _nbt
+from numba.extending import get_cython_function_address
 from scipy.special import expit as _expit
-from scipy.linalg import lapack as _lapack
 
 __all__ = [
     "CholeskyError",
@@ -59,8 +61,11 @@ __all__ = [
     "row_groups",
     "row_chunks",
     "map_row_groups",
+    "parallel_map",
     "single_threaded_blas",
     "n_workers",
+    "workers_for",
+    "PARALLEL_MIN_FLOPS",
 ]
 
 #: Relative jitter added to every ``K_zz`` before the Cholesky factorisation.
@@ -143,11 +148,12 @@ def jittered_cholesky(
     m = K.shape[0]
     eps = jitter * float(scale)
     for _ in range(max_tries):
-        A = K.copy(order="F")
+        A = np.tril(K)
+        A += np.tril(A, -1).T  # symmetric from the lower triangle
         A.flat[:: m + 1] += eps
-        c, info = _lapack.dpotrf(A, lower=1, clean=1, overwrite_a=1)
-        if info == 0:
-            return np.ascontiguousarray(c), eps
+        # LAPACK dpotrf called from Numba without the GIL
+        if _nb_potrf_c(A) == 0:
+            return A, eps
         eps *= 10.0
     eps /= 10.0
     raise CholeskyError(
@@ -176,11 +182,12 @@ def solve_lower(L, B, *, trans=False):
     -------
     X : ndarray of the shape of ``B``
     """
-    B = np.asarray(B, dtype=float)
-    vec = B.ndim == 1
-    Bm = B[:, None] if vec else B
-    X = _blas.dtrsm(1.0, L, Bm, side=0, lower=1, trans_a=1 if trans else 0)
-    return X[:, 0] if vec else X
+    L = np.ascontiguousarray(L, dtype=float)
+    X = np.array(B, dtype=float, order="C", copy=True)
+    vec = X.ndim == 1
+    # BLAS dtrsm called from Numba without the GIL (see the end of this module)
+    _nb_trsm_c(L, X[:, None] if vec else X, False, bool(trans))
+    return X
 
 
 def solve_upper(L, B):
@@ -198,7 +205,10 @@ def solve_upper(L, B):
     X : ndarray of shape (k, m)
         ``B L^{-1}``.
     """
-    return _blas.dtrsm(1.0, L, np.asarray(B, dtype=float), side=1, lower=1)
+    L = np.ascontiguousarray(L, dtype=float)
+    X = np.array(B, dtype=float, order="C", copy=True)
+    _nb_trsm_c(L, X, True, False)
+    return X
 
 
 def gram(A):
@@ -328,19 +338,23 @@ def single_threaded_blas():
 
     Notes
     -----
-    Uses ``threadpoolctl`` (a scikit-learn dependency).  threadpoolctl lets
-    only one Python thread at a time change OpenBLAS' process-wide thread
-    count; called from another thread this context does nothing, which
-    changes only the speed, never the results of :func:`map_row_groups`
-    callers (each BLAS call there has a fixed operand size and OpenBLAS
-    splits level-3 products over the output, not over the summation).
+    Uses ``threadpoolctl`` (a scikit-learn dependency).  Besides speed, the
+    limit makes results reproducible: OpenBLAS' threaded Cholesky
+    (``dpotrf``, M >= 128) and long dot products give different last bits
+    with 1 and 2 threads (measured; ``syrk``, ``gemm``, ``gemv`` and ``trsm``
+    did not), and joblib's loky workers run with 1 BLAS thread while the
+    main process has all of them.  threadpoolctl >= 3.6 lets only the first
+    Python thread that changed a limit change OpenBLAS' process-wide thread
+    count again; since this context must work in any thread (dask and
+    threading-backend workers), it uses threadpoolctl's unrestricted setter
+    when there is one, inside its own reference-counted window.
     """
     ctrls = _blas_controllers()
     with _BLAS_LOCK:
         if _BLAS_STATE["depth"] == 0:
             _BLAS_STATE["saved"] = [c.num_threads for c in ctrls]
             for c in ctrls:
-                c.set_num_threads(1)
+                _set_blas_threads(c, 1)
         _BLAS_STATE["depth"] += 1
     try:
         yield
@@ -350,7 +364,12 @@ def single_threaded_blas():
             if _BLAS_STATE["depth"] == 0:
                 for c, k in zip(ctrls, _BLAS_STATE["saved"]):
                     if k is not None:
-                        c.set_num_threads(k)
+                        _set_blas_threads(c, k)
+
+
+def _set_blas_threads(ctrl, k):
+    setter = getattr(ctrl, "_real_set_num_threads", None) or ctrl.set_num_threads
+    setter(k)
 
 
 def n_workers():
@@ -365,6 +384,21 @@ def n_workers():
         return max(1, int(numba.get_num_threads()))
     except Exception:  # pragma: no cover
         return max(1, os.cpu_count() or 1)
+
+
+#: Estimated floating-point work below which the row-parallel helpers stay
+#: in the calling thread: handing work to another thread costs tens of
+#: microseconds, and on a busy machine it waits for a free core.
+PARALLEL_MIN_FLOPS = 4e6
+
+
+def workers_for(flops):
+    """Thread count for a job of about ``flops`` operations.
+
+    1 below :data:`PARALLEL_MIN_FLOPS`, else None (all of :func:`n_workers`).
+    The choice changes only the speed: results never depend on it.
+    """
+    return 1 if flops < PARALLEL_MIN_FLOPS else None
 
 
 _POOL = {"executor": None, "size": 0}
@@ -398,7 +432,7 @@ def _executor(size):
         return _POOL["executor"]
 
 
-def map_row_groups(func, groups, *, workers=None):
+def map_row_groups(func, groups, *, workers=None, reduce=None):
     """Apply ``func(start, stop)`` to every row group, in parallel threads.
 
     Parameters
@@ -412,12 +446,15 @@ def map_row_groups(func, groups, *, workers=None):
     workers : int, optional
         Thread count; default :func:`n_workers`.  The calling thread is one
         of them.  Called from inside a worker, runs sequentially.
+    reduce : callable, optional
+        Called with each group's result in group order as soon as possible
+        (see :func:`parallel_map`); the results are then not kept.
 
     Returns
     -------
-    results : list
+    results : list or None
         ``func``'s results in the order of ``groups`` (independent of the
-        thread count and of scheduling).
+        thread count and of scheduling); None with ``reduce``.
 
     Notes
     -----
@@ -425,14 +462,49 @@ def map_row_groups(func, groups, *, workers=None):
     groups run, so that there is one compute thread per core.  The first
     exception raised by ``func`` is re-raised after all threads stopped.
     """
-    groups = list(groups)
-    k = min(workers or n_workers(), len(groups))
+    return parallel_map(lambda ab: func(*ab), groups, workers=workers, reduce=reduce)
+
+
+def parallel_map(func, items, *, workers=None, reduce=None):
+    """``[func(item) for item in items]`` computed by up to ``workers`` threads.
+
+    The engine of :func:`map_row_groups` (see there); also used to process
+    independent blocks at once.  Items are handed out dynamically; BLAS is
+    single-threaded meanwhile.
+
+    Parameters
+    ----------
+    func : callable
+        Applied to each item.
+    items : iterable
+    workers : int, optional
+        Thread count (the calling thread included); default :func:`n_workers`.
+    reduce : callable, optional
+        If given, ``reduce(result)`` is called for each result strictly in
+        the order of ``items`` as soon as all earlier ones are reduced (under
+        a lock), and the results are not kept: partial sums are then freed
+        as the work proceeds, and their reduction order never depends on
+        the thread count or the scheduling.
+
+    Returns
+    -------
+    results : list or None
+        ``func``'s results in the order of ``items``; None with ``reduce``.
+    """
+    items = list(items)
+    k = min(workers or n_workers(), len(items))
     with single_threaded_blas():
         if k <= 1 or getattr(_IN_WORKER, "flag", False):
-            return [func(a, b) for a, b in groups]
-        results = [None] * len(groups)
+            if reduce is None:
+                return [func(it) for it in items]
+            for it in items:
+                reduce(func(it))
+            return None
+        results = [None] * len(items)
         lock = threading.Lock()
-        state = {"next": 0, "error": None}
+        merge_lock = threading.Lock()
+        state = {"next": 0, "error": None, "merged": 0}
+        pending = {}
 
         def work():
             _IN_WORKER.flag = True
@@ -440,11 +512,20 @@ def map_row_groups(func, groups, *, workers=None):
                 while True:
                     with lock:
                         i = state["next"]
-                        if i >= len(groups) or state["error"] is not None:
+                        if i >= len(items) or state["error"] is not None:
                             return
                         state["next"] = i + 1
                     try:
-                        results[i] = func(*groups[i])
+                        res = func(items[i])
+                        if reduce is None:
+                            results[i] = res
+                            continue
+                        with merge_lock:
+                            pending[i] = res
+                            del res
+                            while state["merged"] in pending:
+                                reduce(pending.pop(state["merged"]))
+                                state["merged"] += 1
                     except BaseException as exc:  # noqa: BLE001 - re-raised below
                         with lock:
                             if state["error"] is None:
@@ -460,4 +541,146 @@ def map_row_groups(func, groups, *, workers=None):
             f.result()
         if state["error"] is not None:
             raise state["error"]
-        return results
+        return None if reduce is not None else results
+
+
+# ---------------------------------------------------------------------------
+# BLAS callable from Numba code, without the GIL
+# ---------------------------------------------------------------------------
+# SciPy's f2py BLAS wrappers (scipy.linalg.blas) hold the GIL during the call
+# (measured: two threads calling dsyrk took twice as long as one), so worker
+# threads running them do not run in parallel.  The same routines of SciPy's
+# OpenBLAS are called here through ``scipy.linalg.cython_blas`` from
+# ``nogil`` Numba functions.  The symbols are registered under fixed names so
+# that the compiled functions can be cached on disk (a ctypes pointer would be
+# baked into the machine code).  BLAS integers of cython_blas are C ints.
+
+for _mod, _name in (
+    ("cython_blas", "dsyrk"),
+    ("cython_blas", "dgemm"),
+    ("cython_blas", "dgemv"),
+    ("cython_blas", "dtrsm"),
+    ("cython_lapack", "dpotrf"),
+):
+    _llvm.add_symbol(
+        "skfedgp_" + _name,
+        get_cython_function_address("scipy.linalg." + _mod, _name),
+    )
+_VP = _nbt.voidptr
+_dsyrk = _nbt.ExternalFunction("skfedgp_dsyrk", _nbt.void(*([_VP] * 10)))
+_dgemm = _nbt.ExternalFunction("skfedgp_dgemm", _nbt.void(*([_VP] * 13)))
+_dgemv = _nbt.ExternalFunction("skfedgp_dgemv", _nbt.void(*([_VP] * 11)))
+_dtrsm = _nbt.ExternalFunction("skfedgp_dtrsm", _nbt.void(*([_VP] * 11)))
+_dpotrf = _nbt.ExternalFunction("skfedgp_dpotrf", _nbt.void(*([_VP] * 5)))
+_CHAR_N = ord("N")
+_CHAR_T = ord("T")
+_CHAR_U = ord("U")
+_CHAR_L = ord("L")
+_CHAR_R = ord("R")
+
+
+@njit(nogil=True, cache=True)
+def _nb_trsm_c(L, B, right, trans):  # pragma: no cover - compiled
+    # In place on C-ordered B: right=False: B := L^{-1} B (or L^{-T} B if
+    # trans), B of shape (m, k); right=True: B := B L^{-1}, B of shape (k, m).
+    # Fortran views: L is L^T (upper), B is B^T.
+    m = L.shape[0]
+    if B.size == 0 or m == 0:
+        return
+    uplo = np.array([_CHAR_U], dtype=np.uint8)
+    diag = np.array([_CHAR_N], dtype=np.uint8)
+    one = np.array([1.0])
+    mm = np.array([m], dtype=np.int32)
+    if right:
+        # X L = B  <=>  L^T X^T = B^T: left side, upper, no transpose
+        k = B.shape[0]
+        side = np.array([_CHAR_L], dtype=np.uint8)
+        ta = np.array([_CHAR_N], dtype=np.uint8)
+        kk = np.array([k], dtype=np.int32)
+        _dtrsm(side.ctypes, uplo.ctypes, ta.ctypes, diag.ctypes, mm.ctypes, kk.ctypes,
+               one.ctypes, L.ctypes, mm.ctypes, B.ctypes, mm.ctypes)
+    else:
+        # L X = B  <=>  X^T L^T = B^T: right side, upper, no transpose;
+        # L^T X = B  <=>  X^T L = B^T: right side, upper, transposed
+        k = B.shape[1]
+        side = np.array([_CHAR_R], dtype=np.uint8)
+        ta = np.array([_CHAR_T if trans else _CHAR_N], dtype=np.uint8)
+        kk = np.array([k], dtype=np.int32)
+        _dtrsm(side.ctypes, uplo.ctypes, ta.ctypes, diag.ctypes, kk.ctypes, mm.ctypes,
+               one.ctypes, L.ctypes, mm.ctypes, B.ctypes, kk.ctypes)
+
+
+@njit(nogil=True, cache=True)
+def _nb_potrf_c(A):  # pragma: no cover - compiled
+    # In place on a C-ordered symmetric A: its lower triangle becomes the
+    # lower Cholesky factor (LAPACK 'U' on the Fortran view A^T = A), the
+    # strict upper triangle is zeroed.  Returns LAPACK's info.
+    m = A.shape[0]
+    if m == 0:
+        return 0
+    uplo = np.array([_CHAR_U], dtype=np.uint8)
+    mm = np.array([m], dtype=np.int32)
+    info = np.zeros(1, dtype=np.int32)
+    _dpotrf(uplo.ctypes, mm.ctypes, A.ctypes, mm.ctypes, info.ctypes)
+    for i in range(m):
+        for j in range(i + 1, m):
+            A[i, j] = 0.0
+    return info[0]
+
+
+@njit(nogil=True, cache=True)
+def nb_gram_acc(K, G):  # pragma: no cover - compiled
+    """``G += K^T K`` on the lower triangle of C-ordered ``G`` (m x m); ``K`` (h x m) C-ordered.
+
+    One BLAS ``dsyrk``; the strict upper triangle of ``G`` is not touched.
+    """
+    h, m = K.shape
+    if h == 0 or m == 0:
+        return
+    # Fortran view: K is K^T (m x h), G is G^T; C := A A^T + C on the upper
+    # triangle of the Fortran view = lower triangle of the C-ordered G
+    uplo = np.array([_CHAR_U], dtype=np.uint8)
+    trans = np.array([_CHAR_N], dtype=np.uint8)
+    mm = np.array([m], dtype=np.int32)
+    hh = np.array([h], dtype=np.int32)
+    one = np.array([1.0])
+    _dsyrk(uplo.ctypes, trans.ctypes, mm.ctypes, hh.ctypes, one.ctypes, K.ctypes,
+           mm.ctypes, one.ctypes, G.ctypes, mm.ctypes)
+
+
+@njit(nogil=True, cache=True)
+def nb_matmul_into(A, B, out):  # pragma: no cover - compiled
+    """``out[:] = A @ B`` for C-ordered ``A`` (h x k), ``B`` (k x m), ``out`` (h x m); BLAS dgemm."""
+    h, k = A.shape
+    m = B.shape[1]
+    if h == 0 or m == 0:
+        return
+    if k == 0:
+        out[:] = 0.0
+        return
+    # Fortran view: out^T (m x h) = B^T (m x k) A^T (k x h)
+    nt = np.array([_CHAR_N], dtype=np.uint8)
+    mm = np.array([m], dtype=np.int32)
+    hh = np.array([h], dtype=np.int32)
+    kk = np.array([k], dtype=np.int32)
+    one = np.array([1.0])
+    zero = np.array([0.0])
+    _dgemm(nt.ctypes, nt.ctypes, mm.ctypes, hh.ctypes, kk.ctypes, one.ctypes, B.ctypes,
+           mm.ctypes, A.ctypes, kk.ctypes, zero.ctypes, out.ctypes, mm.ctypes)
+
+
+@njit(nogil=True, cache=True)
+def nb_gemv_acc(A, x, y, alpha, transpose):  # pragma: no cover - compiled
+    """``y += alpha * A @ x`` (or ``A.T @ x`` if ``transpose``) for C-ordered ``A``; BLAS dgemv."""
+    h, m = A.shape
+    if h == 0 or m == 0:
+        return
+    # Fortran view of A is A^T (m x h): A^T x is 'N', A x is 'T'
+    tr = np.array([_CHAR_N if transpose else _CHAR_T], dtype=np.uint8)
+    mm = np.array([m], dtype=np.int32)
+    hh = np.array([h], dtype=np.int32)
+    one_i = np.array([1], dtype=np.int32)
+    al = np.array([alpha])
+    one = np.array([1.0])
+    _dgemv(tr.ctypes, mm.ctypes, hh.ctypes, al.ctypes, A.ctypes, mm.ctypes, x.ctypes,
+           one_i.ctypes, one.ctypes, y.ctypes, one_i.ctypes)
