@@ -47,11 +47,15 @@ __all__ = [
 COMPONENTS = ("global", "deviation", "local")
 #: Lower bound added to every noise variance (standardised units).
 NOISE_FLOOR = 1e-6
-#: Step-size multipliers per parameter.  Inputs are scaled to the unit box,
-#: so an inducing point moves at most ~``0.1 * learning_rate`` of the input
-#: range per Adam step (1 % with the default 0.1), while lengthscales (softplus)
-#: change by a relative amount of order ``learning_rate``.
-LR_SCALE = {"Z_g": 0.1, "Z_l": 0.1}
+#: Step-size multipliers per parameter (see :meth:`Packer.learning_rates`).
+#: Inducing points move in units of their kernel's *initial lengthscale*
+#: (per input dimension): with the default learning rate 0.1 an inducing
+#: point moves at most about a tenth of a lengthscale per Adam step, whatever
+#: the input units — a step tied to the input range would be far too coarse
+#: for a kernel whose lengthscale is a small fraction of that range.
+#: Lengthscales (softplus) change by a relative amount of order the
+#: learning rate.
+LR_SCALE = {"Z_g": "lengthscale", "Z_l": "lengthscale"}
 _VARIATIONAL = ("m_g", "C_g", "m_d", "C_d", "m_u", "C_u")
 
 
@@ -89,20 +93,27 @@ class Packer:
             name: np.tril_indices(shape[0]) for name, shape, kind in self.spec if kind == "tril"
         }
 
-    def learning_rates(self, base):
-        """Per-coordinate Adam step sizes: ``base`` times :data:`LR_SCALE`.
+    def learning_rates(self, base, lengthscales=None):
+        """Per-coordinate Adam step sizes.
 
         Parameters
         ----------
         base : float
+            The learning rate.
+        lengthscales : dict, optional
+            Name of an inducing-point array (``"Z_g"``, ``"Z_l"``) to the
+            initial lengthscales ``(d,)`` of its kernel; those coordinates get
+            step ``base * lengthscale_d`` (:data:`LR_SCALE`).
 
         Returns
         -------
         lr : ndarray of shape (size,)
         """
         lr = np.full(self.size, float(base))
-        for name in self.slices:
-            lr[self.slices[name]] *= LR_SCALE.get(name, 1.0)
+        for name, shape, _ in self.spec:
+            if LR_SCALE.get(name) == "lengthscale" and lengthscales and name in lengthscales:
+                scale = np.broadcast_to(np.asarray(lengthscales[name], dtype=float), shape)
+                lr[self.slices[name]] *= scale.ravel()
         return lr
 
     def variational_mask(self):

@@ -45,6 +45,7 @@ from ._hierarchy import (
     optimal_local_factors,
     server_objective,
 )
+from ._linalg import single_threaded_blas
 from .optim import Adam
 
 __all__ = [
@@ -364,9 +365,13 @@ class Client:
         s2 = 0.1 if config.noise_variance is None else float(config.noise_variance) / init.y_scale**2
         values["noise_variance"] = s2
         self.theta_local = self.local_pack.pack(values)
-        self._adam = Adam(self.local_pack.learning_rates(config.learning_rate))
+        self._adam = Adam(self.local_pack.learning_rates(
+            config.learning_rate,
+            {"Z_l": values["lengthscale_l"]} if "lengthscale_l" in values else None,
+        ))
         return self
 
+    @single_threaded_blas()
     def local_round(self, broadcast, config, gpack):
         """Run the local Adam steps, then report the global gradient.
 
@@ -429,6 +434,7 @@ class Client:
         self.objective_ = value
         return ClientUpdate(round=broadcast.round, grad_global=g_glob, objective=value)
 
+    @single_threaded_blas()
     def statistics(self, broadcast, config, gpack):
         """Statistics for the server's closed-form ``q(v_g)`` (:class:`ClientStatistics`).
 
@@ -491,10 +497,7 @@ class Server:
         self.random_state = random_state
         self.global_pack = global_spec(config.components, config.n_inducing, d)
         self.theta_global = None
-        self._adam = Adam(
-            self.global_pack.learning_rates(config.global_learning_rate)
-            if self.global_pack.size else config.global_learning_rate
-        )
+        self._adam = Adam(config.global_learning_rate)  # per-coordinate in initialise
 
     def initialise(self, summaries):
         """Standardisation and initial global block from the client summaries.
@@ -537,6 +540,11 @@ class Server:
             M = self.config.n_inducing
             values.update(m_g=np.zeros(M), C_g=np.eye(M))
         self.theta_global = gp.pack(values) if gp.size else np.zeros(0)
+        if gp.size:
+            self._adam = Adam(gp.learning_rates(
+                self.config.global_learning_rate,
+                {"Z_g": values["lengthscale_g"]} if "lengthscale_g" in values else None,
+            ))
         return InitBroadcast(self.y_offset, self.y_scale, self.theta_global.copy(), x_min, x_max)
 
     def broadcast(self, round_):

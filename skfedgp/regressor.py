@@ -13,6 +13,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from ._hierarchy import COMPONENTS, predict_client
+from ._linalg import single_threaded_blas
 from .federated import Client, ModelConfig, Server, run_federated_training
 
 __all__ = ["FederatedHierarchicalGPRegressor"]
@@ -432,6 +433,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return self._population_local, label
         return client.local_values(), label
 
+    @single_threaded_blas()
     def predict(self, X, groups=None, return_std=False, return_cov=False):
         """Predictive distribution of the targets for each row's client.
 
@@ -507,6 +509,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return y_mean, self.y_scale_**2 * cov
         return y_mean
 
+    @single_threaded_blas()
     def predict_components(self, X, groups=None):
         """Mean and standard deviation of each latent component.
 
