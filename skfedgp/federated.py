@@ -18,7 +18,7 @@ Algorithm 1):
 4. the server adds the gradient of ``-KL(q(v_g))`` and takes one Adam step.
 
 Set-up exchange (before round 1): each client sends a :class:`ClientSummary`
-(count, sum and sum of squares of its targets, per-feature minimum and
+(count, sum and centred sum of squares of its targets, per-feature minimum and
 maximum of its inputs); the server derives the target standardisation and
 the bounding box in which it places the global inducing points (scrambled
 Sobol design, :mod:`scipy.stats.qmc`) and broadcasts an
@@ -78,15 +78,17 @@ class ClientSummary:
         Number of observations ``n_i``.
     y_sum : float
         Sum of the targets.
-    y_sumsq : float
-        Sum of squared targets.
+    y_centred_sumsq : float
+        Sum of squared deviations of the targets from the client's own mean
+        (the sum of squares in a form that keeps its precision when the
+        targets have a large offset).
     x_min, x_max : ndarray of shape (d,)
         Per-feature minimum and maximum of the inputs (the bounding box).
     """
 
     n_samples: int
     y_sum: float
-    y_sumsq: float
+    y_centred_sumsq: float
     x_min: np.ndarray
     x_max: np.ndarray
 
@@ -310,7 +312,7 @@ class Client:
         return ClientSummary(
             n_samples=int(self.n_samples),
             y_sum=float(self._y.sum()),
-            y_sumsq=float(self._y @ self._y),
+            y_centred_sumsq=float(np.sum((self._y - self._y.mean()) ** 2)),
             x_min=self._X.min(axis=0),
             x_max=self._X.max(axis=0),
         )
@@ -511,11 +513,12 @@ class Server:
         InitBroadcast
         """
         n = sum(s.n_samples for s in summaries)
-        total = sum(s.y_sum for s in summaries)
-        total_sq = sum(s.y_sumsq for s in summaries)
         if self.config.normalize_y:
-            mean = total / n
-            var = max(total_sq / n - mean**2, 0.0)
+            # pooled variance = within-client + between-client parts (Chan et al.)
+            mean = sum(s.y_sum for s in summaries) / n
+            m2 = sum(s.y_centred_sumsq + s.n_samples * (s.y_sum / s.n_samples - mean) ** 2
+                     for s in summaries)
+            var = max(m2 / n, 0.0)
             scale = float(np.sqrt(var)) if var > 1e-24 * max(1.0, mean**2) else 1.0
         else:
             mean, scale = 0.0, 1.0

@@ -23,7 +23,13 @@ MIN_SAMPLES_PER_CLIENT = 2
 
 
 def _unique_labels(labels):
-    """Sorted unique labels and the inverse index (first-seen order if unorderable)."""
+    """Sorted unique labels and the inverse index (first-seen order if unorderable).
+
+    A list is taken as objects: ``[0, 1, "new"]`` keeps the int labels as ints
+    (NumPy would turn them all into strings).
+    """
+    if not isinstance(labels, np.ndarray):
+        labels = np.asarray(list(labels) + [None], dtype=object)[:-1]
     try:
         uniq, inv = np.unique(labels, return_inverse=True)
         # plain Python labels (``0``, ``'a'``, not ``np.int64(0)``) in clients_ and messages
@@ -111,8 +117,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         the communication per round.
     normalize_y : bool, default=True
         Standardise the targets with the pooled mean and standard deviation,
-        computed by the server from each client's count, sum and sum of
-        squares only.
+        computed by the server from each client's count, sum and centred
+        sum of squares only.
     client_column : int, default=None
         If given, column ``client_column`` of ``X`` holds each row's client
         label and is not used as a feature (so the estimator works inside a
@@ -423,7 +429,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 groups = np.array([next(iter(self.clients_))] * Xf.shape[0], dtype=object)
             else:
                 groups = np.array([_Population] * Xf.shape[0], dtype=object)
-        labels, inv = _unique_labels(list(groups))
+        labels, inv = _unique_labels(groups)
         Xs = np.ascontiguousarray((Xf - self.server_.x_offset) / self.server_.x_scale)
         return Xs, labels, inv
 

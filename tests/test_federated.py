@@ -88,7 +88,7 @@ def test_server_bound_messages_do_not_depend_on_n_i(spy, variational_update):
     assert len(summaries) == 2 and all(isinstance(s, ClientSummary) for s in summaries)
     assert [s.n_samples for s in summaries] == list(sizes_a)
     assert _shapes(summaries[0]) == _shapes(summaries[1]) == _shapes(log_b["summaries"][0][0])
-    assert _shapes(summaries[0]) == {"n_samples": (), "y_sum": (), "y_sumsq": (),
+    assert _shapes(summaries[0]) == {"n_samples": (), "y_sum": (), "y_centred_sumsq": (),
                                      "x_min": (d,), "x_max": (d,)}
 
     assert len(log["updates"]) == FAST["n_rounds"]

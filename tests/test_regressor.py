@@ -291,3 +291,25 @@ def test_pipeline_scaler_leaves_label_column_alone():
         warnings.simplefilter("error", RuntimeWarning)
         search.fit(Xc, y, groups=g)
     assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))
+
+
+def test_predict_mixes_seen_and_unseen_labels():
+    """A seen client's rows keep their own prediction next to an unseen label."""
+    X, y, g = make_hierarchical_regression(n_clients=2, n_samples=20, random_state=3)
+    est = FederatedHierarchicalGPRegressor(n_rounds=2, local_steps=3, n_inducing=5,
+                                           n_inducing_local=5, random_state=0).fit(X, y, g)
+    both = est.predict(X[:3], [0, 1, "new"])
+    alone = est.predict(X[:2], [0, 1])
+    np.testing.assert_allclose(both[:2], alone, rtol=1e-12)
+    pop = est.predict(X[2:3], ["new"])
+    np.testing.assert_allclose(both[2:], pop, rtol=1e-12)
+
+
+def test_target_standardisation_keeps_precision_with_large_offset():
+    """Client summaries give the pooled std exactly even for y offset by 1e9."""
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=30, random_state=4)
+    est = FederatedHierarchicalGPRegressor(n_rounds=1, local_steps=1, n_inducing=5,
+                                           n_inducing_local=5, random_state=0)
+    est.fit(X, y + 1e9, g)
+    assert est.y_scale_ == pytest.approx(np.std(y), rel=1e-6)
+    assert est.y_offset_ == pytest.approx(1e9 + np.mean(y), rel=1e-12)
