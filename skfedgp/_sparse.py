@@ -34,15 +34,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg import blas as _blas
 
 from ._linalg import (
+    CHUNK_ROWS,
     DEFAULT_JITTER,
     cholesky_backward,
     jittered_cholesky,
+    map_row_groups,
+    nb_gemv_acc,
+    nb_gram_acc,
+    parallel_map,
+    row_chunks,
+    row_groups,
+    single_threaded_blas,
     solve_lower,
+    workers_for,
 )
-from .kernels import se_ard, se_ard_grad, se_ard_grad_sym
+from .kernels import (
+    DEFAULT_BACKEND,
+    _as_params,
+    _elbo_block_chunk_numba,
+    _GradAccumulator,
+    _SEPlan,
+    se_ard,
+    se_ard_grad_sym,
+)
 
 __all__ = [
     "Component",
@@ -171,40 +187,23 @@ def kl_whitened(mean, chol):
 
 
 class _BlockCache:
-    """Forward quantities of one block on one data set (internal).
+    """Inducing-side quantities of one block in :func:`client_term` (internal).
 
-    Inducing side (always): ``Kzz``, ``L``, ``jitter``, ``a``, ``la``
-    (``L^{-T} a``) and, in :func:`client_term`, ``plan`` (kernel row
-    filler), ``S``, ``g``, ``D`` (``S - g I``), ``Pn`` (``-L^{-T} D L^{-1} /
-    s2``).  Data side: ``Phiw`` (``W^T W``) and ``tr_phiw``; ``Kxz`` and
-    ``mu`` only when :func:`_block_forward` is called with data
-    (:func:`client_term` never forms ``K_xz``: it streams row chunks).
+    ``Kzz``, ``L``, ``jitter``, ``a``, ``la`` (``L^{-T} a``), ``plan`` (kernel
+    row filler), ``ell``, ``S``, ``g``, ``D`` (``S - g I``), ``Pn``
+    (``-L^{-T} D L^{-1} / s2``); data side: ``Phiw`` (``W^T W``) and
+    ``tr_phiw``.  :func:`client_term` never forms ``K_xz``: it streams row
+    chunks.
     """
 
     __slots__ = (
-        "Kxz", "Kzz", "L", "jitter", "a", "la", "Phiw", "tr_phiw", "mu",
+        "Kzz", "L", "jitter", "a", "la", "Phiw", "tr_phiw",
         "plan", "ell", "S", "g", "D", "Pn",
     )
 
 
-def _gram_lower(A):
-    """``A^T A`` (M x M, symmetric, full) of a C-contiguous (n x M) ``A``.
-
-    NumPy recognises ``A.T @ A`` and calls its BLAS' ``syrk`` (half the flops
-    of a general product), then mirrors the triangle, so the result is
-    exactly symmetric.
-    """
-    A = np.ascontiguousarray(A, dtype=float)
-    return A.T @ A
-
-
-def _block_forward(X, block, *, client=None, need_kzz=True):
-    """Forward pass of one block; inducing side only when ``X`` is None.
-
-    With data ``X`` (n, d), also ``Kxz``, ``mu = Kxz L^{-T} a``, ``Phiw`` and
-    ``tr_phiw`` (this materialises the ``n x M`` matrix ``Kxz``; the
-    ELBO itself uses the fused pass of :func:`client_term` instead).
-    """
+def _inducing_side(block, *, client=None):
+    """``K_zz``, its jittered Cholesky factor and ``L^{-T} a`` of one block."""
     cache = _BlockCache()
     Z = block.Z
     cache.Kzz = se_ard(Z, Z, block.lengthscale, block.variance)
@@ -217,15 +216,6 @@ def _block_forward(X, block, *, client=None, need_kzz=True):
     )
     cache.a = block.mean_vector()
     cache.la = solve_lower(cache.L, cache.a, trans=True)  # L^{-T} a
-    if X is None:
-        return cache
-    cache.Kxz = se_ard(X, Z, block.lengthscale, block.variance)
-    cache.mu = cache.Kxz @ cache.la
-    # Phiw = L^{-1} Phi L^{-T}
-    T = solve_lower(cache.L, _gram_lower(cache.Kxz))
-    cache.Phiw = solve_lower(cache.L, T.T)
-    cache.Phiw = 0.5 * (cache.Phiw + cache.Phiw.T)
-    cache.tr_phiw = float(np.trace(cache.Phiw))
     return cache
 
 
@@ -293,25 +283,6 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
     ``benchmarks/bench_elbo.py`` measures the whole evaluation at about 3x
     one ``W^T W`` product (n = 20 000 and 100 000, M = 256, d = 8, 2 cores).
     """
-    from ._linalg import (
-        CHUNK_ROWS,
-        map_row_groups,
-        nb_gemv_acc,
-        nb_gram_acc,
-        parallel_map,
-        row_chunks,
-        row_groups,
-        single_threaded_blas,
-        workers_for,
-    )
-    from .kernels import (
-        DEFAULT_BACKEND,
-        _as_params,
-        _elbo_block_chunk_numba,
-        _GradAccumulator,
-        _SEPlan,
-    )
-
     X = np.ascontiguousarray(X, dtype=float)
     n = X.shape[0]
     y = np.asarray(y, dtype=float)
@@ -325,7 +296,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
     # ---- inducing side of each block (no data; blocks in parallel) --------
     def prepare(k):
         b = blocks[k]
-        c = _block_forward(None, b, client=client)
+        c = _inducing_side(b, client=client)
         c.ell, var = _as_params(b.lengthscale, b.variance, X.shape[1])
         c.plan = _SEPlan(np.ascontiguousarray(b.Z, dtype=float), c.ell, var, kbackend)
         c.S = b.sigma()
