@@ -17,6 +17,13 @@ Algorithm 1):
    global vector (:class:`ClientUpdate`);
 4. the server adds the gradient of ``-KL(q(v_g))`` and takes one Adam step.
 
+With ``variational_update="closed_form"`` (the default) each round starts
+with an extra exchange: the server broadcasts ``G``, every client uploads a
+:class:`ClientStatistics` computed at that ``G``, and the server sets
+``q(v_g)`` to its exact optimum (:meth:`Server.set_global_factor`) before
+step 1; clients set their own factors exactly every :data:`LOCAL_REFRESH`
+local steps and Adam moves only hyperparameters.
+
 Set-up exchange (before round 1): each client sends a :class:`ClientSummary`
 (count, sum and centred sum of squares of its targets, per-feature minimum and
 maximum of its inputs); the server derives the target standardisation and
@@ -173,7 +180,7 @@ def message_arrays(msg):
 
     Parameters
     ----------
-    msg : ClientSummary, InitBroadcast, GlobalBroadcast or ClientUpdate
+    msg : ClientSummary, InitBroadcast, GlobalBroadcast, ClientUpdate or ClientStatistics
 
     Returns
     -------

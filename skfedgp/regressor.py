@@ -59,8 +59,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     Each part is a whitened variational sparse GP (Titsias VFE); the ELBO
     is maximised federatedly (Algorithm 1 of the paper): clients run Adam
     steps on their local blocks with their private data and upload only the
-    gradient with respect to the global block, a vector whose size depends
-    on ``n_inducing`` and the input dimension, never on how many
+    gradient with respect to the global block and, with the default
+    ``variational_update="closed_form"``, the statistics ``W_g^T W_g / s2_i``
+    and ``W_g^T r_i / s2_i`` for the exact global factor — arrays whose sizes
+    depend on ``n_inducing`` and the input dimension, never on how many
     observations a client holds.
 
     Parameters
