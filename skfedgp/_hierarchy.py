@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._linalg import sigmoid, softplus, softplus_inv
+from ._linalg import jittered_cholesky, sigmoid, softplus, softplus_inv, solve_lower
 from ._sparse import Block, Component, block_predict, client_term, kl_whitened
+from .kernels import se_ard
 
 __all__ = [
     "COMPONENTS",
@@ -441,20 +442,54 @@ def _component_names(block, components):
     return [c for c in ("global", "deviation") if c in components]
 
 
-def _whitened_features(X, blk, client):
-    from ._linalg import jittered_cholesky, solve_lower
-    from .kernels import se_ard
+#: Rows per chunk when the closed-form statistics stream over the data.
+STAT_CHUNK_ROWS = 2048
 
-    Kzz = se_ard(blk.Z, blk.Z, blk.lengthscale, blk.variance)
-    L, _ = jittered_cholesky(Kzz, scale=blk.variance, jitter=blk.jitter,
-                             name=f"K_zz ({blk.name})", client=client)
-    return solve_lower(L, se_ard(X, blk.Z, blk.lengthscale, blk.variance).T).T
+
+def _whitened_grams(X, y, blocks, client):
+    """Whitened Gram matrices of all block pairs and ``W_b^T y``, streamed.
+
+    ``W_b = K_b(X, Z_b) L_b^{-T}``; returns ``grams[a][b] = W_a^T W_b``
+    ``(M_a, M_b)`` and ``wy[b] = W_b^T y`` ``(M_b,)``, accumulated over row
+    chunks of :data:`STAT_CHUNK_ROWS` so that no ``n x M`` array is formed.
+    """
+    Ls = []
+    for blk in blocks:
+        Kzz = se_ard(blk.Z, blk.Z, blk.lengthscale, blk.variance)
+        L, _ = jittered_cholesky(Kzz, scale=blk.variance, jitter=blk.jitter,
+                                 name=f"K_zz ({blk.name})", client=client)
+        Ls.append(L)
+    nb = len(blocks)
+    KK = [[np.zeros((a.Z.shape[0], b.Z.shape[0])) for b in blocks] for a in blocks]
+    Ky = [np.zeros(b.Z.shape[0]) for b in blocks]
+    for start in range(0, X.shape[0], STAT_CHUNK_ROWS):
+        Xc = X[start:start + STAT_CHUNK_ROWS]
+        yc = y[start:start + STAT_CHUNK_ROWS]
+        Ks = [se_ard(Xc, b.Z, b.lengthscale, b.variance) for b in blocks]
+        for a in range(nb):
+            Ky[a] += Ks[a].T @ yc
+            for b in range(a, nb):
+                KK[a][b] += Ks[a].T @ Ks[b]
+    grams = [[None] * nb for _ in range(nb)]
+    wy = []
+    for a in range(nb):
+        wy.append(solve_lower(Ls[a], Ky[a]))
+        for b in range(a, nb):
+            # W_a^T W_b = L_a^{-1} (K_a^T K_b) L_b^{-T}
+            G = solve_lower(Ls[b], solve_lower(Ls[a], KK[a][b]).T).T
+            if a == b:
+                G = 0.5 * (G + G.T)
+            grams[a][b] = G
+            grams[b][a] = G.T
+    return grams, wy
 
 
 def _factor_posterior(W_gram, W_r, coef, s2):
-    """Optimal ``q(v) = N(m, C C^T)`` for ``coef * W v`` against a residual."""
-    from ._linalg import jittered_cholesky, solve_lower
+    """Optimal ``q(v) = N(m, C C^T)`` for ``coef * W v`` against a residual.
 
+    ``W_gram = W^T W`` and ``W_r = W^T r``: precision ``I + coef^2 W^T W / s2``,
+    mean ``S coef W^T r / s2``.
+    """
     M = W_r.shape[0]
     P = np.eye(M) + (coef**2 / s2) * 0.5 * (W_gram + W_gram.T)
     Lp, _ = jittered_cholesky(P, jitter=1e-12, name="variational precision")
@@ -463,6 +498,21 @@ def _factor_posterior(W_gram, W_r, coef, s2):
     C, _ = jittered_cholesky(0.5 * (S + S.T), jitter=1e-12, name="variational covariance")
     m = Linv.T @ (Linv @ ((coef / s2) * W_r))
     return m, C
+
+
+def _factors(blocks, components):
+    """``(block index, name, component)`` of every variational factor."""
+    return [(bi, name, comp)
+            for bi, blk in enumerate(blocks)
+            for comp, name in zip(blk.components, _component_names(blk, components))]
+
+
+def _w_residual(bi, grams, wy, factors):
+    """``W_b^T r`` with ``r = y - sum_k c_k W_{b(k)} m_k`` from the Gram matrices."""
+    t = wy[bi].copy()
+    for bk, _, comp in factors:
+        t -= comp.coef * (grams[bi][bk] @ comp.mean)
+    return t
 
 
 def global_statistics(theta_g, theta_l, X, y, gpack, lpack, components, *, client=None):
@@ -493,23 +543,18 @@ def global_statistics(theta_g, theta_l, X, y, gpack, lpack, components, *, clien
     shift : ndarray of shape (M,)
         ``W_i^T (y_i - [everything but the global mean]) / s2_i``.
         Both sizes are fixed by ``M``; neither depends on ``n_i``.
+
+    Notes
+    -----
+    Computed from row-chunked Gram matrices: memory ``O(chunk x M)``.
     """
     G = gpack.unpack(theta_g)
     B = lpack.unpack(theta_l)
     blocks = build_blocks(G, B, components)
-    r = np.array(y, dtype=float, copy=True)
-    Wg = None
-    for blk in blocks:
-        W = _whitened_features(X, blk, client)
-        a = np.zeros(blk.Z.shape[0])
-        for comp, name in zip(blk.components, _component_names(blk, components)):
-            if name != "global":
-                a += comp.coef * comp.mean
-        r -= W @ a
-        if blk.name == "global":
-            Wg = W
+    grams, wy = _whitened_grams(X, y, blocks, client)
+    others = [f for f in _factors(blocks, components) if f[1] != "global"]
     s2 = B["noise_variance"]
-    return (Wg.T @ Wg) / s2, (Wg.T @ r) / s2
+    return grams[0][0] / s2, _w_residual(0, grams, wy, others) / s2
 
 
 def optimal_global_factor(precision_sum, shift_sum):
@@ -538,7 +583,8 @@ def optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, *,
     Each factor is set to its exact optimum given the others (Gaussian
     likelihood; SPEC section 1, "The same holds for each client's own
     q(w_i), q(v_i) given the rest"), in turn, ``sweeps`` times; every update
-    increases the ELBO.
+    increases the ELBO.  Works on the whitened Gram matrices (one streamed
+    pass over the data, memory ``O(chunk x M)``); the sweeps are ``M``-sized.
 
     Parameters
     ----------
@@ -559,22 +605,18 @@ def optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, *,
     G = gpack.unpack(theta_g)
     B = lpack.unpack(theta_l)
     blocks = build_blocks(G, B, components)
+    factors = _factors(blocks, components)
+    own = [f for f in factors if f[1] in ("deviation", "local")]
+    if not own:
+        return theta_l
+    grams, wy = _whitened_grams(X, y, blocks, client)
     s2 = B["noise_variance"]
-    feats = {}
-    r = np.array(y, dtype=float, copy=True)
-    for blk in blocks:
-        W = _whitened_features(X, blk, client)
-        for comp, name in zip(blk.components, _component_names(blk, components)):
-            r -= comp.coef * (W @ comp.mean)
-            if name in ("deviation", "local"):
-                feats[name] = (W, W.T @ W, comp.coef)
     keys = {"deviation": ("m_d", "C_d"), "local": ("m_u", "C_u")}
     for _ in range(sweeps):
-        for name, (W, gram, coef) in feats.items():
+        for bi, name, comp in own:
+            # W_b^T (residual without this factor's own contribution)
+            t = _w_residual(bi, grams, wy, factors) + comp.coef * (grams[bi][bi] @ comp.mean)
+            comp.mean, comp.chol = _factor_posterior(grams[bi][bi], t, comp.coef, s2)
             km, kc = keys[name]
-            r += coef * (W @ B[km])
-            m, C = _factor_posterior(gram, W.T @ r, coef, s2)
-            B[km], B[kc] = m, C
-            r -= coef * (W @ m)
+            B[km], B[kc] = comp.mean, comp.chol
     return lpack.pack(B)
-

@@ -271,3 +271,44 @@ def test_closed_form_global_factor_is_stationary():
     bumped = theta_opt.copy()
     bumped[gpack.slices["m_g"]] += 0.05
     assert total_value(bumped) < total_value(theta_opt)
+
+
+@pytest.mark.parametrize("components", [("global", "deviation", "local"),
+                                        ("deviation", "local"), ("local",)])
+def test_closed_form_local_factors_are_stationary(components):
+    """Coordinate ascent on q(w_i), q(v_i) converges to a stationary point of
+    the client objective in the client's own factors, and never lowers it."""
+    from skfedgp._hierarchy import optimal_local_factors
+
+    X, y, gpack, lpack, theta_g, theta_l = _setup(components, seed=11)
+
+    def value(t):
+        return client_objective(theta_g, t, X, y, gpack, lpack, components,
+                                need_global_grad=False)[0]
+
+    one = optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, sweeps=1)
+    assert value(one) >= value(theta_l) - 1e-10
+    many = optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, sweeps=300)
+    assert value(many) >= value(one) - 1e-10
+    grad = client_objective(theta_g, many, X, y, gpack, lpack, components,
+                            need_global_grad=False)[1]
+    for name in ("m_d", "C_d", "m_u", "C_u"):
+        if name in lpack.slices:
+            assert np.max(np.abs(grad[lpack.slices[name]])) < 1e-6, name
+    # the hyperparameters are left untouched
+    for name in ("Z_l", "lengthscale_l", "variance_l", "noise_variance"):
+        if name in lpack.slices:
+            np.testing.assert_array_equal(many[lpack.slices[name]], theta_l[lpack.slices[name]])
+
+
+def test_closed_form_statistics_stream_in_chunks(monkeypatch):
+    """The streamed Gram matrices do not depend on the chunk size."""
+    import skfedgp._hierarchy as hier
+
+    components = ("global", "deviation", "local")
+    X, y, gpack, lpack, theta_g, theta_l = _setup(components, seed=12)
+    full = hier.global_statistics(theta_g, theta_l, X, y, gpack, lpack, components)
+    monkeypatch.setattr(hier, "STAT_CHUNK_ROWS", 3)
+    chunked = hier.global_statistics(theta_g, theta_l, X, y, gpack, lpack, components)
+    for a, b in zip(full, chunked):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
