@@ -44,6 +44,7 @@ from joblib import Parallel, delayed
 from scipy.stats import qmc
 
 from ._hierarchy import (
+    NOISE_FLOOR,
     client_objective,
     global_spec,
     global_statistics,
@@ -372,6 +373,9 @@ class Client:
                 variance_l=float(config.local_variance),
             )
         s2 = 0.1 if config.noise_variance is None else float(config.noise_variance) / init.y_scale**2
+        # the noise variance has a floor (NOISE_FLOOR, standardised units): a
+        # smaller initial value (e.g. noise-free data) starts just above it
+        s2 = max(s2, 2.0 * NOISE_FLOOR)
         values["noise_variance"] = s2
         self.theta_local = self.local_pack.pack(values)
         self._adam = Adam(self.local_pack.learning_rates(

@@ -88,7 +88,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Initial local kernel variance (standardised target units).
     noise_variance : float, default=None
         Initial noise variance of every client, in squared target units;
-        None means 0.1 in standardised units.
+        None means 0.1 in standardised units. The noise variance is kept
+        above 1e-6 in standardised units (``_hierarchy.NOISE_FLOOR``); a
+        smaller initial value starts at twice that floor.
     phi : float, default=1.0
         Initial deviation scale ``phi`` (deviation kernel ``phi * k_g``).
     n_rounds : int, default=20

@@ -265,3 +265,13 @@ def test_failed_refit_keeps_previous_model(data, failure, monkeypatch):
     after = est.predict(X, g, return_std=True)
     assert_array_equal(before[0], after[0])
     assert_array_equal(before[1], after[1])
+
+
+def test_tiny_initial_noise_variance_starts_at_the_floor():
+    """noise_variance below the floor (noise-free data) is raised, not rejected."""
+    X = np.linspace(0.0, 1.0, 20)[:, None]
+    y = np.sin(6.0 * X[:, 0])
+    est = FederatedHierarchicalGPRegressor(noise_variance=1e-12, n_rounds=1, local_steps=2,
+                                           n_inducing=5, n_inducing_local=5, random_state=0)
+    mean, std = est.fit(X, y).predict(X, return_std=True)
+    assert np.all(np.isfinite(mean)) and np.all(std > 0)
