@@ -68,6 +68,8 @@ from pathlib import Path
 
 import numpy as np
 
+from skfedgp.__main__ import _int_at_least  # argparse helper shared with the main job
+
 #: Display names and ``components`` of the federated models.
 FEDERATED_MODELS = (
     ("pFedHGP", ("global", "deviation", "local")),
@@ -90,21 +92,6 @@ METRICS = ("RMSE", "NLL", "CRPS", "coverage_95", "width_95")
 # --------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------
-def _int_at_least(minimum):
-    """argparse type: an integer >= ``minimum``."""
-
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 _positive_int = _int_at_least(1)
 _nonnegative_int = _int_at_least(0)
 
