@@ -196,7 +196,19 @@ def message_arrays(msg):
 
 
 def message_nbytes(msg):
-    """Payload size of a message in bytes (sum of its arrays' ``nbytes``)."""
+    """Payload size of a message in bytes.
+
+    Parameters
+    ----------
+    msg : ClientSummary, InitBroadcast, GlobalBroadcast, ClientUpdate or ClientStatistics
+
+    Returns
+    -------
+    nbytes : int
+        Sum of the ``nbytes`` of its arrays (8 bytes per float64 number;
+        Python scalars count as 8 bytes). This is what ``communication_``
+        records.
+    """
     return int(sum(a.nbytes for a in message_arrays(msg).values()))
 
 
@@ -316,7 +328,15 @@ class Client:
 
     # -- messages ---------------------------------------------------------
     def summary(self):
-        """Aggregate statistics for the set-up exchange (:class:`ClientSummary`)."""
+        """Aggregate statistics for the set-up exchange.
+
+        Returns
+        -------
+        ClientSummary
+            Count, sum and centred sum of squares of the targets and the
+            per-feature bounding box of the inputs: ``3 + 2 d`` numbers,
+            whatever ``n_i``.
+        """
         return ClientSummary(
             n_samples=int(self.n_samples),
             y_sum=float(self._y.sum()),
@@ -468,7 +488,15 @@ class Client:
         return ClientStatistics(round=broadcast.round, precision=precision, shift=shift)
 
     def local_values(self):
-        """Unpacked local block (constrained values), for prediction."""
+        """Unpacked local block (constrained values), for prediction.
+
+        Returns
+        -------
+        dict
+            Name to value, as laid out by :func:`skfedgp._hierarchy.local_spec`
+            (inputs in the scaled unit-box coordinates, variances in
+            standardised units).
+        """
         return self.local_pack.unpack(self.theta_local)
 
 
@@ -562,7 +590,18 @@ class Server:
         return InitBroadcast(self.y_offset, self.y_scale, self.theta_global.copy(), x_min, x_max)
 
     def broadcast(self, round_):
-        """The per-round download (:class:`GlobalBroadcast`)."""
+        """The per-round download.
+
+        Parameters
+        ----------
+        round_ : int
+            Round number (1-based).
+
+        Returns
+        -------
+        GlobalBroadcast
+            A copy of the global unconstrained vector, shape ``(P,)``.
+        """
         return GlobalBroadcast(round=round_, theta_global=self.theta_global.copy())
 
     def apply(self, updates):
@@ -608,7 +647,15 @@ class Server:
         self.theta_global = self.global_pack.pack(values)
 
     def global_values(self):
-        """Unpacked global block (constrained values)."""
+        """Unpacked global block (constrained values).
+
+        Returns
+        -------
+        dict
+            Name to value, as laid out by :func:`skfedgp._hierarchy.global_spec`
+            (inputs in the scaled unit-box coordinates, variances in
+            standardised units).
+        """
         return self.global_pack.unpack(self.theta_global)
 
 
