@@ -345,14 +345,18 @@ def client_objective(theta_g, theta_l, X, y, gpack, lpack, components, *,
     G = gpack.unpack(theta_g)
     B = lpack.unpack(theta_l)
     blocks = build_blocks(G, B, components)
-    value, bgrads, dnoise, _ = client_term(X, y, blocks, B["noise_variance"], client=client)
+    # the global block's kernel gradients are needed only for the upload
+    kernel_grad = [need_global_grad if blk.name == "global" else True for blk in blocks]
+    value, bgrads, dnoise, _ = client_term(X, y, blocks, B["noise_variance"],
+                                           kernel_grad=kernel_grad, client=client)
     gl = {"noise_variance": dnoise}
     gg = {}
     bi = 0
     if "global" in components or "deviation" in components:
         bg = bgrads[bi]
         bi += 1
-        gg.update(Z_g=bg.Z, lengthscale_g=bg.lengthscale, variance_g=bg.variance)
+        if need_global_grad:
+            gg.update(Z_g=bg.Z, lengthscale_g=bg.lengthscale, variance_g=bg.variance)
         k = 0
         if "global" in components:
             gg.update(m_g=bg.means[k], C_g=bg.chols[k])

@@ -219,7 +219,8 @@ def _inducing_side(block, *, client=None):
     return cache
 
 
-def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
+def client_term(X, y, blocks, noise_variance, *, need_grad=True, kernel_grad=None,
+                client=None):
     """Expected log likelihood of one client and its gradients.
 
     Parameters
@@ -234,6 +235,14 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
         Gaussian noise variance ``s2``.
     need_grad : bool, default=True
         Also compute the gradients.
+    kernel_grad : sequence of bool, optional
+        One flag per block (default: all True). A block whose flag is False
+        gets no kernel gradients (``BlockGrad.Z``, ``lengthscale`` and
+        ``variance`` are None), which skips its ``n x M x M`` product and
+        kernel contraction in the pass and its Cholesky backward step —
+        e.g. the global block during a client's local steps, where the
+        global hyperparameters are fixed. Its variational gradients are
+        still returned.
     client : hashable, optional
         Client label, used in error messages.
 
@@ -292,6 +301,12 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
     kbackend = DEFAULT_BACKEND["matrix"]
     gbackend = DEFAULT_BACKEND["grad"]
     nb = len(blocks)
+    # per block: are the kernel gradients (Z, lengthscale, variance) wanted?
+    if kernel_grad is None:
+        kernel_grad = [True] * nb
+    if len(kernel_grad) != nb:
+        raise ValueError(f"kernel_grad needs one flag per block ({nb}), got {len(kernel_grad)}")
+    kgrad = [bool(need_grad and f) for f in kernel_grad]
 
     # ---- inducing side of each block (no data; blocks in parallel) --------
     def prepare(k):
@@ -301,7 +316,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
         c.plan = _SEPlan(np.ascontiguousarray(b.Z, dtype=float), c.ell, var, kbackend)
         c.S = b.sigma()
         c.g = b.gamma()
-        if need_grad:
+        if kgrad[k]:
             c.D = c.S - c.g * np.eye(c.L.shape[0])
             # P = L^{-T} D L^{-1}; Kbar_xz = (r la^T - Kxz P) / s2 = K (-P / s2) + ...
             P = solve_lower(c.L, solve_lower(c.L, c.D, trans=True).T, trans=True)
@@ -315,8 +330,9 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
         Phi = [np.zeros((M, M)) for M in Ms]
         ktr = [np.zeros(M) for M in Ms]
         Kbuf = [np.empty((h_max, M)) for M in Ms]
-        Bbuf = [np.empty((h_max, M)) for M in Ms] if need_grad else None
-        accs = [_GradAccumulator(b.Z, gbackend) for b in blocks] if need_grad else None
+        Bbuf = [np.empty((h_max, M)) if kg else None for M, kg in zip(Ms, kgrad)]
+        accs = [_GradAccumulator(b.Z, gbackend) if kg else None
+                for b, kg in zip(blocks, kgrad)]
         sq = 0.0
         for a, e in row_chunks(start, stop):
             h = e - a
@@ -329,7 +345,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
                 Ks.append(K)
             sq += float(r @ r)
             for k, K in enumerate(Ks):
-                if need_grad and gbackend == "numba":
+                if kgrad[k] and gbackend == "numba":
                     # syrk, gemv, gemm and contraction in one nogil call
                     acc = accs[k]
                     _elbo_block_chunk_numba(
@@ -341,7 +357,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
                 # would hold the GIL and serialise the worker threads
                 nb_gram_acc(K, Phi[k])
                 nb_gemv_acc(K, r, ktr[k], 1.0, True)
-                if need_grad:
+                if kgrad[k]:
                     B = np.matmul(K, caches[k].Pn, out=Bbuf[k][:h])
                     # A = K * (B + r la^T / s2) = K * Kbar, never stored
                     accs[k].add(Xc, K, B, r, las2[k])
@@ -373,6 +389,8 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
                 float(comp.mean @ wr) / s2
                 - comp.coef * (trSk + n * b.variance - c.tr_phiw) / s2
             )
+        if not kgrad[k]:
+            return tr_S_k, BlockGrad(None, None, None, dmeans, dchols, dcoefs)
         dZ, dell, dvar = accs[k].finish(c.ell, b.variance)
         # through L: Lbar = -tril(L^{-T} Wbar^T W), Wbar^T W = (a wr^T - D Phiw) / s2
         WbW = (np.outer(c.a, wr) - c.D @ Phiw) / s2
@@ -392,7 +410,8 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
     Ms_in = [np.shape(b.Z)[0] for b in blocks]
     # rough operation counts, only to decide whether threads pay off
     mm_flops = 12.0 * sum(M**3 for M in Ms_in) / max(nb, 1)
-    pass_flops = n * sum((3.0 if need_grad else 1.0) * M * M + 10.0 * M * d for M in Ms_in)
+    pass_flops = n * sum((3.0 if kg else 1.0) * M * M + 10.0 * M * d
+                         for M, kg in zip(Ms_in, kgrad))
     with single_threaded_blas():
         caches = parallel_map(prepare, range(nb), workers=workers_for(mm_flops))
         Ms = [c.L.shape[0] for c in caches]
@@ -401,7 +420,8 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
         # (bitwise independent of the thread count; few held at a time)
         Phis = [np.zeros((M, M)) for M in Ms]
         ktrs = [np.zeros(M) for M in Ms]
-        accs = [_GradAccumulator(b.Z, gbackend) for b in blocks] if need_grad else None
+        accs = [_GradAccumulator(b.Z, gbackend) if kg else None
+                for b, kg in zip(blocks, kgrad)]
         sq_total = [0.0]
 
         def reduce(result):
@@ -410,7 +430,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, client=None):
             for k in range(nb):
                 Phis[k] += Phi_g[k]
                 ktrs[k] += ktr_g[k]
-                if need_grad:
+                if kgrad[k]:
                     accs[k].merge(accs_g[k])
 
         map_row_groups(run, row_groups(n), workers=workers_for(pass_flops), reduce=reduce)

@@ -212,3 +212,22 @@ def test_client_term_bitwise_independent_of_thread_count():
         numba.set_num_threads(before)
     for a, b in zip(out[1], out[2]):
         assert np.array_equal(a, b), "client_term changes with the thread count"
+
+
+def test_client_term_without_kernel_gradients_of_a_block(two_block_problem):
+    """Skipping a block's kernel gradients changes nothing else, bit for bit."""
+    X, y, p, _, _ = two_block_problem
+    blocks = _blocks(p)
+    full = client_term(X, y, blocks, p["s2"])
+    part = client_term(X, y, blocks, p["s2"], kernel_grad=[False, True])
+    assert part[0] == full[0] and part[2] == full[2]
+    g_full, g_part = full[1], part[1]
+    assert g_part[0].Z is None and g_part[0].lengthscale is None and g_part[0].variance is None
+    for a, b in zip(g_full[0].means + g_full[0].chols, g_part[0].means + g_part[0].chols):
+        np.testing.assert_array_equal(a, b)
+    assert g_full[0].coefs == g_part[0].coefs
+    np.testing.assert_array_equal(g_full[1].Z, g_part[1].Z)
+    np.testing.assert_array_equal(g_full[1].lengthscale, g_part[1].lengthscale)
+    assert g_full[1].variance == g_part[1].variance
+    with pytest.raises(ValueError, match="one flag per block"):
+        client_term(X, y, blocks, p["s2"], kernel_grad=[True])
