@@ -66,9 +66,11 @@ class Packer:
     Parameters
     ----------
     spec : list of (name, shape, kind)
-        ``kind`` is ``"free"``, ``"positive"`` (softplus), ``"noise"``
-        (softplus plus :data:`NOISE_FLOOR`) or ``"tril"`` (lower-triangular
-        ``(M, M)`` matrix, softplus diagonal; ``shape`` is ``(M, M)``).
+        ``kind`` is ``"free"``, ``"positive"`` (softplus), ``"log"``
+        (``exp``: the structured family's L-BFGS works on log values),
+        ``"noise"`` (softplus plus :data:`NOISE_FLOOR`) or ``"tril"``
+        (lower-triangular ``(M, M)`` matrix, softplus diagonal; ``shape`` is
+        ``(M, M)``).
 
     Attributes
     ----------
@@ -152,6 +154,8 @@ class Packer:
                 v = t.reshape(shape).copy()
             elif kind == "positive":
                 v = softplus(t).reshape(shape)
+            elif kind == "log":
+                v = np.exp(t).reshape(shape)
             elif kind == "noise":
                 v = softplus(t).reshape(shape) + NOISE_FLOOR
             else:  # tril
@@ -181,6 +185,10 @@ class Packer:
                 t = v.ravel()
             elif kind == "positive":
                 t = softplus_inv(v).ravel()
+            elif kind == "log":
+                if np.any(v <= 0) or not np.all(np.isfinite(v)):
+                    raise ValueError(f"parameter {name!r} must be finite and positive, got {v}")
+                t = np.log(v).ravel()
             elif kind == "noise":
                 if np.any(v <= NOISE_FLOOR):
                     raise ValueError(f"noise variance must exceed {NOISE_FLOOR}, got {v}")
@@ -218,6 +226,8 @@ class Packer:
                 g[sl] = gv.ravel()
             elif kind in ("positive", "noise"):
                 g[sl] = (gv.reshape(-1)) * sigmoid(theta[sl])
+            elif kind == "log":
+                g[sl] = gv.reshape(-1) * np.exp(theta[sl])
             else:
                 idx = self._tril[name]
                 gt = gv[idx].copy()

@@ -248,6 +248,11 @@ class ModelConfig:
     global_learning_rate: float
     normalize_y: bool
     variational_update: str = "closed_form"
+    variational_family: str = "mean_field"
+    optimizer: str = "adam"
+    tol: float = 1e-5
+    global_steps: int = 1
+    jitter: float = 1e-6
 
 
 #: With ``variational_update="closed_form"``, clients reset their own
@@ -326,6 +331,25 @@ class Client:
         self._adam = None
         self.objective_ = np.nan
 
+    def prepare(self, init):
+        """Standardise the private targets and scale the private inputs.
+
+        Parameters
+        ----------
+        init : InitBroadcast
+
+        Returns
+        -------
+        offset, scale : ndarray of shape (d,)
+            The input scaling.
+        """
+        self._y_std = (self._y - init.y_offset) / init.y_scale
+        self._y_scale = init.y_scale
+        offset, scale = input_scaling(init.x_min, init.x_max)
+        self._x_scale = scale
+        self._Xs = np.ascontiguousarray((self._X - offset) / scale)
+        return offset, scale
+
     # -- messages ---------------------------------------------------------
     def summary(self):
         """Aggregate statistics for the set-up exchange.
@@ -362,9 +386,7 @@ class Client:
         """
         from sklearn.cluster import KMeans
 
-        self._y_std = (self._y - init.y_offset) / init.y_scale
-        offset, scale = input_scaling(init.x_min, init.x_max)
-        self._Xs = np.ascontiguousarray((self._X - offset) / scale)
+        offset, scale = self.prepare(init)
         d = self._X.shape[1]
         M, Ml = config.n_inducing, config.n_inducing_local
         self.local_pack = local_spec(config.components, M, Ml, d)
@@ -536,7 +558,9 @@ class Server:
         self.config = config
         self.d = d
         self.random_state = random_state
-        self.global_pack = global_spec(config.components, config.n_inducing, d)
+        # the structured family builds its own (log-parametrised) global pack
+        self.global_pack = (global_spec(config.components, config.n_inducing, d)
+                            if config.variational_family == "mean_field" else None)
         self.theta_global = None
         self._adam = Adam(config.global_learning_rate)  # per-coordinate in initialise
 
@@ -551,20 +575,7 @@ class Server:
         -------
         InitBroadcast
         """
-        n = sum(s.n_samples for s in summaries)
-        if self.config.normalize_y:
-            # pooled variance = within-client + between-client parts (Chan et al.)
-            mean = sum(s.y_sum for s in summaries) / n
-            m2 = sum(s.y_centred_sumsq + s.n_samples * (s.y_sum / s.n_samples - mean) ** 2
-                     for s in summaries)
-            var = max(m2 / n, 0.0)
-            scale = float(np.sqrt(var)) if var > 1e-24 * max(1.0, mean**2) else 1.0
-        else:
-            mean, scale = 0.0, 1.0
-        self.y_offset, self.y_scale = float(mean), float(scale)
-        x_min = np.min([s.x_min for s in summaries], axis=0)
-        x_max = np.max([s.x_max for s in summaries], axis=0)
-        self.x_offset, self.x_scale = input_scaling(x_min, x_max)
+        init = self.standardise(summaries)
         ranges = self.x_scale
         values = {}
         gp = self.global_pack
@@ -587,7 +598,85 @@ class Server:
                 self.config.global_learning_rate,
                 {"Z_g": values["lengthscale_g"]} if "lengthscale_g" in values else None,
             ))
-        return InitBroadcast(self.y_offset, self.y_scale, self.theta_global.copy(), x_min, x_max)
+        return InitBroadcast(self.y_offset, self.y_scale, self.theta_global.copy(),
+                             init.x_min, init.x_max)
+
+    def standardise(self, summaries):
+        """Target standardisation and input scaling from the client summaries.
+
+        Parameters
+        ----------
+        summaries : list of ClientSummary
+
+        Returns
+        -------
+        InitBroadcast
+            With an empty ``theta_global``.
+        """
+        n = sum(s.n_samples for s in summaries)
+        if self.config.normalize_y:
+            # pooled variance = within-client + between-client parts (Chan et al.)
+            mean = sum(s.y_sum for s in summaries) / n
+            m2 = sum(s.y_centred_sumsq + s.n_samples * (s.y_sum / s.n_samples - mean) ** 2
+                     for s in summaries)
+            var = max(m2 / n, 0.0)
+            scale = float(np.sqrt(var)) if var > 1e-24 * max(1.0, mean**2) else 1.0
+        else:
+            mean, scale = 0.0, 1.0
+        self.y_offset, self.y_scale = float(mean), float(scale)
+        self.n_total = int(n)
+        x_min = np.min([s.x_min for s in summaries], axis=0)
+        x_max = np.max([s.x_max for s in summaries], axis=0)
+        self.x_offset, self.x_scale = input_scaling(x_min, x_max)
+        return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), x_min, x_max)
+
+    def structured_initialise(self, pop):
+        """Initial global vector of the structured family from the pilot medians.
+
+        Global lengthscales: the given ones, else the clients' median pilot
+        lengthscales; variance: the given one, else the median pilot signal
+        variance; ``phi``: the given one, else 0.1; ``n_inducing="auto"``:
+        :func:`auto_inducing` from the global lengthscales
+        (:data:`AUTO_PER_LENGTHSCALE` points per lengthscale and dimension,
+        within ``[AUTO_MIN_INDUCING, AUTO_MAX_INDUCING]`` and at most the
+        total number of observations). Inducing points: a scrambled Sobol
+        design over the scaled bounding box.
+
+        Returns
+        -------
+        theta_global : ndarray
+        global_pack : Packer
+        M, M_local : int
+        """
+        cfg = self.config
+        d = self.d
+        ell = (pop.lengthscale if cfg.lengthscale is None
+               else _default_lengthscale(cfg.lengthscale, self.x_scale, 0.0))
+        ell = np.clip(ell, 1.01e-3, 0.99e3)
+        if cfg.n_inducing == "auto":
+            M = auto_inducing(ell, np.ones(d), per_lengthscale=AUTO_PER_LENGTHSCALE,
+                              minimum=AUTO_MIN_INDUCING,
+                              maximum=min(AUTO_MAX_INDUCING, self.n_total))
+        else:
+            M = int(cfg.n_inducing)
+        # "auto": each client sizes its own local set (StructuredClient.initialise)
+        M_local = None if cfg.n_inducing_local == "auto" else int(cfg.n_inducing_local)
+        gpack = structured_global_spec(cfg.components, M, d)
+        values = {}
+        if "Z_g" in gpack.slices:
+            sob = qmc.Sobol(d, scramble=True, seed=self.random_state)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                values["Z_g"] = sob.random(M)
+            var = pop.variance if cfg.variance is None else float(cfg.variance)
+            values.update(lengthscale_g=ell, variance_g=float(np.clip(var, 1.01e-6, 0.99e6)))
+        if "phi" in gpack.slices:
+            values["phi"] = 0.1 if cfg.phi is None else float(cfg.phi)
+        self.global_pack = gpack
+        self.theta_global = gpack.pack(values) if gpack.size else np.zeros(0)
+        self.n_inducing_ = M
+        self.n_inducing_local_ = M_local
+        return self.theta_global.copy(), gpack, M, M_local
 
     def broadcast(self, round_):
         """The per-round download.
@@ -737,3 +826,691 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
                     flush=True,
                 )
     return clients, elbo_history, communication
+
+
+# ==========================================================================
+# structured (collapsed) variational family
+# ==========================================================================
+#
+# SPEC section 1, "Structured (collapsed) posterior"; skfedgp._structured.
+# Each *evaluation* of the collapsed ELBO at a global vector is two
+# exchanges: (1) the server broadcasts the global vector, each client uploads
+# StructuredStatistics (S_i, b_i, e_i); (2) the server broadcasts
+# PosteriorBroadcast (mu_g, A^{-1}), each client uploads the gradient of the
+# ELBO with respect to the global vector (GlobalGradient).  A round is a
+# local phase (every client maximises its own part of the bound with
+# q(v_g) fixed -- no communication, monotone) followed by a global phase
+# (L-BFGS-B or Adam steps of the server on the global vector).
+
+#: Bounds of the log-parametrised hyperparameters (scaled input units,
+#: standardised target units).
+LOG_BOUNDS = {
+    "lengthscale_g": (1e-3, 1e3),
+    "lengthscale_l": (1e-3, 1e3),
+    "variance_g": (1e-6, 1e6),
+    "variance_l": (1e-6, 1e6),
+    "phi": (1e-6, 1e4),
+    "noise_variance": (NOISE_FLOOR, 1e4),
+}
+#: ``n_inducing="auto"``: about this many inducing points per lengthscale
+#: along each input dimension (:func:`auto_inducing`) ...
+AUTO_PER_LENGTHSCALE = 2.5
+#: ... and at least / at most this many global inducing points (never more
+#: than the total number of observations) ...
+AUTO_MIN_INDUCING = 10
+AUTO_MAX_INDUCING = 256
+#: ... and at most this many local ones per client (never more than its
+#: number of observations; a client with at most that many distinct inputs
+#: uses them all, which makes its local part exact).
+AUTO_MAX_LOCAL = 64
+#: A client's pilot exact GP uses at most this many of its observations.
+PILOT_MAX_POINTS = 256
+#: Fewest observations for a client to run a pilot fit.
+PILOT_MIN_POINTS = 5
+
+
+@dataclass(frozen=True)
+class PilotSummary:
+    """Set-up upload: hyperparameters of a client's quick exact GP.
+
+    A client fits an exact GP (scikit-learn's ``GaussianProcessRegressor``
+    with an ARD RBF kernel, a constant and a white-noise term) on at most
+    :data:`PILOT_MAX_POINTS` of its own observations and reports only the
+    fitted hyperparameters, ``d + 2`` numbers whatever ``n_i``; the server
+    takes medians.
+
+    Attributes
+    ----------
+    lengthscale : ndarray of shape (d,)
+        Scaled input units.
+    variance : float
+        Signal variance (standardised target units).
+    noise_variance : float
+        Noise variance (standardised target units).
+    """
+
+    lengthscale: np.ndarray
+    variance: float
+    noise_variance: float
+
+
+@dataclass(frozen=True)
+class StructuredStatistics:
+    """Upload of one client for one evaluation of the collapsed ELBO.
+
+    Attributes
+    ----------
+    round : int
+    precision : ndarray of shape (M, M)
+        ``S_i`` (the client's Gaussian message on ``v_g``; SPEC section 1).
+    shift : ndarray of shape (M,)
+        ``b_i``.
+    constant : float
+        ``e_i``.
+    """
+
+    round: int
+    precision: np.ndarray
+    shift: np.ndarray
+    constant: float
+
+
+@dataclass(frozen=True)
+class PosteriorBroadcast:
+    """Download: the exact ``q(v_g) = N(mean, covariance)`` at the broadcast global vector.
+
+    Attributes
+    ----------
+    round : int
+    mean : ndarray of shape (M,)
+        ``mu_g = A^{-1} b``.
+    covariance : ndarray of shape (M, M)
+        ``A^{-1}``.
+    """
+
+    round: int
+    mean: np.ndarray
+    covariance: np.ndarray
+
+
+@dataclass(frozen=True)
+class GlobalGradient:
+    """Upload: gradient of the ELBO with respect to the global vector (one client's share).
+
+    Attributes
+    ----------
+    round : int
+    grad_global : ndarray of shape (P,)
+    """
+
+    round: int
+    grad_global: np.ndarray
+
+
+@dataclass(frozen=True)
+class LocalHyperparameters:
+    """Final upload: a client's local kernel and noise hyperparameters.
+
+    The server keeps their geometric means as the population local block,
+    used to predict for clients never seen in fit.
+
+    Attributes
+    ----------
+    lengthscale : ndarray of shape (d,) or None
+    variance : float or None
+    noise_variance : float
+    """
+
+    lengthscale: np.ndarray
+    variance: float
+    noise_variance: float
+
+
+def structured_global_spec(components, M, d):
+    """Packer of the structured family's global vector (log-parametrised).
+
+    Parameters
+    ----------
+    components : tuple of str
+    M : int
+    d : int
+
+    Returns
+    -------
+    Packer
+        ``Z_g`` (free), ``lengthscale_g``, ``variance_g``, ``phi`` (log).
+    """
+    from ._hierarchy import Packer
+
+    spec = []
+    if "global" in components or "deviation" in components:
+        spec += [("Z_g", (M, d), "free"), ("lengthscale_g", (d,), "log"),
+                 ("variance_g", (), "log")]
+    if "deviation" in components:
+        spec.append(("phi", (), "log"))
+    return Packer(spec)
+
+
+def structured_local_spec(components, M_local, d):
+    """Packer of one client's structured local vector (log-parametrised).
+
+    Parameters
+    ----------
+    components : tuple of str
+    M_local : int
+    d : int
+
+    Returns
+    -------
+    Packer
+        ``Z_l`` (free), ``lengthscale_l``, ``variance_l`` (log) and
+        ``noise_variance`` (log).
+    """
+    from ._hierarchy import Packer
+
+    spec = []
+    if "local" in components:
+        spec += [("Z_l", (M_local, d), "free"), ("lengthscale_l", (d,), "log"),
+                 ("variance_l", (), "log")]
+    spec.append(("noise_variance", (), "log"))
+    return Packer(spec)
+
+
+def log_bounds(pack):
+    """L-BFGS-B bounds of a log-parametrised packer (``None`` for free entries).
+
+    Parameters
+    ----------
+    pack : Packer
+
+    Returns
+    -------
+    list of (float or None, float or None)
+    """
+    out = [(None, None)] * pack.size
+    for name, _, kind in pack.spec:
+        if kind == "log" and name in LOG_BOUNDS:
+            lo, hi = LOG_BOUNDS[name]
+            sl = pack.slices[name]
+            for k in range(sl.start, sl.stop):
+                out[k] = (float(np.log(lo)), float(np.log(hi)))
+    return out
+
+
+def clip_to_bounds(theta, bounds):
+    """Clip a vector into L-BFGS-B bounds."""
+    lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
+    hi = np.array([np.inf if b[1] is None else b[1] for b in bounds])
+    return np.clip(theta, lo, hi)
+
+
+def pilot_fit(X, y, random_state):
+    """Quick exact GP on at most :data:`PILOT_MAX_POINTS` rows (scikit-learn).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Scaled inputs.
+    y : ndarray of shape (n,)
+        Standardised targets.
+    random_state : int
+
+    Returns
+    -------
+    PilotSummary or None
+        None when the client has fewer than :data:`PILOT_MIN_POINTS` rows or
+        (almost) constant targets.
+
+    Notes
+    -----
+    The initial lengthscale is ``0.5 sqrt(d)`` in the unit-box units (a
+    typical distance between random points of the unit cube grows like
+    ``sqrt(d / 6)``, so the kernel between points stays far from 0 in any
+    dimension and gradients reach every lengthscale); bounds ``[1e-3, 1e3]``.
+    """
+    from sklearn.exceptions import ConvergenceWarning as _CW
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    n, d = X.shape
+    if n < PILOT_MIN_POINTS or np.var(y) < 1e-12:
+        return None
+    rng = np.random.default_rng(random_state)
+    if n > PILOT_MAX_POINTS:
+        idx = np.sort(rng.choice(n, PILOT_MAX_POINTS, replace=False))
+        X, y = X[idx], y[idx]
+    v = float(np.var(y))
+    kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
+              * RBF(np.full(d, 0.5 * np.sqrt(d)), (1e-3, 1e3))
+              + WhiteKernel(0.1 * v, (1e-6 * v, 10.0 * v)))
+    gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _CW)
+        gp.fit(X, y - y.mean())
+    k = gp.kernel_
+    return PilotSummary(
+        lengthscale=np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)).copy(),
+        variance=float(k.k1.k1.constant_value),
+        noise_variance=float(k.k2.noise_level),
+    )
+
+
+def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum):
+    """Number of inducing points from the lengthscales and the input box.
+
+    ``ceil(prod_d (1 + per_lengthscale * range_d / lengthscale_d))`` clipped to
+    ``[minimum, maximum]``: about ``per_lengthscale`` points per lengthscale
+    along each input dimension.
+
+    Parameters
+    ----------
+    lengthscale, ranges : ndarray of shape (d,)
+    per_lengthscale : float
+    minimum, maximum : int
+
+    Returns
+    -------
+    int
+    """
+    with np.errstate(over="ignore"):
+        m = float(np.prod(1.0 + per_lengthscale * np.asarray(ranges) / np.asarray(lengthscale)))
+    if not np.isfinite(m):
+        m = float(maximum)
+    return int(np.clip(np.ceil(m), minimum, max(minimum, maximum)))
+
+
+def _local_inducing(Xs, M_local, random_state):
+    """A client's own local inducing inputs: its inputs if few, else k-means centres."""
+    from sklearn.cluster import KMeans
+
+    uniq = np.unique(Xs, axis=0)
+    if uniq.shape[0] <= M_local:
+        return uniq.copy()
+    km = KMeans(n_clusters=M_local, n_init=1, random_state=random_state)
+    return km.fit(Xs).cluster_centers_
+
+
+class StructuredClient:
+    """Client side of the structured family: wraps a :class:`Client`'s data.
+
+    Parameters
+    ----------
+    client : Client
+        Holds the private data (after :meth:`Client.prepare`).
+
+    Attributes
+    ----------
+    client_id : hashable
+    n_samples : int
+    theta : ndarray
+        Local log-parametrised vector (:func:`structured_local_spec`).
+    pack : Packer
+    posterior : dict or None
+        After training: ``mu_u``, ``Sigma_u``, ``H`` (see
+        :func:`skfedgp._structured.client_posterior`); model parameters only.
+    """
+
+    def __init__(self, client):
+        self.client_id = client.client_id
+        self.n_samples = client.n_samples
+        self._Xs = client._Xs
+        self._y = client._y_std
+        self._y_scale = client._y_scale
+        self._x_scale = client._x_scale
+        self.theta = None
+        self.pack = None
+        self.posterior = None
+        self._state = None
+
+    # -- set-up -------------------------------------------------------------
+    def pilot(self, random_state):
+        """Quick exact-GP hyperparameters of this client (:class:`PilotSummary` or None)."""
+        return pilot_fit(self._Xs, self._y, random_state)
+
+    def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
+        """Initial local vector.
+
+        Local inducing inputs: the client's own distinct inputs when there are
+        at most ``M_local`` of them (the local part is then exact), else k-means
+        centres of its inputs. Local lengthscales: its own pilot's (or the
+        population median if it ran none); local variance: 0.1 x its pilot
+        signal variance; noise: its pilot noise variance (floored).
+        """
+        d = self._Xs.shape[1]
+        p = own if own is not None else population
+        values = {}
+        if "local" in config.components:
+            if M_local is None:
+                span = self._Xs.max(axis=0) - self._Xs.min(axis=0)
+                M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
+                                        minimum=min(AUTO_MIN_INDUCING, self.n_samples),
+                                        maximum=min(AUTO_MAX_LOCAL, self.n_samples))
+            Zl = _local_inducing(self._Xs, M_local, random_state)
+            ell = (p.lengthscale if config.local_lengthscale is None
+                   else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
+            var = (0.1 * p.variance if config.local_variance is None
+                   else float(config.local_variance))
+            values.update(Z_l=Zl, lengthscale_l=np.clip(ell, 1.01e-3, 0.99e3),
+                          variance_l=float(np.clip(var, 1.01e-6, 0.99e6)))
+        s2 = (p.noise_variance if config.noise_variance is None
+              else float(config.noise_variance) / self._y_scale**2)
+        values["noise_variance"] = float(np.clip(s2, 2.0 * NOISE_FLOOR, 0.99e4))
+        self.pack = structured_local_spec(
+            config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
+        self.theta = self.pack.pack(values)
+        return self
+
+    # -- one evaluation -------------------------------------------------------
+    def _blocks(self, theta_g, gpack, config, theta=None):
+        from ._structured import feature_blocks
+
+        G = gpack.unpack(theta_g)
+        B = self.pack.unpack(self.theta if theta is None else theta)
+        return G, B, feature_blocks(G, B, config.components, jitter=config.jitter)
+
+    @single_threaded_blas()
+    def statistics(self, theta_g, gpack, config, round_):
+        """Forward pass at the broadcast global vector: :class:`StructuredStatistics`."""
+        from ._structured import client_forward
+
+        G, B, blocks = self._blocks(theta_g, gpack, config)
+        self._state = client_forward(self._Xs, self._y, blocks, config.components,
+                                     B["noise_variance"], G.get("phi", 1.0),
+                                     client=self.client_id)
+        st = self._state
+        return StructuredStatistics(round_, st.S, st.b, st.e)
+
+    @single_threaded_blas()
+    def global_gradient(self, post, theta_g, gpack, config):
+        """Backward pass: this client's share of the global gradient (:class:`GlobalGradient`)."""
+        from ._structured import client_backward
+
+        if self._state is None:  # e.g. a process-based backend dropped it
+            self.statistics(theta_g, gpack, config, post.round)
+        g = client_backward(self._state, self._Xs, self._y, post.mean, post.covariance,
+                            want_global=True, want_local=False)
+        grad = gpack.flat_grad(theta_g, g) if gpack.size else np.zeros(0)
+        if not np.all(np.isfinite(grad)):
+            raise FloatingPointError(
+                f"client {self.client_id!r} produced a non-finite global gradient")
+        return GlobalGradient(post.round, grad)
+
+    def _surrogate(self, theta, theta_g, gpack, config, mu, A_inv):
+        """Client part of the bound with ``q(v_g)`` fixed, and its gradient."""
+        from ._structured import client_backward, client_forward
+
+        G, B, blocks = self._blocks(theta_g, gpack, config, theta)
+        st = client_forward(self._Xs, self._y, blocks, config.components,
+                            B["noise_variance"], G.get("phi", 1.0), client=self.client_id)
+        value = -0.5 * st.e
+        if mu.size:
+            value += float(st.b @ mu) - 0.5 * (float(np.sum(st.S * A_inv)) + float(mu @ st.S @ mu))
+        g = client_backward(st, self._Xs, self._y, mu, A_inv, want_global=False,
+                            want_local=True)
+        return value, self.pack.flat_grad(theta, g)
+
+    @single_threaded_blas()
+    def local_phase(self, post, theta_g, gpack, config):
+        """Maximise this client's part of the bound over its own vector, ``q(v_g)`` fixed.
+
+        ``-1/2 e_i + b_i^T mu_g - 1/2 tr(S_i (A^{-1} + mu_g mu_g^T))`` is a lower
+        bound on the collapsed ELBO as a function of the client's own
+        hyperparameters that touches it at the current point, so every
+        improvement of it improves the ELBO (block coordinate ascent; no
+        communication).  L-BFGS-B (``config.optimizer="lbfgs"``) or Adam.
+        """
+        from scipy.optimize import minimize
+
+        mu, A_inv = post.mean, post.covariance
+        n = max(self.n_samples, 1)
+        bounds = log_bounds(self.pack)
+
+        def fun(t):
+            v, g = self._surrogate(t, theta_g, gpack, config, mu, A_inv)
+            return -v / n, -g / n
+
+        theta0 = self.theta.copy()
+        if config.optimizer == "lbfgs":
+            try:
+                res = minimize(fun, theta0, jac=True, method="L-BFGS-B", bounds=bounds,
+                               options={"maxiter": config.local_steps, "ftol": 1e-12,
+                                        "gtol": 1e-9})
+                f0 = fun(theta0)[0]
+                if np.isfinite(res.fun) and res.fun <= f0:
+                    self.theta = res.x
+            except (np.linalg.LinAlgError, FloatingPointError):
+                self.theta = theta0  # a failed trial point: keep the last good vector
+        else:
+            adam = self._adam_state(config)
+            t = theta0
+            for _ in range(config.local_steps):
+                _, g = fun(t)
+                t = clip_to_bounds(adam.step(t, -g * n), bounds)
+            self.theta = t
+        self._state = None
+        return self
+
+    def _adam_state(self, config):
+        if getattr(self, "_adam", None) is None:
+            self._adam = Adam(config.learning_rate)
+        return self._adam
+
+    def finish(self, post, theta_g, gpack, config):
+        """Posterior moments at the final vectors; forgets the data.
+
+        Returns
+        -------
+        LocalHyperparameters
+        """
+        from ._structured import client_posterior
+
+        if self._state is None:
+            self.statistics(theta_g, gpack, config, post.round)
+        mu_u, Sigma_u, H = client_posterior(self._state, post.mean, post.covariance)
+        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
+        B = self.pack.unpack(self.theta)
+        self._Xs = self._y = self._state = None
+        return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
+                                    B["noise_variance"])
+
+    def local_values(self):
+        """Constrained local values (scaled inputs, standardised units)."""
+        return self.pack.unpack(self.theta)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_state"] = None  # cheap to recompute; never shipped between processes
+        return state
+
+
+def _s_stats(c, theta_g, gpack, config, r):
+    return c, c.statistics(theta_g, gpack, config, r)
+
+
+def _s_grad(c, post, theta_g, gpack, config):
+    return c, c.global_gradient(post, theta_g, gpack, config)
+
+
+def _s_local(c, post, theta_g, gpack, config):
+    return c.local_phase(post, theta_g, gpack, config)
+
+
+def _s_pilot(c, seed):
+    return c.pilot(seed)
+
+
+def _s_init(c, config, M_local, theta_g, gpack, own, population, seed):
+    return c.initialise(config, M_local, theta_g, gpack, own, population, seed)
+
+
+def _s_finish(c, post, theta_g, gpack, config):
+    return c, c.finish(post, theta_g, gpack, config)
+
+
+@dataclass
+class _PopulationPilot:
+    lengthscale: np.ndarray
+    variance: float
+    noise_variance: float
+    ranges: np.ndarray
+
+
+@single_threaded_blas()
+def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, seeds=None,
+                            verbose=0):
+    """Set-up and rounds of the structured (collapsed) family.
+
+    Parameters
+    ----------
+    clients : list of Client
+    server : Server
+    config : ModelConfig
+    n_rounds : int
+        Maximum number of rounds.
+    n_jobs : int or None
+    seeds : list of int
+    verbose : int
+
+    Returns
+    -------
+    clients : list of StructuredClient
+        Holding only parameters and posterior moments (no data).
+    result : dict
+        ``elbo_history``, ``communication``, ``n_iter``, ``converged``,
+        ``posterior`` (:class:`PosteriorBroadcast` at the final vectors),
+        ``theta_global``, ``global_pack``, ``population`` (geometric means of
+        the clients' local hyperparameters), ``n_evaluations``.
+    """
+    from scipy.optimize import minimize
+
+    from ._structured import combine
+
+    T = len(clients)
+    N = sum(c.n_samples for c in clients)
+    summaries = [c.summary() for c in clients]
+    init = server.standardise(summaries)
+    for c in clients:
+        c.prepare(init)
+    comm = [{"round": 0, "bytes_up": int(sum(message_nbytes(s) for s in summaries)),
+             "bytes_down": T * message_nbytes(init), "n_messages": T}]
+    sclients = [StructuredClient(c) for c in clients]
+    d = server.d
+    with Parallel(n_jobs=n_jobs, prefer="threads") as parallel:
+        # -- pilot exact GPs on the clients, medians on the server ---------------
+        pilots = parallel(delayed(_s_pilot)(c, s) for c, s in zip(sclients, seeds))
+        comm[0]["bytes_up"] += int(sum(message_nbytes(p) for p in pilots if p is not None))
+        good = [p for p in pilots if p is not None]
+        ranges = np.ones(d)  # scaled inputs live in the unit box
+        if good:
+            pop = _PopulationPilot(
+                np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
+                float(np.median([p.variance for p in good])),
+                float(np.median([p.noise_variance for p in good])), ranges)
+        else:
+            pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
+        theta_g, gpack, M, M_local = server.structured_initialise(pop)
+        bc0 = GlobalBroadcast(0, theta_g.copy())
+        comm[0]["bytes_down"] += T * (message_nbytes(bc0) + message_nbytes(
+            PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance)))
+        sclients = parallel(
+            delayed(_s_init)(c, config, M_local, theta_g, gpack, p, pop, s)
+            for c, p, s in zip(sclients, pilots, seeds))
+        server.population_pilot = pop
+        gbounds = log_bounds(gpack)
+        Mg = M if "global" in config.components else 0
+        counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
+
+        def evaluate(tg, r):
+            """One evaluation (two exchanges): ELBO, its global gradient, q(v_g)."""
+            nonlocal sclients
+            out = parallel(delayed(_s_stats)(c, tg, gpack, config, r) for c in sclients)
+            sclients = [o[0] for o in out]
+            stats = [o[1] for o in out]
+            post_s = combine([s.precision for s in stats], [s.shift for s in stats],
+                             [s.constant for s in stats], Mg)
+            post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
+            out = parallel(delayed(_s_grad)(c, post, tg, gpack, config) for c in sclients)
+            sclients = [o[0] for o in out]
+            grads = [o[1] for o in out]
+            grad = np.sum([g.grad_global for g in grads], axis=0) if gpack.size else np.zeros(0)
+            counter["up"] += sum(message_nbytes(s) for s in stats) + sum(
+                message_nbytes(g) for g in grads)
+            counter["down"] += T * (8 * tg.size + message_nbytes(post))
+            counter["msgs"] += 2 * T
+            counter["evals"] += 1
+            return post_s.elbo, grad, post
+
+        history = []
+        converged = False
+        r = 0
+        adam = Adam(config.global_learning_rate)
+        elbo, grad, post = evaluate(theta_g, 0)
+        for r in range(1, n_rounds + 1):
+            t0 = time.perf_counter()
+            counter.update(up=0, down=0, msgs=0)
+            prev = elbo
+            # -- local phase: every client, q(v_g) fixed, no communication -----
+            sclients = parallel(delayed(_s_local)(c, post, theta_g, gpack, config)
+                                for c in sclients)
+            # -- global phase --------------------------------------------------
+            cache = {}
+
+            def fun(tg):
+                key = tg.tobytes()
+                if key not in cache:
+                    try:
+                        cache.clear()
+                        cache[key] = evaluate(tg, r)
+                    except (np.linalg.LinAlgError, FloatingPointError):
+                        return np.inf, np.zeros_like(tg)
+                e, g, _ = cache[key]
+                return -e / N, -g / N
+
+            if gpack.size and config.global_steps:
+                if config.optimizer == "lbfgs":
+                    res = minimize(fun, theta_g, jac=True, method="L-BFGS-B", bounds=gbounds,
+                                   options={"maxiter": config.global_steps, "ftol": 1e-12,
+                                            "gtol": 1e-9})
+                    cand = res.x
+                else:
+                    cand = theta_g
+                    for _ in range(config.global_steps):
+                        _, g = fun(cand)
+                        cand = clip_to_bounds(adam.step(cand, -g * N), gbounds)
+                f_c, _ = fun(cand)
+                if np.isfinite(f_c):
+                    theta_g = cand
+            e_new, g_new, p_new = evaluate(theta_g, r) if theta_g.tobytes() not in cache \
+                else cache[theta_g.tobytes()]
+            elbo, grad, post = e_new, g_new, p_new
+            history.append(float(elbo))
+            comm.append({"round": r, "bytes_up": int(counter["up"]),
+                         "bytes_down": int(counter["down"]), "n_messages": counter["msgs"]})
+            if verbose:
+                print(f"[skfedgp] round {r:3d}/{n_rounds}  ELBO {elbo: .6e}  "
+                      f"time {time.perf_counter() - t0:6.2f}s  up {counter['up']} B  "
+                      f"down {counter['down']} B", flush=True)
+            if elbo - prev <= config.tol * max(1.0, abs(elbo)):
+                converged = True
+                break
+        # -- final exchange: posterior moments at the final vectors ------------
+        out = parallel(delayed(_s_finish)(c, post, theta_g, gpack, config) for c in sclients)
+        sclients = [o[0] for o in out]
+        finals = [o[1] for o in out]
+        comm.append({"round": r + 1 if history else 1,
+                     "bytes_up": int(sum(message_nbytes(f) for f in finals)),
+                     "bytes_down": T * message_nbytes(post), "n_messages": 2 * T})
+    population = {"noise_variance": float(np.exp(np.mean([np.log(f.noise_variance)
+                                                          for f in finals])))}
+    if "local" in config.components:
+        population["lengthscale_l"] = np.exp(np.mean([np.log(f.lengthscale) for f in finals],
+                                                     axis=0))
+        population["variance_l"] = float(np.exp(np.mean([np.log(f.variance) for f in finals])))
+    if not history:
+        history.append(float(elbo))
+    return sclients, {
+        "elbo_history": history, "communication": comm, "n_iter": len(history),
+        "converged": converged, "posterior": post, "theta_global": theta_g,
+        "global_pack": gpack, "population": population,
+        "n_evaluations": counter["evals"],
+    }

@@ -5,16 +5,33 @@ regression (pFedHGP; ``papers/pfedhgp.txt``, sections 3.1–3.8; SPEC section 1)
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import r2_score
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from ._hierarchy import COMPONENTS, predict_client
 from ._linalg import single_threaded_blas
-from .federated import Client, ModelConfig, Server, run_federated_training
+from ._structured import (
+    feature_blocks,
+    layout_map,
+    predict_structured,
+    residual_coefficients,
+    test_features,
+)
+from .kernels import se_ard
+from .federated import (
+    LOG_BOUNDS,
+    Client,
+    ModelConfig,
+    Server,
+    run_federated_training,
+    run_structured_training,
+)
 
 __all__ = ["FederatedHierarchicalGPRegressor"]
 
@@ -40,6 +57,50 @@ def _unique_labels(labels):
         for i, lab in enumerate(labels):
             inv[i] = order.setdefault(lab, len(order))
         return list(order), inv
+
+
+def _nonneg_float(v, name):
+    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _warn_diagnostics(est, converged, n_rounds):
+    """ConvergenceWarning when the budget ended first or a value sits at a bound."""
+    if not converged and n_rounds > 0:
+        warnings.warn(
+            f"training stopped after n_rounds={n_rounds} rounds before the ELBO converged "
+            f"(tol={est.tol}); increase n_rounds or tol", ConvergenceWarning, stacklevel=3)
+    at = []
+
+    def check(values, names, where=""):
+        for name in names:
+            if name not in values:
+                continue
+            lo, hi = LOG_BOUNDS[name]
+            v = np.atleast_1d(values[name])
+            low = np.any(v <= lo * (1 + 1e-6))
+            # a variance (or phi) at its lower bound is a component the evidence
+            # switched off, a documented outcome, not a failure; its lengthscale
+            # is then irrelevant
+            if low and name.startswith(("variance", "phi")):
+                return
+            if (low and name != "lengthscale_g" or np.any(v >= hi * (1 - 1e-6))
+                    or (low and name == "lengthscale_g")):
+                at.append(name + where)
+
+    G = est.server_.global_pack.unpack(est.server_.theta_global)
+    check(G, ("variance_g", "lengthscale_g"))
+    check(G, ("phi",))
+    for lab, c in est.clients_.items():
+        B = c.local_values()
+        check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}")
+        check(B, ("noise_variance",), f" of client {lab!r}")
+    if at:
+        warnings.warn(
+            "hyperparameters ended at a bound of their range (noise variance floor "
+            f"{LOG_BOUNDS['noise_variance'][0]:g} in standardised units): {', '.join(at[:10])}"
+            + (" ..." if len(at) > 10 else ""), ConvergenceWarning, stacklevel=3)
 
 
 def _is_fit_attribute(name):
@@ -182,17 +243,21 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def __init__(
         self,
         *,
-        n_inducing=25,
-        n_inducing_local=25,
+        n_inducing="auto",
+        n_inducing_local="auto",
         components=("global", "deviation", "local"),
         lengthscale=None,
         local_lengthscale=None,
-        variance=1.0,
-        local_variance=1.0,
+        variance=None,
+        local_variance=None,
         noise_variance=None,
-        phi=1.0,
-        n_rounds=20,
-        local_steps=80,
+        phi=None,
+        variational_family="structured",
+        optimizer="lbfgs",
+        n_rounds=None,
+        local_steps=None,
+        global_steps=None,
+        tol=1e-5,
         learning_rate=0.1,
         global_learning_rate=0.1,
         variational_update="closed_form",
@@ -211,8 +276,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.local_variance = local_variance
         self.noise_variance = noise_variance
         self.phi = phi
+        self.variational_family = variational_family
+        self.optimizer = optimizer
         self.n_rounds = n_rounds
         self.local_steps = local_steps
+        self.global_steps = global_steps
+        self.tol = tol
         self.learning_rate = learning_rate
         self.global_learning_rate = global_learning_rate
         self.variational_update = variational_update
@@ -236,37 +305,72 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"components must be a non-empty subset of {COMPONENTS}, got {self.components!r}"
             )
         comps = tuple(c for c in COMPONENTS if c in comps)
+        family = self.variational_family
+        if family not in ("structured", "mean_field"):
+            raise ValueError(
+                f"variational_family must be 'structured' or 'mean_field', got {family!r}")
+        optimizer = self.optimizer
+        if optimizer not in ("lbfgs", "adam"):
+            raise ValueError(f"optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
+        if family == "mean_field" and optimizer == "lbfgs":
+            raise ValueError(
+                "optimizer='lbfgs' needs variational_family='structured' (the collapsed "
+                "bound is deterministic); the mean-field family is trained with "
+                "optimizer='adam' (the paper's Algorithm 1)")
+        structured = family == "structured"
 
-        def _pos_int(name, minimum=1):
+        def _int(name, minimum=1, default=None, auto=False):
             v = getattr(self, name)
+            if v is None and default is not None:
+                return default
+            if auto and isinstance(v, str) and v == "auto":
+                return "auto"
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
+                extra = " or 'auto'" if auto else ""
+                raise ValueError(f"{name} must be an integer >= {minimum}{extra}, got {v!r}")
             return int(v)
 
-        def _pos_float(name, allow_none=False):
+        def _pos_float(name, default=None):
             v = getattr(self, name)
-            if v is None and allow_none:
-                return None
-            if not isinstance(v, numbers.Real) or not np.isfinite(v) or v <= 0:
+            if v is None:
+                return default
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not np.isfinite(v) \
+                    or v <= 0:
                 raise ValueError(f"{name} must be a finite positive number, got {v!r}")
             return float(v)
 
-        return ModelConfig(
+        lbfgs = optimizer == "lbfgs"
+        n_inducing = _int("n_inducing", auto=True)
+        n_inducing_local = _int("n_inducing_local", auto=True)
+        if not structured:
+            # the mean-field family keeps its fixed sizes and initial values
+            n_inducing = 25 if n_inducing == "auto" else n_inducing
+            n_inducing_local = 25 if n_inducing_local == "auto" else n_inducing_local
+        mf = not structured
+        config = ModelConfig(
             components=comps,
-            n_inducing=_pos_int("n_inducing"),
-            n_inducing_local=_pos_int("n_inducing_local"),
+            n_inducing=n_inducing,
+            n_inducing_local=n_inducing_local,
             lengthscale=self.lengthscale,
             local_lengthscale=self.local_lengthscale,
-            variance=_pos_float("variance"),
-            local_variance=_pos_float("local_variance"),
-            noise_variance=_pos_float("noise_variance", allow_none=True),
-            phi=_pos_float("phi"),
-            local_steps=_pos_int("local_steps", 0),
+            variance=_pos_float("variance", 1.0 if mf else None),
+            local_variance=_pos_float("local_variance", 1.0 if mf else None),
+            noise_variance=_pos_float("noise_variance"),
+            phi=_pos_float("phi", 1.0 if mf else None),
+            local_steps=_int("local_steps", 0, default=20 if lbfgs else 80),
             learning_rate=_pos_float("learning_rate"),
             global_learning_rate=_pos_float("global_learning_rate"),
             normalize_y=bool(self.normalize_y),
             variational_update=self._check_variational_update(),
-        ), _pos_int("n_rounds", 0)
+            variational_family=family,
+            optimizer=optimizer,
+            tol=_nonneg_float(self.tol, "tol"),
+            global_steps=_int("global_steps", 0, default=20 if lbfgs else 1),
+        )
+        if config.learning_rate is None or config.global_learning_rate is None:
+            raise ValueError("learning_rate and global_learning_rate must be positive numbers")
+        n_rounds = _int("n_rounds", 0, default=100 if lbfgs else 20)
+        return config, n_rounds
 
     def _check_variational_update(self):
         if self.variational_update not in ("adam", "closed_form"):
@@ -385,21 +489,52 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             )
         rng = check_random_state(self.random_state)
         seeds = rng.randint(0, 2**31 - 1, size=len(labels) + 1)
+        self.n_features_model_ = Xf.shape[1]
         clients = [Client(lab, Xf[inv == k], y[inv == k]) for k, lab in enumerate(labels)]
         server = Server(config, Xf.shape[1], int(seeds[-1]))
+        client_seeds = [int(s) for s in seeds[:-1]]
+        if config.variational_family == "structured":
+            return self._fit_structured(clients, server, config, n_rounds, client_seeds)
         clients, history, comm = run_federated_training(
             clients, server, config, n_rounds=n_rounds, n_jobs=self.n_jobs,
-            seeds=[int(s) for s in seeds[:-1]], verbose=self.verbose,
+            seeds=client_seeds, verbose=self.verbose,
         )
         # success: commit the fitted state at once
         self.components_ = config.components
+        self.variational_family_ = "mean_field"
         self.server_ = server
         self.clients_ = {c.client_id: c for c in clients}
         self.elbo_history_ = history
         self.communication_ = comm
+        self.n_iter_ = len(history)
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
+        self.n_inducing_ = config.n_inducing
         self._population_local = self._population_block()
+        return self
+
+    def _fit_structured(self, clients, server, config, n_rounds, seeds):
+        """Structured family: collapsed bound, exact q, L-BFGS-B or Adam."""
+        sclients, res = run_structured_training(
+            clients, server, config, n_rounds=n_rounds, n_jobs=self.n_jobs, seeds=seeds,
+            verbose=self.verbose)
+        post = res["posterior"]
+        # success: commit the fitted state at once
+        self.components_ = config.components
+        self.variational_family_ = "structured"
+        self.server_ = server
+        server.theta_global = res["theta_global"]
+        self.clients_ = {c.client_id: c for c in sclients}
+        self.global_posterior_ = {"mean": post.mean, "covariance": post.covariance}
+        self.elbo_history_ = res["elbo_history"]
+        self.communication_ = res["communication"]
+        self.n_iter_ = res["n_iter"]
+        self.n_evaluations_ = res["n_evaluations"]
+        self.y_offset_ = server.y_offset
+        self.y_scale_ = server.y_scale
+        self.n_inducing_ = server.n_inducing_
+        self._population_local = res["population"]
+        _warn_diagnostics(self, res["converged"], n_rounds)
         return self
 
     def _population_block(self):
@@ -488,6 +623,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if return_std and return_cov:
             raise ValueError("only one of return_std and return_cov can be requested")
         Xf, labels, inv = self._prepare_predict(X, groups)
+        if getattr(self, "variational_family_", "mean_field") == "structured":
+            mean, var, cov = self._predict_structured(Xf, labels, inv, return_cov)
+            return self._finish_predict(mean, var, cov, return_std, return_cov)
         G = self.server_.global_values()
         comps = self.components_
         n = Xf.shape[0]
@@ -511,6 +649,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if return_cov and "global" in comps:
             _, cg = predict_client(Xf, G, self._population_local, ("global",), full_cov=True)
             cov += cg
+        return self._finish_predict(mean, var, cov, return_std, return_cov)
+
+    def _finish_predict(self, mean, var, cov, return_std, return_cov):
+        """Back to target units; refuse non-finite results."""
         y_mean = self.y_offset_ + self.y_scale_ * mean
         if not np.all(np.isfinite(y_mean)):
             raise FloatingPointError("prediction produced non-finite values")
@@ -519,6 +661,89 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if return_cov:
             return y_mean, self.y_scale_**2 * cov
         return y_mean
+
+    # -- structured family ---------------------------------------------------
+    def _structured_client(self, lab):
+        """Blocks, ``mu_u``, ``Sigma_u``, ``H``, ``E`` and noise variance of one label.
+
+        A label not seen in fit gets the exact posterior of the global part and
+        the *prior* of its deviation and local parts (SPEC section 1), with the
+        population local hyperparameters (geometric means of the clients'); any
+        inducing set gives the exact prior, so one point at the centre of the
+        box is used (no client's inducing inputs are kept).
+        """
+        G = self.server_.global_pack.unpack(self.server_.theta_global)
+        comps = self.components_
+        phi = G.get("phi", 1.0)
+        mu_g = self.global_posterior_["mean"]
+        A_inv = self.global_posterior_["covariance"]
+        c = self.clients_.get(lab)
+        if c is not None:
+            B = c.local_values()
+            blocks = feature_blocks(G, B, comps)
+            E, n_vg = layout_map(blocks, comps, phi)
+            P = c.posterior
+            return blocks, P["mu_u"], P["Sigma_u"], P["H"], E, B["noise_variance"]
+        pop = self._population_local
+        d = self.n_features_model_
+        B = {"noise_variance": pop["noise_variance"]}
+        if "local" in comps:
+            B.update(Z_l=np.full((1, d), 0.5), lengthscale_l=pop["lengthscale_l"],
+                     variance_l=pop["variance_l"])
+        blocks = feature_blocks(G, B, comps)
+        E, n_vg = layout_map(blocks, comps, phi)
+        n_c = E.shape[1] - n_vg
+        mu_u = np.concatenate([mu_g, np.zeros(n_c)])
+        Sigma_u = np.zeros((E.shape[1],) * 2)
+        Sigma_u[:n_vg, :n_vg] = A_inv
+        Sigma_u[n_vg:, n_vg:] = np.eye(n_c)
+        return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"]
+
+    def _predict_structured(self, Xf, labels, inv, return_cov):
+        """Mean, variance (or joint covariance) of the noisy targets, standardised units."""
+        comps = self.components_
+        G = self.server_.global_pack.unpack(self.server_.theta_global)
+        phi = G.get("phi", 1.0)
+        n = Xf.shape[0]
+        mean = np.zeros(n)
+        var = np.zeros(n)
+        A_inv = self.global_posterior_["covariance"]
+        Mg = A_inv.shape[0]
+        cov = np.zeros((n, n)) if return_cov else None
+        Phi = np.zeros((n, Mg)) if return_cov else None
+        for k, lab in enumerate(labels):
+            idx = np.flatnonzero(inv == k)
+            cid = None if lab is _Population else lab
+            blocks, mu_u, Sigma_u, H, E, s2 = self._structured_client(
+                _Population if cid is None else cid)
+            if not return_cov:
+                m, v = predict_structured(Xf[idx], blocks, comps, phi, mu_u, Sigma_u, E,
+                                          client=cid)
+                mean[idx] = m
+                var[idx] = v + s2
+                continue
+            Ws = test_features(Xf[idx], blocks, client=cid)
+            Fs = np.hstack(Ws)
+            mean[idx] = Fs @ (E @ mu_u)
+            Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
+            within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size)
+            gam = residual_coefficients(blocks, comps, phi)
+            for (name, Z, ell, v_, _), W, g in zip(blocks, Ws, gam):
+                g_eff = g - (1.0 if (name == "g" and "global" in comps) else 0.0)
+                if g_eff:
+                    within += g_eff * (se_ard(Xf[idx], Xf[idx], ell, v_) - W @ W.T)
+            cov[np.ix_(idx, idx)] += within
+            if Mg:
+                Phi[idx] = Fs @ H
+        if return_cov:
+            if Mg:
+                cov += Phi @ A_inv @ Phi.T
+            if "global" in comps:
+                gb = feature_blocks(G, {}, ("global",))
+                Wg = test_features(Xf, gb)[0]
+                cov += se_ard(Xf, Xf, G["lengthscale_g"], G["variance_g"]) - Wg @ Wg.T
+            cov = 0.5 * (cov + cov.T)
+        return mean, var, cov
 
     @single_threaded_blas()
     def predict_components(self, X, groups=None):
@@ -543,9 +768,21 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             :meth:`predict` equals ``y_offset_`` plus the sum of the means.
         """
         Xf, labels, inv = self._prepare_predict(X, groups)
-        G = self.server_.global_values()
         n = Xf.shape[0]
         out = {c: (np.zeros(n), np.zeros(n)) for c in self.components_}
+        if getattr(self, "variational_family_", "mean_field") == "structured":
+            G = self.server_.global_pack.unpack(self.server_.theta_global)
+            for k, lab in enumerate(labels):
+                idx = np.flatnonzero(inv == k)
+                blocks, mu_u, Sigma_u, _, E, _ = self._structured_client(lab)
+                parts = predict_structured(Xf[idx], blocks, self.components_,
+                                           G.get("phi", 1.0), mu_u, Sigma_u, E,
+                                           per_component=True)
+                for name, (m, v) in parts.items():
+                    out[name][0][idx] = self.y_scale_ * m
+                    out[name][1][idx] = self.y_scale_ * np.sqrt(v)
+            return out
+        G = self.server_.global_values()
         for k, lab in enumerate(labels):
             idx = np.flatnonzero(inv == k)
             B, cid = self._local_for(lab)

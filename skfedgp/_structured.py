@@ -1,0 +1,690 @@
+"""Structured (collapsed) variational posterior of the pFedHGP hierarchy.
+
+For a Gaussian likelihood the optimal *joint* Gaussian ``q`` over the
+whitened inducing variables ``(v_g, w_1, v_1, ..., w_T, v_T)`` has an arrow
+shaped precision: clients are independent given ``v_g``.  Each client
+eliminates its own variables ``c_i = (w_i, v_i)`` and sends a fixed-size
+Gaussian message on ``v_g``; the server sums them and obtains ``q(v_g)``
+exactly.  The bound is the collapsed (Titsias-type) bound of the whole
+hierarchy, which equals the exact log marginal likelihood when the inducing
+inputs are the training inputs.  Full derivation: ``docs/maths.md``,
+"Structured posterior"; SPEC section 1 of this project, "Structured
+(collapsed) posterior".  One-level precedent: Gal, van der Wilk and
+Rasmussen, "Distributed Variational Inference in Sparse Gaussian Process
+Regression and Latent Variable Models", NeurIPS 2014.
+
+Notation (one client, index ``i`` dropped).  The *feature blocks* are the
+global kernel's ``W_g = k_g(X, Z_g) L_g^{-T}`` (present when the global or
+the deviation component is used) and the local kernel's
+``W_l = k_l(X, Z_l) L_l^{-T}``; ``F = [W_g, W_l]`` (``n x M_f``).  The
+client's latent function on its data is ``f = F z`` with
+``z = E u``, ``u = (v_g, c)``, ``c = (w, v)`` and ``E`` the ``M_f x N_u``
+map ``z_g = v_g + sqrt(phi) w``, ``z_l = v``.  With ``W_f = F^T F``,
+``w_f = F^T y``, ``E_g``/``E_c`` the columns of ``E`` for ``v_g``/``c``::
+
+    P   = I + E_c^T W_f E_c / s2            (client only)
+    G   = E_g^T W_f E_c / s2
+    r   = E_c^T w_f / s2
+    S_i = E_g^T W_f E_g / s2 - G P^{-1} G^T  -> uploaded (M x M)
+    b_i = E_g^T w_f / s2 - G P^{-1} r        -> uploaded (M)
+    e_i = n log(2 pi s2) + log|P| + y^T y / s2 - r^T P^{-1} r + tr_R / s2
+    A   = I + sum_i S_i,  b = sum_i b_i,  mu_g = A^{-1} b       (server)
+    ELBO = -1/2 [sum_i e_i + log|A| - b^T A^{-1} b]
+
+Gradients use that the ELBO is the maximum over ``q`` of the uncollapsed
+bound (Danskin's theorem): at the optimal joint ``q`` the gradient with
+respect to any hyperparameter is the partial derivative of the expected log
+likelihood at fixed ``q``.  A client needs only ``mu_g`` and ``A^{-1}``
+(broadcast) and its own ``P``, ``G``, ``r`` to form the moments of
+``u = (v_g, c)`` and hence of ``z``; the KL terms do not depend on any
+hyperparameter in the whitened parametrisation.
+
+Every ``n``-sized product streams over row chunks (memory ``O(chunk x M_f)``);
+everything else is ``M_f``-sized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve
+
+from ._linalg import (
+    DEFAULT_JITTER,
+    CholeskyError,
+    cholesky_backward,
+    jittered_cholesky,
+    solve_lower,
+)
+from .kernels import se_ard, se_ard_grad, se_ard_grad_sym
+
+__all__ = [
+    "feature_blocks",
+    "ClientState",
+    "client_forward",
+    "client_backward",
+    "combine",
+    "ServerPosterior",
+    "client_posterior",
+    "predict_structured",
+    "layout_map",
+    "residual_coefficients",
+    "test_features",
+]
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+#: Rows per chunk of the streamed data passes.
+CHUNK_ROWS = 2048
+
+
+# ---------------------------------------------------------------------------
+# layout
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Layout:
+    """Index sets of one client's feature and latent coordinates."""
+
+    Mg: int  # size of the global feature block (0 if absent)
+    Ml: int  # size of the local feature block (0 if absent)
+    has_global: bool
+    has_dev: bool
+    has_local: bool
+
+    @property
+    def Mf(self):
+        return self.Mg + self.Ml
+
+    @property
+    def n_vg(self):
+        return self.Mg if self.has_global else 0
+
+    @property
+    def n_c(self):
+        return (self.Mg if self.has_dev else 0) + (self.Ml if self.has_local else 0)
+
+    def E(self, phi):
+        """``E`` (M_f x N_u): feature coefficients from ``u = (v_g, w, v)``."""
+        Nu = self.n_vg + self.n_c
+        E = np.zeros((self.Mf, Nu))
+        col = 0
+        ig = np.arange(self.Mg)
+        if self.has_global:
+            E[ig, col + ig] = 1.0
+            col += self.Mg
+        if self.has_dev:
+            E[ig, col + ig] = np.sqrt(phi)
+            col += self.Mg
+        if self.has_local:
+            il = np.arange(self.Ml)
+            E[self.Mg + il, col + il] = 1.0
+        return E
+
+    def dE_dsqrtphi(self):
+        """Derivative of ``E`` with respect to ``sqrt(phi)``."""
+        Nu = self.n_vg + self.n_c
+        D = np.zeros((self.Mf, Nu))
+        if self.has_dev:
+            ig = np.arange(self.Mg)
+            D[ig, self.n_vg + ig] = 1.0
+        return D
+
+    def residual_coef(self, phi):
+        """``gamma`` per feature: multiplier of ``(n var - ||W||_F^2)`` in ``tr_R``."""
+        gam = np.zeros(self.Mf)
+        gam[: self.Mg] = (1.0 if self.has_global else 0.0) + (phi if self.has_dev else 0.0)
+        gam[self.Mg:] = 1.0 if self.has_local else 0.0
+        return gam
+
+
+def feature_blocks(G, B, components, *, jitter=DEFAULT_JITTER):
+    """Kernel blocks of one client: ``[("g", Z, ell, var), ("l", Z, ell, var)]``.
+
+    Parameters
+    ----------
+    G : dict
+        Global values ``Z_g`` (M, d), ``lengthscale_g`` (d,), ``variance_g``
+        and ``phi`` (when the deviation is used).
+    B : dict
+        Local values ``Z_l`` (M_l, d), ``lengthscale_l`` (d,), ``variance_l``.
+    components : tuple of str
+    jitter : float
+        Relative jitter of every ``K_zz``.
+
+    Returns
+    -------
+    list of tuple
+        ``(name, Z, lengthscale, variance, jitter)`` for the global kernel
+        (if the global or deviation component is used) and the local kernel
+        (if used).
+    """
+    out = []
+    if "global" in components or "deviation" in components:
+        out.append(("g", np.asarray(G["Z_g"], float), np.asarray(G["lengthscale_g"], float),
+                    float(G["variance_g"]), jitter))
+    if "local" in components:
+        out.append(("l", np.asarray(B["Z_l"], float), np.asarray(B["lengthscale_l"], float),
+                    float(B["variance_l"]), jitter))
+    return out
+
+
+def _layout(blocks, components):
+    sizes = {name: Z.shape[0] for name, Z, *_ in blocks}
+    return _Layout(
+        Mg=sizes.get("g", 0), Ml=sizes.get("l", 0),
+        has_global="global" in components, has_dev="deviation" in components,
+        has_local="local" in components,
+    )
+
+
+def _chol(A, name, client):
+    """Cholesky factor of a symmetric positive definite ``M``-sized matrix."""
+    if A.shape[0] == 0:
+        return np.zeros((0, 0))
+    L, _ = jittered_cholesky(0.5 * (A + A.T), scale=1.0, jitter=1e-12, name=name,
+                             client=client)
+    return L
+
+
+def _chol_solve(L, B):
+    if L.shape[0] == 0:
+        return np.zeros_like(B)
+    return solve_lower(L, solve_lower(L, B), trans=True)
+
+
+# ---------------------------------------------------------------------------
+# the client's forward pass: statistics
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ClientState:
+    """Everything one client keeps between its two exchanges (never sent).
+
+    Attributes hold the inducing-side factors (``Kzz``, ``L``, absolute
+    jitters), the whitened statistics ``W_f``, ``w_f``, ``y^T y``, ``n``, the
+    client's elimination (``Lp`` = chol ``P``, ``PiGt`` = ``P^{-1} G^T``,
+    ``Pir`` = ``P^{-1} r``) and the uploaded ``S``, ``b``, ``e``.
+    """
+
+    layout: _Layout
+    blocks: list
+    Kzz: list
+    Ls: list
+    eps: list
+    Lam: np.ndarray
+    Wf: np.ndarray
+    wf: np.ndarray
+    yy: float
+    n: int
+    s2: float
+    phi: float
+    E: np.ndarray
+    Lp: np.ndarray
+    PiGt: np.ndarray
+    Pir: np.ndarray
+    S: np.ndarray
+    b: np.ndarray
+    e: float
+    tr_R: float
+
+
+def _kernel_rows(Xc, blocks):
+    return np.hstack([se_ard(Xc, Z, ell, var) for _, Z, ell, var, _ in blocks])
+
+
+def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None):
+    """Statistics of one client for the structured posterior (its upload).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Client inputs (scaled units of the model).
+    y : ndarray of shape (n,)
+        Client targets (standardised units of the model).
+    blocks : list
+        From :func:`feature_blocks`.
+    components : tuple of str
+    noise_variance : float
+        ``s2_i``.
+    phi : float
+        Deviation scale (ignored without the deviation component).
+    client : hashable, optional
+        Label used in error messages.
+
+    Returns
+    -------
+    ClientState
+        Its ``S`` (M x M), ``b`` (M,) and ``e`` (scalar) are the message; the
+        rest stays on the client.
+
+    Raises
+    ------
+    CholeskyError
+        If a ``K_zz`` or ``P`` cannot be factorised.
+    """
+    X = np.ascontiguousarray(X, dtype=float)
+    y = np.asarray(y, dtype=float)
+    n = X.shape[0]
+    s2 = float(noise_variance)
+    lay = _layout(blocks, components)
+    Kzz, Ls, eps = [], [], []
+    for name, Z, ell, var, jit in blocks:
+        K = se_ard(Z, Z, ell, var)
+        L, e_ = jittered_cholesky(K, scale=var, jitter=jit,
+                                  name=f"K_zz ({'global' if name == 'g' else 'local'})",
+                                  client=client)
+        Kzz.append(K)
+        Ls.append(L)
+        eps.append(e_)
+    Mf = lay.Mf
+    Lam = np.zeros((Mf, Mf))
+    off = 0
+    for L in Ls:
+        m = L.shape[0]
+        Lam[off:off + m, off:off + m] = L
+        off += m
+    Phi = np.zeros((Mf, Mf))
+    psi = np.zeros(Mf)
+    for a in range(0, n, CHUNK_ROWS):
+        Kc = _kernel_rows(X[a:a + CHUNK_ROWS], blocks)
+        Phi += Kc.T @ Kc
+        psi += Kc.T @ y[a:a + CHUNK_ROWS]
+    yy = float(y @ y)
+    if Mf:
+        T = solve_lower(Lam, Phi)
+        Wf = solve_lower(Lam, T.T)
+        Wf = 0.5 * (Wf + Wf.T)
+        wf = solve_lower(Lam, psi)
+    else:
+        Wf, wf = Phi, psi
+    E = lay.E(phi)
+    Eg, Ec = E[:, : lay.n_vg], E[:, lay.n_vg:]
+    WEc = Wf @ Ec
+    P = np.eye(lay.n_c) + Ec.T @ WEc / s2
+    Lp = _chol(P, "P (client posterior precision)", client)
+    Gm = Eg.T @ WEc / s2
+    r = Ec.T @ wf / s2
+    PiGt = _chol_solve(Lp, Gm.T)
+    Pir = _chol_solve(Lp, r)
+    S = Eg.T @ Wf @ Eg / s2 - Gm @ PiGt
+    S = 0.5 * (S + S.T)
+    b = Eg.T @ wf / s2 - Gm @ Pir
+    gam = lay.residual_coef(phi)
+    var_f = np.concatenate([np.full(Z.shape[0], var) for _, Z, _, var, _ in blocks]) \
+        if blocks else np.zeros(0)
+    # tr_R = sum over feature blocks of gamma_b (n var_b - tr(W_b^T W_b))
+    tr_R = float(np.sum(gam * (n * var_f / np.maximum(_block_sizes(lay), 1) - np.diag(Wf))))
+    logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp)))) if lay.n_c else 0.0
+    e = n * (_LOG_2PI + np.log(s2)) + logdetP + yy / s2 - float(r @ Pir) + tr_R / s2
+    if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
+        where = f" of client {client!r}" if client is not None else ""
+        raise FloatingPointError(f"the structured statistics{where} are not finite")
+    return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi), E,
+                       Lp, PiGt, Pir, S, b, float(e), tr_R)
+
+
+def _block_sizes(lay):
+    """Per feature: the size of its block (to spread ``n var_b`` over its columns)."""
+    out = np.empty(lay.Mf)
+    out[: lay.Mg] = lay.Mg
+    out[lay.Mg:] = lay.Ml
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the server
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ServerPosterior:
+    """``q(v_g) = N(mu_g, A^{-1})`` and the collapsed ELBO.
+
+    Attributes
+    ----------
+    mu : ndarray of shape (M,)
+    A_inv : ndarray of shape (M, M)
+    elbo : float
+    logdet_A : float
+    """
+
+    mu: np.ndarray
+    A_inv: np.ndarray
+    elbo: float
+    logdet_A: float
+
+
+def combine(S_list, b_list, e_list, M):
+    """The server's step: ``A = I + sum S_i``, ``mu_g = A^{-1} sum b_i``, ELBO.
+
+    Parameters
+    ----------
+    S_list : list of ndarray of shape (M, M)
+    b_list : list of ndarray of shape (M,)
+    e_list : list of float
+    M : int
+        Size of ``v_g`` (0 without the global component).
+
+    Returns
+    -------
+    ServerPosterior
+
+    Raises
+    ------
+    FloatingPointError
+        If the ELBO is not finite.
+    """
+    e_sum = float(np.sum(e_list))
+    if M == 0:
+        elbo = -0.5 * e_sum
+        post = ServerPosterior(np.zeros(0), np.zeros((0, 0)), elbo, 0.0)
+    else:
+        A = np.eye(M) + np.sum(S_list, axis=0)
+        b = np.sum(b_list, axis=0)
+        c = cho_factor(0.5 * (A + A.T), lower=True)
+        mu = cho_solve(c, b)
+        A_inv = cho_solve(c, np.eye(M))
+        A_inv = 0.5 * (A_inv + A_inv.T)
+        logdet = 2.0 * float(np.sum(np.log(np.diag(c[0]))))
+        elbo = -0.5 * (e_sum + logdet - float(b @ mu))
+        post = ServerPosterior(mu, A_inv, float(elbo), logdet)
+    if not np.isfinite(post.elbo):
+        raise FloatingPointError(f"the collapsed ELBO is not finite ({post.elbo})")
+    return post
+
+
+# ---------------------------------------------------------------------------
+# posterior moments of one client
+# ---------------------------------------------------------------------------
+
+
+def client_posterior(state, mu, A_inv):
+    """Mean and covariance of ``u = (v_g, c)`` under the optimal joint ``q``.
+
+    Parameters
+    ----------
+    state : ClientState
+    mu : ndarray of shape (M,)
+    A_inv : ndarray of shape (M, M)
+
+    Returns
+    -------
+    mu_u : ndarray of shape (N_u,)
+    Sigma_u : ndarray of shape (N_u, N_u)
+    H : ndarray of shape (M_f, M)
+        ``z = H v_g + (independent of v_g)``: loading of the client's feature
+        coefficients on ``v_g`` (for covariances between clients).
+    """
+    lay = state.layout
+    Lp = state.Lp
+    mu_c = state.Pir - state.PiGt @ mu
+    Sgc = -A_inv @ state.PiGt.T
+    if lay.n_c:
+        Pinv = _chol_solve(Lp, np.eye(lay.n_c))
+    else:
+        Pinv = np.zeros((0, 0))
+    Scc = Pinv + state.PiGt @ A_inv @ state.PiGt.T
+    mu_u = np.concatenate([mu, mu_c])
+    Sigma = np.block([[A_inv, Sgc], [Sgc.T, Scc]])
+    Sigma = 0.5 * (Sigma + Sigma.T)
+    E = state.E
+    H = E[:, : lay.n_vg] - E[:, lay.n_vg:] @ state.PiGt
+    return mu_u, Sigma, H
+
+
+# ---------------------------------------------------------------------------
+# the client's backward pass: gradients
+# ---------------------------------------------------------------------------
+
+
+def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True):
+    """Gradient of the collapsed ELBO with respect to this client's parameters.
+
+    By Danskin's theorem the gradient of the ELBO (a maximum over the joint
+    ``q``) is the partial derivative of the client's expected log likelihood
+    at the optimal ``q``, which needs only ``mu_g`` and ``A^{-1}`` from the
+    server.  The global parts of all clients' gradients add up to the
+    gradient of the whole ELBO with respect to the global hyperparameters.
+
+    Parameters
+    ----------
+    state : ClientState
+        From :func:`client_forward` at the current parameters.
+    X : ndarray of shape (n, d)
+    y : ndarray of shape (n,)
+    mu : ndarray of shape (M,)
+    A_inv : ndarray of shape (M, M)
+    want_global, want_local : bool
+        Which kernel blocks need gradients (the noise variance gradient is
+        part of the local result; ``phi`` of the global one).
+
+    Returns
+    -------
+    grads : dict
+        Keys among ``Z_g``, ``lengthscale_g``, ``variance_g``, ``phi``
+        (global) and ``Z_l``, ``lengthscale_l``, ``variance_l``,
+        ``noise_variance`` (local), gradients with respect to the
+        constrained values.
+    """
+    lay = state.layout
+    s2, n, phi = state.s2, state.n, state.phi
+    mu_u, Sigma_u, _ = client_posterior(state, mu, A_inv)
+    E = state.E
+    mu_z = E @ mu_u
+    ES = E @ Sigma_u
+    Sigma_z = ES @ E.T
+    Xi = Sigma_z + np.outer(mu_z, mu_z)
+    gam = lay.residual_coef(phi)
+    Wf, wf = state.Wf, state.wf
+    quad = state.yy - 2.0 * float(mu_z @ wf) + float(np.sum(Xi * Wf)) + state.tr_R
+    grads = {}
+    if want_local:
+        grads["noise_variance"] = -0.5 * n / s2 + quad / (2.0 * s2**2)
+    if want_global and lay.has_dev:
+        Mg = lay.Mg
+        var_g = state.blocks[0][3]
+        dE = lay.dE_dsqrtphi()
+        resid = wf - Wf @ mu_z
+        d_sqrt = (float((dE @ mu_u) @ resid) - float(np.sum((Wf @ ES) * dE))) / s2
+        grads["phi"] = d_sqrt / (2.0 * np.sqrt(phi)) - (n * var_g - np.trace(Wf[:Mg, :Mg])) / (2.0 * s2)
+    # adjoints of the whitened statistics
+    Wbar = -(Xi - np.diag(gam)) / (2.0 * s2)
+    wbar = mu_z / s2
+    Mf = lay.Mf
+    if Mf == 0:
+        return grads
+    Lam = state.Lam
+    Phibar = solve_lower(Lam, solve_lower(Lam, Wbar, trans=True).T, trans=True)
+    Phibar = 0.5 * (Phibar + Phibar.T)
+    psibar = solve_lower(Lam, wbar, trans=True)
+    Lambar = -solve_lower(Lam, 2.0 * Wbar @ Wf + np.outer(wbar, wf), trans=True)
+    want = {"g": want_global, "l": want_local}
+    offs = {}
+    off = 0
+    for name, Z, *_ in state.blocks:
+        offs[name] = (off, off + Z.shape[0])
+        off += Z.shape[0]
+    acc = {}
+    for k, (name, Z, ell, var, _) in enumerate(state.blocks):
+        if not want[name]:
+            continue
+        a, b_ = offs[name]
+        Lbar = np.tril(Lambar[a:b_, a:b_])
+        Kbar_zz = cholesky_backward(state.Ls[k], Lbar)
+        dZ, dell, dvar = se_ard_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, var)
+        dvar += (state.eps[k] / var) * float(np.trace(Kbar_zz))
+        # explicit n var_b in tr_R
+        dvar += -float(gam[a]) * n / (2.0 * s2)
+        acc[name] = [dZ, dell, dvar]
+    # data pass: Kbar = K (Phibar + Phibar^T) + y psibar^T, per block columns
+    Pb2 = 2.0 * Phibar
+    if acc:
+        for a0 in range(0, n, CHUNK_ROWS):
+            Xc = X[a0:a0 + CHUNK_ROWS]
+            Kc = _kernel_rows(Xc, state.blocks)
+            Kbar = Kc @ Pb2 + np.outer(y[a0:a0 + CHUNK_ROWS], psibar)
+            for name, Z, ell, var, _ in state.blocks:
+                if name not in acc:
+                    continue
+                a, b_ = offs[name]
+                dZ, dell, dvar = se_ard_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, var)
+                acc[name][0] += dZ
+                acc[name][1] += dell
+                acc[name][2] += dvar
+    for name, (dZ, dell, dvar) in acc.items():
+        grads[f"Z_{name}"] = dZ
+        grads[f"lengthscale_{name}"] = dell
+        grads[f"variance_{name}"] = float(dvar)
+    return grads
+
+
+# ---------------------------------------------------------------------------
+# prediction
+# ---------------------------------------------------------------------------
+
+
+def layout_map(blocks, components, phi):
+    """``(E, n_vg)``: the map from ``u = (v_g, w, v)`` to feature coefficients.
+
+    Parameters
+    ----------
+    blocks : list
+        From :func:`feature_blocks`.
+    components : tuple of str
+    phi : float
+
+    Returns
+    -------
+    E : ndarray of shape (M_f, N_u)
+    n_vg : int
+        Number of leading coordinates of ``u`` that are ``v_g``.
+    """
+    lay = _layout(blocks, components)
+    return lay.E(phi), lay.n_vg
+
+
+def residual_coefficients(blocks, components, phi):
+    """``gamma_b`` of each block (multiplier of ``K_b - W_b W_b^T``)."""
+    lay = _layout(blocks, components)
+    gam = lay.residual_coef(phi)
+    out, off = [], 0
+    for _, Z, *_ in blocks:
+        out.append(float(gam[off]))
+        off += Z.shape[0]
+    return out
+
+
+def test_features(Xs, blocks, client=None):
+    """Whitened test features ``W_b* = k_b(X*, Z_b) L_b^{-T}`` of every block.
+
+    Parameters
+    ----------
+    Xs : ndarray of shape (n*, d)
+    blocks : list
+        From :func:`feature_blocks`.
+    client : hashable, optional
+
+    Returns
+    -------
+    list of ndarray of shape (n*, M_b)
+    """
+    return _test_features(Xs, blocks, client)
+
+
+def _test_features(Xs, blocks, client=None):
+    """``W*`` per block and the prior diagonal / matrices."""
+    Ws = []
+    for (name, Z, ell, var, jit) in blocks:
+        K = se_ard(Z, Z, ell, var)
+        L, _ = jittered_cholesky(K, scale=var, jitter=jit,
+                                 name=f"K_zz ({'global' if name == 'g' else 'local'})",
+                                 client=client)
+        Ws.append(solve_lower(L, se_ard(Xs, Z, ell, var).T).T)
+    return Ws
+
+
+def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
+                       full_cov=False, per_component=False, client=None):
+    """Latent predictive mean and (co)variance of one client.
+
+    Parameters
+    ----------
+    Xs : ndarray of shape (n*, d)
+    blocks : list
+        From :func:`feature_blocks`.
+    components : tuple of str
+    phi : float
+    mu_u : ndarray of shape (N_u,)
+    Sigma_u : ndarray of shape (N_u, N_u)
+        Moments of ``u = (v_g, w, v)`` (:func:`client_posterior`), or the
+        prior of the deviation and local parts for a never-seen client.
+    layout_E : ndarray of shape (M_f, N_u)
+        The map ``E`` at ``phi``.
+    full_cov : bool
+    per_component : bool
+        Return ``{name: (mean, var)}`` per component.
+    client : hashable, optional
+
+    Returns
+    -------
+    mean : ndarray of shape (n*,)
+    cov : ndarray of shape (n*,) or (n*, n*)
+        Latent covariance (no noise):
+        ``F* Sigma_z F*^T + gamma_g (K_g** - W_g* W_g*^T) + (K_l** - W_l* W_l*^T)``.
+    """
+    lay = _layout(blocks, components)
+    Ws = _test_features(Xs, blocks, client)
+    Fs = np.hstack(Ws) if Ws else np.zeros((Xs.shape[0], 0))
+    nst = Xs.shape[0]
+    if per_component:
+        out = {}
+        col = 0
+        parts = []
+        if lay.has_global:
+            parts.append(("global", slice(col, col + lay.Mg), 1.0, 0))
+            col += lay.Mg
+        if lay.has_dev:
+            parts.append(("deviation", slice(col, col + lay.Mg), phi, 0))
+            col += lay.Mg
+        if lay.has_local:
+            parts.append(("local", slice(col, col + lay.Ml), 1.0, len(Ws) - 1))
+        for name, sl, coef, bi in parts:
+            W = Ws[bi]
+            c = np.sqrt(coef)
+            m = c * (W @ mu_u[sl])
+            S = Sigma_u[sl, sl]
+            var = blocks[bi][3]
+            if full_cov:
+                Kss = se_ard(Xs, Xs, blocks[bi][2], var)
+                cv = coef * (W @ S @ W.T + Kss - W @ W.T)
+                out[name] = (m, 0.5 * (cv + cv.T))
+            else:
+                v = coef * (np.einsum("ij,ij->i", W @ S, W) + var - np.einsum("ij,ij->i", W, W))
+                out[name] = (m, np.maximum(v, 0.0))
+        return out
+    E = layout_E
+    mean = Fs @ (E @ mu_u)
+    Sz = E @ Sigma_u @ E.T
+    gam = lay.residual_coef(phi)
+    if full_cov:
+        cov = Fs @ Sz @ Fs.T
+        off = 0
+        for k, (name, Z, ell, var, _) in enumerate(blocks):
+            W = Ws[k]
+            g = gam[off]
+            off += Z.shape[0]
+            if g:
+                cov += g * (se_ard(Xs, Xs, ell, var) - W @ W.T)
+        return mean, 0.5 * (cov + cov.T)
+    var = np.einsum("ij,ij->i", Fs @ Sz, Fs)
+    off = 0
+    for k, (name, Z, ell, v, _) in enumerate(blocks):
+        W = Ws[k]
+        g = gam[off]
+        off += Z.shape[0]
+        if g:
+            var += g * (v - np.einsum("ij,ij->i", W, W))
+    return mean, np.maximum(var, 0.0) if nst else var
