@@ -195,11 +195,12 @@ def _column_position(X, column, n_columns):
                 f"(it is a {type(X).__name__}, not a pandas DataFrame); pass the column's "
                 "integer position instead"
             )
+        # (scikit-learn has already rejected duplicate string column names)
         matches = np.flatnonzero(np.asarray(X.columns == column))
-        if matches.size != 1:
-            what = "is not a column of X" if matches.size == 0 else "names several columns of X"
+        if matches.size == 0:
             raise ValueError(
-                f"client_column={column!r} {what}; X has columns {_listing(X.columns)}"
+                f"client_column={column!r} is not a column of X; X has columns "
+                f"{_listing(X.columns)}"
             )
         return int(matches[0])
     raise ValueError(
