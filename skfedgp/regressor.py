@@ -1,5 +1,10 @@
 """scikit-learn estimator for personalised federated hierarchical GP
-regression (pFedHGP; ``papers/pfedhgp.txt``, sections 3.1–3.8; SPEC section 1).
+regression (pFedHGP).
+
+Source: H. Yan, "Personalized Federated Hierarchical Gaussian Processes for
+Privacy-Preserving Modeling of Heterogeneous Distributed Systems", arXiv
+preprint arXiv:2609.19337 (2026), sections 3.1–3.7; the choices the paper
+leaves open are written down in ``docs/maths.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     Client ``i``'s function is a shared global GP, plus a client deviation on
     the same inducing basis with kernel ``phi * k_g``, plus a local sparse GP
-    with its own kernel (SPEC section 1; pFedHGP paper, sections 3.1–3.8)::
+    with its own kernel (``docs/maths.md``, section 1; Yan 2026, sections 3.2–3.4)::
 
         y_i(x) = f_g(x) + f_delta_i(x) + f_i(x) + eps,  eps ~ N(0, s2_i)
 
@@ -114,7 +119,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ``"adam"`` is the paper's Algorithm 1: every parameter, the factors
         ``q(v_g)``, ``q(w_i)``, ``q(v_i)`` included, moves by Adam steps (one
         server step per round for the global block).  ``"closed_form"``
-        (beyond the paper, SPEC section 1) uses that the likelihood is
+        (beyond the paper, ``docs/maths.md`` section 7) uses that the likelihood is
         Gaussian: each round starts with an extra exchange in which every
         client uploads ``W_g^T W_g / s2_i`` (M x M) and
         ``W_g^T r_i / s2_i`` (M) at the current global block
@@ -132,11 +137,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Standardise the targets with the pooled mean and standard deviation,
         computed by the server from each client's count, sum and centred
         sum of squares only.
-    client_column : int, default=None
-        If given, column ``client_column`` of ``X`` holds each row's client
-        label and is not used as a feature (so the estimator works inside a
-        Pipeline or GridSearchCV without metadata routing). Overrides
-        ``groups``.
+    client_column : int or str, default=None
+        If given, this column of ``X`` holds each row's client label and is
+        not used as a feature (so the estimator works inside a Pipeline or
+        GridSearchCV without metadata routing). As in
+        :class:`~sklearn.compose.ColumnTransformer`, an int is a position
+        (negative counts from the end) and a str is a pandas column name.
+        The column is taken out before the features are converted to float,
+        so it may hold strings (``client_column="station"`` with
+        ``df[["station", "temp", "hum"]]``). Overrides ``groups``.
     n_jobs : int, default=None
         Number of parallel jobs for the clients' local steps
         (:class:`joblib.Parallel`; any joblib backend, e.g. dask, applies).
@@ -161,21 +170,40 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     y_offset_, y_scale_ : float
         Target standardisation.
     n_features_in_ : int
-        Number of columns of ``X`` seen in fit (including ``client_column``).
+        Number of columns of ``X`` seen in fit, *including* the
+        ``client_column``: the columns of ``X`` as passed, which is what
+        scikit-learn checks at predict and what a Pipeline step hands on.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names of ``X`` seen in fit (label column included), when
+        ``X`` was a DataFrame with string column names; predict then checks
+        them.
 
     Notes
     -----
-    Prediction for a client never seen in fit (or for ``groups=None`` when
-    several clients were fitted) uses the global posterior plus the *prior*
-    of the deviation and local parts (``m = 0``, ``S = I``, SPEC section 1),
+    Client labels are compared by value and type (``1`` and ``"1"`` are two
+    clients); None and NaN labels are rejected.  Prediction for a client
+    never seen in fit (or for ``groups=None`` when several clients were
+    fitted, which issues a :class:`ClientLabelWarning`, as does a label that
+    only matches a fitted one up to type, white space or case) uses the
+    global posterior plus the *prior*
+    of the deviation and local parts (``m = 0``, ``S = I``, ``docs/maths.md`` section 8),
     with the local kernel's lengthscales and variance set to the geometric
     mean over the fitted clients and the noise variance to their mean; its
     predictive variance is therefore wider.
 
     References
     ----------
-    pFedHGP paper (``papers/pfedhgp.txt``), sections 3.1–3.8, Algorithm 1,
-    eq. 30; Titsias (2009); Hensman et al. (2013).
+    H. Yan, "Personalized Federated Hierarchical Gaussian Processes for
+    Privacy-Preserving Modeling of Heterogeneous Distributed Systems", arXiv
+    preprint arXiv:2609.19337 (2026): sections 3.1–3.7, Algorithm 1, eq. 30
+    (sections 3.8, classification and clustering, and 3.9, the ILMM
+    multi-output form, are not implemented).
+
+    M. Titsias, "Variational learning of inducing variables in sparse
+    Gaussian processes", AISTATS 2009.
+
+    J. Hensman, N. Fusi, N. D. Lawrence, "Gaussian processes for big data",
+    UAI 2013.
 
     Examples
     --------
@@ -340,8 +368,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``DataConversionWarning``. Multi-output targets come with the
             ILMM extension (not yet available).
         groups : array-like of shape (n_samples,), default=None
-            Client label of each row (any hashable). None (and no
-            ``client_column``) means a single client.
+            Client label of each row (any hashable, not None/NaN). None (and
+            no ``client_column``) means a single client.
 
         Returns
         -------
@@ -353,7 +381,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ValueError
             NaN/inf in ``X`` or ``y``, inconsistent lengths, 1-D ``X``,
             ``y`` with more than one column, wrong ``groups`` length, a
-            client with fewer than 2 observations, or bad hyperparameters.
+            missing (None/NaN) client label, a ``client_column`` that is
+            not a column of ``X``, a client with fewer than 2 observations,
+            or bad hyperparameters.
         skfedgp._linalg.CholeskyError
             If a ``K_zz`` cannot be factorised even with jitter (names the
             matrix and client).
@@ -514,7 +544,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
         Notes
         -----
-        SPEC section 1, "Prediction for client i" (paper eq. 30). Without
+        ``docs/maths.md``, section 8 (Yan 2026, eq. 30). Without
         ``return_cov`` each client's rows are predicted in chunks of
         :data:`PREDICT_CHUNK_ROWS`, so the working memory beyond the
         returned arrays does not grow with ``n_samples``.
@@ -570,9 +600,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def predict_components(self, X, groups=None):
         """Mean and standard deviation of each latent component.
 
-        The interpretable decomposition of SPEC section 1: the shared global
-        function, the client's deviation and its local part, each with its
-        own posterior uncertainty (latent, without noise).
+        The interpretable decomposition of ``docs/maths.md``, section 1: the
+        shared global function, the client's deviation and its local part,
+        each with its own posterior uncertainty (latent, without noise).
+        Rows are predicted in chunks of :data:`PREDICT_CHUNK_ROWS`; labels are
+        checked, and warned about, as in :meth:`predict`.
 
         Parameters
         ----------
