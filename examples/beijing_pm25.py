@@ -53,9 +53,11 @@ OpenBLAS threads on a busy 2-core machine made a 256 x 256 Cholesky about
 
 Usage::
 
-    python examples/beijing_pm25.py --data-dir ../shared/data/beijing_air_quality
+    python examples/beijing_pm25.py --data-dir DATA_DIR
 
-(with ``skfedgp`` installed, or ``PYTHONPATH=.`` from the repository root).
+where ``DATA_DIR`` holds the UCI station files ``PRSA_Data_<Station>_*.csv[.gz]``
+(:func:`skfedgp.datasets.fetch_beijing_air_quality` downloads them), with
+``skfedgp`` installed, or ``PYTHONPATH=.`` from the repository root.
 
 Run with ``--help`` for all options.
 """
