@@ -2,7 +2,8 @@
 
 Each of the 12 monitoring stations is a federated client. The target is
 ``log(PM2.5)`` (PM2.5 in ug/m^3, natural logarithm) at 02:00 and 14:00 of every
-day from 2013-03-01 to 2014-02-28; the single input is the time in days. From
+day in the station files (2013-03-01 to 2014-02-28 with the one-year files;
+the loader keeps every date it finds); the single input is the time in days. From
 every station, 20 % of its *days* are held out (both readings of a held-out
 day go to the test set; seeded with ``--seed``, each station draws its own
 days), the rest is training data.
@@ -52,9 +53,11 @@ OpenBLAS threads on a busy 2-core machine made a 256 x 256 Cholesky about
 
 Usage::
 
-    python examples/beijing_pm25.py --data-dir ../shared/data/beijing_air_quality
+    python examples/beijing_pm25.py --data-dir DATA_DIR
 
-(with ``skfedgp`` installed, or ``PYTHONPATH=.`` from the repository root).
+where ``DATA_DIR`` holds the UCI station files ``PRSA_Data_<Station>_*.csv[.gz]``
+(:func:`skfedgp.datasets.fetch_beijing_air_quality` downloads them), with
+``skfedgp`` installed, or ``PYTHONPATH=.`` from the repository root.
 
 Run with ``--help`` for all options.
 """
@@ -118,7 +121,8 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="beijing_pm25.py",
         description="pFedHGP vs Local-only, Global-only and exact per-station GPs on "
-        "log(PM2.5) of the 12 Beijing stations (held-out 20 %% of each station's days).",
+        "log(PM2.5) of the 12 Beijing stations (by default 20 % of each station's days are "
+        "held out; see --test-fraction).",
     )
     p.add_argument("--data-dir", required=True, type=Path,
                    help="folder with the PRSA_Data_<Station>_*.csv[.gz] files")

@@ -142,9 +142,16 @@ def load_beijing_air_quality(
     files, the one with the widest date range in its name is used (plain
     ``.csv`` preferred on a tie) and a :class:`UserWarning` is issued.
 
-    The defaults reproduce the pFedHGP air-quality study: PM2.5 at 02:00 and
-    14:00 each day (730 rows per station and year before missing values are
-    dropped).
+    The default ``hours`` reproduce the sampling of the pFedHGP air-quality
+    study (H. Yan, "Personalized Federated Hierarchical Gaussian Processes
+    for Privacy-Preserving Modeling of Heterogeneous Distributed Systems",
+    arXiv:2609.19337, 2026, section 5.2): PM2.5 at 02:00 and 14:00 each day,
+    730 rows per station and year before missing values are dropped. The
+    dates are *not* restricted by default (``start=None, end=None``): every
+    timestamp in the files is kept, 2013-03-01 to 2017-02-28 with the
+    original UCI files and 2013-03-01 to 2014-02-28 with the one-year
+    subsets. Pass ``start="2013-03-01", end="2014-03-01"`` to keep the first
+    year of either.
 
     Parameters
     ----------

@@ -1,5 +1,10 @@
 """scikit-learn estimator for personalised federated hierarchical GP
-regression (pFedHGP; ``papers/pfedhgp.txt``, sections 3.1–3.8; SPEC section 1).
+regression (pFedHGP).
+
+Source: H. Yan, "Personalized Federated Hierarchical Gaussian Processes for
+Privacy-Preserving Modeling of Heterogeneous Distributed Systems", arXiv
+preprint arXiv:2609.19337 (2026), sections 3.1–3.7; the choices the paper
+leaves open are written down in ``docs/maths.md``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,13 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import r2_score
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+from sklearn.utils.validation import (
+    check_array,
+    check_is_fitted,
+    check_X_y,
+    column_or_1d,
+    validate_data,
+)
 
 from ._hierarchy import COMPONENTS, predict_client
 from ._linalg import single_threaded_blas
@@ -23,7 +34,15 @@ from ._structured import (
     residual_coefficients,
     test_features,
 )
-from .kernels import se_ard
+from ._validation import (
+    ClientLabelWarning,
+    check_groups,
+    check_labels_present,
+    split_client_column,
+    unique_labels,
+    warn_groups_missing,
+    warn_unmatched_labels,
+)
 from .federated import (
     LOG_BOUNDS,
     Client,
@@ -32,31 +51,25 @@ from .federated import (
     run_federated_training,
     run_structured_training,
 )
+from .kernels import se_ard
 
-__all__ = ["FederatedHierarchicalGPRegressor"]
+__all__ = ["FederatedHierarchicalGPRegressor", "ClientLabelWarning"]
 
 #: Smallest number of observations a client must hold.
 MIN_SAMPLES_PER_CLIENT = 2
 
+#: Largest joint predictive covariance ``predict(..., return_cov=True)``
+#: builds, in bytes of the ``n x n`` float64 result (2 GiB: 16 384 rows).
+#: Computing it takes a few times this much at peak; above the budget
+#: ``predict`` raises :class:`MemoryError` before allocating anything.
+#: Assign another value to this module attribute to change the budget.
+MAX_COV_BYTES = 2 * 1024**3
 
-def _unique_labels(labels):
-    """Sorted unique labels and the inverse index (first-seen order if unorderable).
-
-    A list is taken as objects: ``[0, 1, "new"]`` keeps the int labels as ints
-    (NumPy would turn them all into strings).
-    """
-    if not isinstance(labels, np.ndarray):
-        labels = np.asarray(list(labels) + [None], dtype=object)[:-1]
-    try:
-        uniq, inv = np.unique(labels, return_inverse=True)
-        # plain Python labels (``0``, ``'a'``, not ``np.int64(0)``) in clients_ and messages
-        return [u.item() if isinstance(u, np.generic) else u for u in uniq], inv.ravel()
-    except TypeError:
-        order = {}
-        inv = np.empty(len(labels), dtype=int)
-        for i, lab in enumerate(labels):
-            inv[i] = order.setdefault(lab, len(order))
-        return list(order), inv
+#: Rows per chunk of ``predict`` (without ``return_cov``) and
+#: ``predict_components``: a client's test rows are predicted this many at a
+#: time, so the intermediate ``n x M`` kernel matrices stay bounded and the
+#: memory beyond the outputs does not grow with the number of test rows.
+PREDICT_CHUNK_ROWS = 4096
 
 
 def _nonneg_float(v, name):
@@ -113,7 +126,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     Client ``i``'s function is a shared global GP, plus a client deviation on
     the same inducing basis with kernel ``phi * k_g``, plus a local sparse GP
-    with its own kernel (SPEC section 1; pFedHGP paper, sections 3.1–3.8)::
+    with its own kernel (``docs/maths.md``, section 1; Yan 2026, sections 3.2–3.4)::
 
         y_i(x) = f_g(x) + f_delta_i(x) + f_i(x) + eps,  eps ~ N(0, s2_i)
 
@@ -167,7 +180,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ``"adam"`` is the paper's Algorithm 1: every parameter, the factors
         ``q(v_g)``, ``q(w_i)``, ``q(v_i)`` included, moves by Adam steps (one
         server step per round for the global block).  ``"closed_form"``
-        (beyond the paper, SPEC section 1) uses that the likelihood is
+        (beyond the paper, ``docs/maths.md`` section 7) uses that the likelihood is
         Gaussian: each round starts with an extra exchange in which every
         client uploads ``W_g^T W_g / s2_i`` (M x M) and
         ``W_g^T r_i / s2_i`` (M) at the current global block
@@ -185,11 +198,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Standardise the targets with the pooled mean and standard deviation,
         computed by the server from each client's count, sum and centred
         sum of squares only.
-    client_column : int, default=None
-        If given, column ``client_column`` of ``X`` holds each row's client
-        label and is not used as a feature (so the estimator works inside a
-        Pipeline or GridSearchCV without metadata routing). Overrides
-        ``groups``.
+    client_column : int or str, default=None
+        If given, this column of ``X`` holds each row's client label and is
+        not used as a feature (so the estimator works inside a Pipeline or
+        GridSearchCV without metadata routing). As in
+        :class:`~sklearn.compose.ColumnTransformer`, an int is a position
+        (negative counts from the end) and a str is a pandas column name.
+        The column is taken out before the features are converted to float,
+        so it may hold strings (``client_column="station"`` with
+        ``df[["station", "temp", "hum"]]``). Overrides ``groups``.
     n_jobs : int, default=None
         Number of parallel jobs for the clients' local steps
         (:class:`joblib.Parallel`; any joblib backend, e.g. dask, applies).
@@ -214,21 +231,40 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     y_offset_, y_scale_ : float
         Target standardisation.
     n_features_in_ : int
-        Number of columns of ``X`` seen in fit (including ``client_column``).
+        Number of columns of ``X`` seen in fit, *including* the
+        ``client_column``: the columns of ``X`` as passed, which is what
+        scikit-learn checks at predict and what a Pipeline step hands on.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names of ``X`` seen in fit (label column included), when
+        ``X`` was a DataFrame with string column names; predict then checks
+        them.
 
     Notes
     -----
-    Prediction for a client never seen in fit (or for ``groups=None`` when
-    several clients were fitted) uses the global posterior plus the *prior*
-    of the deviation and local parts (``m = 0``, ``S = I``, SPEC section 1),
+    Client labels are compared by value and type (``1`` and ``"1"`` are two
+    clients); None and NaN labels are rejected.  Prediction for a client
+    never seen in fit (or for ``groups=None`` when several clients were
+    fitted, which issues a :class:`ClientLabelWarning`, as does a label that
+    only matches a fitted one up to type, white space or case) uses the
+    global posterior plus the *prior*
+    of the deviation and local parts (``m = 0``, ``S = I``, ``docs/maths.md`` section 8),
     with the local kernel's lengthscales and variance set to the geometric
     mean over the fitted clients and the noise variance to their mean; its
     predictive variance is therefore wider.
 
     References
     ----------
-    pFedHGP paper (``papers/pfedhgp.txt``), sections 3.1–3.8, Algorithm 1,
-    eq. 30; Titsias (2009); Hensman et al. (2013).
+    H. Yan, "Personalized Federated Hierarchical Gaussian Processes for
+    Privacy-Preserving Modeling of Heterogeneous Distributed Systems", arXiv
+    preprint arXiv:2609.19337 (2026): sections 3.1–3.7, Algorithm 1, eq. 30
+    (sections 3.8, classification and clustering, and 3.9, the ILMM
+    multi-output form, are not implemented).
+
+    M. Titsias, "Variational learning of inducing variables in sparse
+    Gaussian processes", AISTATS 2009.
+
+    J. Hensman, N. Fusi, N. D. Lawrence, "Gaussian processes for big data",
+    UAI 2013.
 
     Examples
     --------
@@ -379,34 +415,46 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             )
         return self.variational_update
 
-    def _split_client_column(self, X, groups):
-        """Separate the client-label column from the features."""
-        if self.client_column is None:
-            return X, groups
-        j = self.client_column
-        if not isinstance(j, numbers.Integral) or not -X.shape[1] <= j < X.shape[1]:
-            raise ValueError(
-                f"client_column={j!r} is not a column index of X with {X.shape[1]} columns"
-            )
-        if X.shape[1] < 2:
-            raise ValueError("client_column needs X with at least one feature besides the labels")
-        labels = X[:, j]
-        keep = np.ones(X.shape[1], dtype=bool)
-        keep[j] = False
-        return np.ascontiguousarray(X[:, keep]), labels
+    def _validate_fit_data(self, X, y, groups):
+        """Features (float64), targets (1-D) and client labels (or None) of fit.
 
-    def _check_groups(self, groups, n, where):
-        if groups is None:
-            return None
-        groups = np.asarray(groups, dtype=object if not hasattr(groups, "dtype") else None)
-        if groups.ndim != 1:
-            groups = groups.reshape(-1) if groups.ndim == 2 and 1 in groups.shape else groups
-        if groups.ndim != 1 or groups.shape[0] != n:
-            raise ValueError(
-                f"groups passed to {where} must be 1-D with one label per row of X "
-                f"({n} rows), got shape {np.shape(groups)}"
+        With ``client_column`` the label column is taken out of ``X`` before
+        the features are converted to float (it may hold strings), and
+        ``n_features_in_``/``feature_names_in_`` describe ``X`` as passed,
+        label column included (see :func:`skfedgp._validation.split_client_column`).
+        """
+        if self.client_column is None:
+            X, y = validate_data(
+                self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
+                dtype=np.float64,
             )
-        return groups
+        else:
+            X, labels = split_client_column(self, X, self.client_column, reset=True)
+            X, y = check_X_y(X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
+                             dtype=np.float64, estimator=self)
+        if y.ndim == 2:
+            if y.shape[1] != 1:
+                raise ValueError(
+                    f"y has {y.shape[1]} columns; multi-output (ILMM) targets are not "
+                    "supported yet — pass one target column (shape (n,) or (n, 1))"
+                )
+            y = column_or_1d(y, warn=True)  # DataConversionWarning, as scikit-learn does
+        groups = check_groups(groups, X.shape[0], "fit")
+        if self.client_column is not None:  # the column overrides groups
+            check_labels_present(labels, f"client_column={self.client_column!r}")
+            groups = labels
+        return X, y, groups
+
+    def _validate_predict_X(self, X, groups, where):
+        """Features (float64) and client labels (or None) at prediction."""
+        if self.client_column is None:
+            X = validate_data(self, X, reset=False, dtype=np.float64)
+            return X, check_groups(groups, X.shape[0], where)
+        X, labels = split_client_column(self, X, self.client_column, reset=False)
+        X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
+        check_groups(groups, X.shape[0], where)
+        check_labels_present(labels, f"client_column={self.client_column!r}")
+        return X, labels
 
     # ------------------------------------------------------------------
     # fit
@@ -424,8 +472,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``DataConversionWarning``. Multi-output targets come with the
             ILMM extension (not yet available).
         groups : array-like of shape (n_samples,), default=None
-            Client label of each row (any hashable). None (and no
-            ``client_column``) means a single client.
+            Client label of each row (any hashable, not None/NaN). None (and
+            no ``client_column``) means a single client.
 
         Returns
         -------
@@ -437,7 +485,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ValueError
             NaN/inf in ``X`` or ``y``, inconsistent lengths, 1-D ``X``,
             ``y`` with more than one column, wrong ``groups`` length, a
-            client with fewer than 2 observations, or bad hyperparameters.
+            missing (None/NaN) client label, a ``client_column`` that is
+            not a column of ``X``, a client with fewer than 2 observations,
+            or bad hyperparameters.
         skfedgp._linalg.CholeskyError
             If a ``K_zz`` cannot be factorised even with jitter (names the
             matrix and client).
@@ -463,22 +513,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def _fit(self, X, y, groups):
         """Body of :meth:`fit` (which restores the fitted state on error)."""
         config, n_rounds = self._check_params()
-        X, y = validate_data(
-            self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
-            dtype=np.float64,
-        )
-        if y.ndim == 2:
-            if y.shape[1] != 1:
-                raise ValueError(
-                    f"y has {y.shape[1]} columns; multi-output (ILMM) targets are not "
-                    "supported yet — pass one target column (shape (n,) or (n, 1))"
-                )
-            y = column_or_1d(y, warn=True)  # DataConversionWarning, as scikit-learn does
-        groups = self._check_groups(groups, X.shape[0], "fit")
-        Xf, groups = self._split_client_column(X, groups)
+        Xf, y, groups = self._validate_fit_data(X, y, groups)
         if groups is None:
             groups = np.zeros(Xf.shape[0], dtype=int)
-        labels, inv = _unique_labels(groups)
+        labels, inv = unique_labels(groups)
         counts = np.bincount(inv, minlength=len(labels))
         small = [(lab, c) for lab, c in zip(labels, counts) if c < MIN_SAMPLES_PER_CLIENT]
         if small:
@@ -559,17 +597,24 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     # ------------------------------------------------------------------
     # prediction
     # ------------------------------------------------------------------
-    def _prepare_predict(self, X, groups):
+    def _prepare_predict(self, X, groups, where, stacklevel):
+        """Standardised features, distinct labels and the row-to-label index.
+
+        ``stacklevel`` counts the frames from this method up to the user's
+        call, for the :class:`ClientLabelWarning` of unmatched labels.
+        """
         check_is_fitted(self, "clients_")
-        X = validate_data(self, X, reset=False, dtype=np.float64)
-        groups = self._check_groups(groups, X.shape[0], "predict")
-        Xf, groups = self._split_client_column(X, groups)
+        Xf, groups = self._validate_predict_X(X, groups, where)
         if groups is None:
             if len(self.clients_) == 1:
                 groups = np.array([next(iter(self.clients_))] * Xf.shape[0], dtype=object)
             else:
+                warn_groups_missing(list(self.clients_), where, stacklevel=stacklevel)
                 groups = np.array([_Population] * Xf.shape[0], dtype=object)
-        labels, inv = _unique_labels(groups)
+            labels, inv = unique_labels(groups)
+        else:
+            labels, inv = unique_labels(groups)
+            warn_unmatched_labels(labels, self.clients_, where, stacklevel=stacklevel)
         Xs = np.ascontiguousarray((Xf - self.server_.x_offset) / self.server_.x_scale)
         return Xs, labels, inv
 
@@ -579,7 +624,6 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return self._population_local, label
         return client.local_values(), label
 
-    @single_threaded_blas()
     def predict(self, X, groups=None, return_std=False, return_cov=False):
         """Predictive distribution of the targets for each row's client.
 
@@ -588,15 +632,19 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         X : array-like of shape (n_samples, n_features)
             Test inputs (same columns as in fit).
         groups : array-like of shape (n_samples,), default=None
-            Client label of each row. Labels not seen in fit get the
-            population (prior-based) prediction described in the Notes of
-            the class. None: the single fitted client, or the population
-            prediction if several clients were fitted.
+            Client label of each row (ignored when ``client_column`` is
+            set). Labels not seen in fit get the population (prior-based)
+            prediction described in the Notes of the class. None: the single
+            fitted client, or the population prediction, with a
+            :class:`~skfedgp.regressor.ClientLabelWarning`, if several
+            clients were fitted.
         return_std : bool, default=False
             Also return the predictive standard deviation.
         return_cov : bool, default=False
             Also return the joint predictive covariance of all rows (rows of
-            different clients are correlated through the global part).
+            different clients are correlated through the global part). The
+            ``n_samples x n_samples`` result may take at most
+            :data:`MAX_COV_BYTES` bytes (2 GiB, 16 384 rows).
 
         Returns
         -------
@@ -611,27 +659,56 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            If both ``return_std`` and ``return_cov`` are set, or ``X`` is
-            invalid (NaN/inf, wrong number of features).
+            If both ``return_std`` and ``return_cov`` are set, ``X`` is
+            invalid (NaN/inf, wrong number of features) or a label is
+            missing (None/NaN).
+        MemoryError
+            If ``return_cov`` is set and the ``n_samples x n_samples``
+            covariance would exceed :data:`MAX_COV_BYTES`; raised before
+            anything of that size is allocated, with the memory needed.
         sklearn.exceptions.NotFittedError
             Before fit.
 
+        Warns
+        -----
+        ClientLabelWarning
+            ``groups=None`` on a model fitted with several clients, or a label
+            that is not a fitted client but matches one up to its type (``"1"``
+            for ``1``), white space or case: those rows get the population
+            prediction.
+
         Notes
         -----
-        SPEC section 1, "Prediction for client i" (paper eq. 30).
+        ``docs/maths.md``, section 8 (Yan 2026, eq. 30). Without
+        ``return_cov`` each client's rows are predicted in chunks of
+        :data:`PREDICT_CHUNK_ROWS`, so the working memory beyond the
+        returned arrays does not grow with ``n_samples``.
         """
+        return self._predict(X, groups, return_std, return_cov, "predict")
+
+    @single_threaded_blas()
+    def _predict(self, X, groups, return_std, return_cov, where):
+        """Body of :meth:`predict` and :meth:`score` (``where`` names the caller)."""
         if return_std and return_cov:
             raise ValueError("only one of return_std and return_cov can be requested")
-        Xf, labels, inv = self._prepare_predict(X, groups)
+        Xf, labels, inv = self._prepare_predict(X, groups, where, stacklevel=5)
+        n = Xf.shape[0]
+        if return_cov:
+            _check_cov_budget(n)
         if getattr(self, "variational_family_", "mean_field") == "structured":
             mean, var, cov = self._predict_structured(Xf, labels, inv, return_cov)
             return self._finish_predict(mean, var, cov, return_std, return_cov)
         G = self.server_.global_values()
         comps = self.components_
-        n = Xf.shape[0]
         mean = np.zeros(n)
         var = np.zeros(n)
-        cov = np.zeros((n, n)) if return_cov else None
+        cov = None
+        if return_cov:  # the global part couples all rows; start from it
+            if "global" in comps:
+                _, cov = predict_client(Xf, G, self._population_local, ("global",),
+                                        full_cov=True)
+            else:
+                cov = np.zeros((n, n))
         for k, lab in enumerate(labels):
             idx = np.flatnonzero(inv == k)
             B, cid = self._local_for(lab)
@@ -639,16 +716,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             if return_cov:
                 parts = predict_client(Xf[idx], G, B, comps, full_cov=True,
                                        per_component=True, client=cid)
-                m = sum(p[0] for p in parts.values())
+                mean[idx] = sum(p[0] for p in parts.values())
                 c = sum(p[1] for name, p in parts.items() if name != "global")
                 cov[np.ix_(idx, idx)] += c + B["noise_variance"] * np.eye(idx.size)
-            else:
-                m, v = predict_client(Xf[idx], G, B, comps, client=cid)
-                var[idx] = v + B["noise_variance"]
-            mean[idx] = m
-        if return_cov and "global" in comps:
-            _, cg = predict_client(Xf, G, self._population_local, ("global",), full_cov=True)
-            cov += cg
+                continue
+            for rows in _chunks(idx):
+                m, v = predict_client(Xf[rows], G, B, comps, client=cid)
+                mean[rows] = m
+                var[rows] = v + B["noise_variance"]
         return self._finish_predict(mean, var, cov, return_std, return_cov)
 
     def _finish_predict(self, mean, var, cov, return_std, return_cov):
@@ -659,7 +734,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if return_std:
             return y_mean, self.y_scale_ * np.sqrt(var)
         if return_cov:
-            return y_mean, self.y_scale_**2 * cov
+            cov *= self.y_scale_**2  # in place: no second n x n array
+            return y_mean, cov
         return y_mean
 
     # -- structured family ---------------------------------------------------
@@ -717,10 +793,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             blocks, mu_u, Sigma_u, H, E, s2 = self._structured_client(
                 _Population if cid is None else cid)
             if not return_cov:
-                m, v = predict_structured(Xf[idx], blocks, comps, phi, mu_u, Sigma_u, E,
-                                          client=cid)
-                mean[idx] = m
-                var[idx] = v + s2
+                for rows in _chunks(idx):
+                    m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
+                                              client=cid)
+                    mean[rows] = m
+                    var[rows] = v + s2
                 continue
             Ws = test_features(Xf[idx], blocks, client=cid)
             Fs = np.hstack(Ws)
@@ -749,9 +826,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def predict_components(self, X, groups=None):
         """Mean and standard deviation of each latent component.
 
-        The interpretable decomposition of SPEC section 1: the shared global
-        function, the client's deviation and its local part, each with its
-        own posterior uncertainty (latent, without noise).
+        The interpretable decomposition of ``docs/maths.md``, section 1: the
+        shared global function, the client's deviation and its local part,
+        each with its own posterior uncertainty (latent, without noise).
+        Rows are predicted in chunks of :data:`PREDICT_CHUNK_ROWS`; labels are
+        checked, and warned about, as in :meth:`predict`.
 
         Parameters
         ----------
@@ -767,30 +846,30 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             (n_samples,), target units. The predictive mean of
             :meth:`predict` equals ``y_offset_`` plus the sum of the means.
         """
-        Xf, labels, inv = self._prepare_predict(X, groups)
+        Xf, labels, inv = self._prepare_predict(X, groups, "predict_components", stacklevel=4)
         n = Xf.shape[0]
         out = {c: (np.zeros(n), np.zeros(n)) for c in self.components_}
         if getattr(self, "variational_family_", "mean_field") == "structured":
             G = self.server_.global_pack.unpack(self.server_.theta_global)
             for k, lab in enumerate(labels):
-                idx = np.flatnonzero(inv == k)
                 blocks, mu_u, Sigma_u, _, E, _ = self._structured_client(lab)
-                parts = predict_structured(Xf[idx], blocks, self.components_,
-                                           G.get("phi", 1.0), mu_u, Sigma_u, E,
-                                           per_component=True)
-                for name, (m, v) in parts.items():
-                    out[name][0][idx] = self.y_scale_ * m
-                    out[name][1][idx] = self.y_scale_ * np.sqrt(v)
+                for rows in _chunks(np.flatnonzero(inv == k)):
+                    parts = predict_structured(Xf[rows], blocks, self.components_,
+                                               G.get("phi", 1.0), mu_u, Sigma_u, E,
+                                               per_component=True)
+                    for name, (m, v) in parts.items():
+                        out[name][0][rows] = self.y_scale_ * m
+                        out[name][1][rows] = self.y_scale_ * np.sqrt(v)
             return out
         G = self.server_.global_values()
         for k, lab in enumerate(labels):
-            idx = np.flatnonzero(inv == k)
             B, cid = self._local_for(lab)
-            parts = predict_client(Xf[idx], G, B, self.components_, per_component=True,
-                                   client=None if lab is _Population else cid)
-            for name, (m, v) in parts.items():
-                out[name][0][idx] = self.y_scale_ * m
-                out[name][1][idx] = self.y_scale_ * np.sqrt(v)
+            for rows in _chunks(np.flatnonzero(inv == k)):
+                parts = predict_client(Xf[rows], G, B, self.components_, per_component=True,
+                                       client=None if lab is _Population else cid)
+                for name, (m, v) in parts.items():
+                    out[name][0][rows] = self.y_scale_ * m
+                    out[name][1][rows] = self.y_scale_ * np.sqrt(v)
         return out
 
     def score(self, X, y, groups=None, sample_weight=None):
@@ -801,20 +880,43 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         X : array-like of shape (n_samples, n_features)
         y : array-like of shape (n_samples,)
         groups : array-like of shape (n_samples,), default=None
-            As in :meth:`predict`.
+            As in :meth:`predict` (the same :class:`ClientLabelWarning` when
+            the rows fall back to the population prediction).
         sample_weight : array-like of shape (n_samples,), default=None
 
         Returns
         -------
         score : float
         """
-        return r2_score(y, self.predict(X, groups), sample_weight=sample_weight)
+        y_pred = self._predict(X, groups, False, False, "score")
+        return r2_score(y, y_pred, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.single_output = True
         tags.target_tags.multi_output = False
         return tags
+
+
+def _chunks(idx):
+    """Consecutive pieces of the row index ``idx`` of at most PREDICT_CHUNK_ROWS rows."""
+    step = max(1, int(PREDICT_CHUNK_ROWS))
+    return [idx[start:start + step] for start in range(0, idx.size, step)]
+
+
+def _check_cov_budget(n):
+    """Raise MemoryError if an ``n x n`` float64 covariance exceeds MAX_COV_BYTES."""
+    needed = 8 * n * n
+    if needed > MAX_COV_BYTES:
+        gib = 1024**3
+        max_rows = int(np.sqrt(MAX_COV_BYTES / 8))
+        raise MemoryError(
+            f"predict(return_cov=True) on {n} rows needs a {n} x {n} float64 covariance of "
+            f"{needed / gib:.1f} GiB ({needed} bytes; computing it takes a few times that), "
+            f"above the budget skfedgp.regressor.MAX_COV_BYTES = {MAX_COV_BYTES / gib:.1f} GiB "
+            f"(at most {max_rows} rows). Use return_std=True for the marginal variances, "
+            "or ask for the joint covariance of fewer rows."
+        )
 
 
 class _PopulationLabel:

@@ -1,0 +1,355 @@
+"""Client labels: the ``groups`` argument, the ``client_column`` of ``X``,
+and the checks that keep a label mistake from passing silently.
+
+Shared by the estimators (:mod:`skfedgp.regressor` today).  Nothing here
+depends on the model; the functions only validate and split inputs.
+
+Conventions
+-----------
+* A client label is any hashable value that is not missing: ``None``,
+  ``float('nan')``, ``pandas.NA`` and ``NaT`` are rejected (``ValueError``
+  naming how many rows and which).
+* Labels are compared as Python dictionary keys do, by value *and* type:
+  ``1``, ``1.0`` and ``np.int64(1)`` are the same client, ``"1"`` is
+  another one.  A label at prediction time that is not a fitted client but
+  looks like one (``"1"`` when ``1`` was fitted, ``"A "`` or ``"a"`` when
+  ``"A"`` was) gets the population prediction *and* a
+  :class:`ClientLabelWarning` naming both labels.
+* ``client_column`` follows :class:`sklearn.compose.ColumnTransformer`: an
+  int is a position (negative counts from the end), a string is a pandas
+  column name.  The label column is taken out of ``X`` before the features
+  are converted to float, so it may hold strings.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import numpy as np
+from scipy import sparse
+from sklearn.utils.validation import validate_data
+
+__all__ = [
+    "ClientLabelWarning",
+    "unique_labels",
+    "check_groups",
+    "check_labels_present",
+    "split_client_column",
+    "warn_unmatched_labels",
+    "warn_groups_missing",
+]
+
+#: How many labels a warning or error message lists before it shortens.
+_MAX_LISTED = 10
+
+
+class ClientLabelWarning(UserWarning):
+    """A prediction falls back to the population model because of its labels.
+
+    Issued by ``predict``, ``predict_components`` and ``score`` when
+
+    * ``groups`` is None (and there is no ``client_column``) although the
+      model was fitted with several clients: every row gets the population
+      prediction (global part plus the prior of the client parts), not any
+      fitted client's; or
+    * a label was not seen in fit but matches a fitted client's label up to
+      its type, surrounding white space or letter case (for example ``"1"``
+      when the integer ``1`` was fitted): its rows get the population
+      prediction, which is probably not what was meant.
+
+    Pass an explicit label that was never fitted (e.g. ``"new-site"``) to ask
+    for the population prediction without this warning, or filter it with
+    :func:`warnings.filterwarnings`.
+    """
+
+
+def _listing(labels):
+    """``'a', 'b', ... (N in all)`` for messages."""
+    labels = list(labels)
+    shown = ", ".join(repr(lab) for lab in labels[:_MAX_LISTED])
+    if len(labels) > _MAX_LISTED:
+        shown += f", ... ({len(labels)} in all)"
+    return shown
+
+
+def unique_labels(labels):
+    """Sorted unique labels and the inverse index (first-seen order if unorderable).
+
+    Parameters
+    ----------
+    labels : array-like of shape (n,)
+        Hashable labels. A list is taken as objects: ``[0, 1, "new"]`` keeps
+        the int labels as ints (NumPy would turn them all into strings).
+
+    Returns
+    -------
+    uniq : list of length n_labels
+        Distinct labels as plain Python values (``0``, ``'a'``, not
+        ``np.int64(0)``), sorted when they can be compared.
+    inv : ndarray of shape (n,), int
+        ``uniq[inv[r]]`` is the label of row ``r``.
+    """
+    if not isinstance(labels, np.ndarray):
+        labels = np.asarray(list(labels) + [None], dtype=object)[:-1]
+    try:
+        uniq, inv = np.unique(labels, return_inverse=True)
+        # plain Python labels (``0``, ``'a'``, not ``np.int64(0)``) in clients_ and messages
+        return [u.item() if isinstance(u, np.generic) else u for u in uniq], inv.ravel()
+    except TypeError:
+        order = {}
+        inv = np.empty(len(labels), dtype=int)
+        for i, lab in enumerate(labels):
+            inv[i] = order.setdefault(lab, len(order))
+        return list(order), inv
+
+
+def _missing_mask(labels):
+    """Boolean mask of missing labels (None, NaN, pandas.NA, NaT)."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind in "fc":
+        return np.isnan(labels)
+    if labels.dtype.kind == "M" or labels.dtype.kind == "m":
+        return np.isnat(labels)
+    if labels.dtype.kind != "O":
+        return np.zeros(labels.shape, dtype=bool)
+    import pandas as pd  # a dependency; imported only for object labels
+
+    return np.asarray(pd.isna(labels), dtype=bool)
+
+
+def check_labels_present(labels, source):
+    """Raise if any client label is missing.
+
+    Parameters
+    ----------
+    labels : ndarray of shape (n,)
+    source : str
+        What the labels are, for the message (``"groups passed to fit"``,
+        ``"client_column 'station'"``).
+
+    Raises
+    ------
+    ValueError
+        If a label is None, NaN, ``pandas.NA`` or ``NaT``; the message gives
+        the number of such rows and the first row indices.
+    """
+    bad = np.flatnonzero(_missing_mask(labels))
+    if bad.size:
+        rows = ", ".join(str(r) for r in bad[:_MAX_LISTED])
+        more = ", ..." if bad.size > _MAX_LISTED else ""
+        raise ValueError(
+            f"{source} has {bad.size} missing client label(s) (None or NaN) of "
+            f"{len(labels)} rows, at row(s) {rows}{more}; client labels must be "
+            "non-missing (drop those rows or give them a label)"
+        )
+
+
+def check_groups(groups, n, where):
+    """Validate ``groups``: one non-missing label per row of ``X``.
+
+    Parameters
+    ----------
+    groups : array-like of shape (n,) or (n, 1), or None
+    n : int
+        Number of rows of ``X``.
+    where : str
+        ``"fit"``, ``"predict"``, ... for the messages.
+
+    Returns
+    -------
+    groups : ndarray of shape (n,) or None
+
+    Raises
+    ------
+    ValueError
+        Wrong length or shape, or a missing label.
+    """
+    if groups is None:
+        return None
+    groups = np.asarray(groups, dtype=object if not hasattr(groups, "dtype") else None)
+    if groups.ndim != 1:
+        groups = groups.reshape(-1) if groups.ndim == 2 and 1 in groups.shape else groups
+    if groups.ndim != 1 or groups.shape[0] != n:
+        raise ValueError(
+            f"groups passed to {where} must be 1-D with one label per row of X "
+            f"({n} rows), got shape {np.shape(groups)}"
+        )
+    check_labels_present(groups, f"groups passed to {where}")
+    return groups
+
+
+def _column_position(X, column, n_columns):
+    """Position of ``client_column`` in ``X`` (int position or pandas name)."""
+    is_frame = hasattr(X, "columns") and hasattr(X, "iloc")
+    if isinstance(column, numbers.Integral) and not isinstance(column, bool):
+        if not -n_columns <= column < n_columns:
+            raise ValueError(
+                f"client_column={column!r} is not a column index of X with {n_columns} columns"
+            )
+        return int(column) % n_columns
+    if isinstance(column, str):
+        if not is_frame:
+            raise ValueError(
+                f"client_column={column!r} is a column name, but X has no column names "
+                f"(it is a {type(X).__name__}, not a pandas DataFrame); pass the column's "
+                "integer position instead"
+            )
+        # (scikit-learn has already rejected duplicate string column names)
+        matches = np.flatnonzero(np.asarray(X.columns == column))
+        if matches.size == 0:
+            raise ValueError(
+                f"client_column={column!r} is not a column of X; X has columns "
+                f"{_listing(X.columns)}"
+            )
+        return int(matches[0])
+    raise ValueError(
+        f"client_column={column!r} is not a column index of X with {n_columns} columns "
+        "(expected an int position or, for a pandas DataFrame, a column name)"
+    )
+
+
+def split_client_column(estimator, X, column, *, reset):
+    """Take the client-label column out of ``X`` before numeric validation.
+
+    ``estimator.n_features_in_`` (and ``feature_names_in_`` for a DataFrame
+    with string column names) describe ``X`` *as passed*, label column
+    included, as scikit-learn expects of any estimator: they are set when
+    ``reset`` is true (fit) and checked otherwise (predict).
+
+    Parameters
+    ----------
+    estimator : BaseEstimator
+    X : array-like or pandas.DataFrame of shape (n_samples, n_columns)
+        May hold strings in the label column (the features must be numeric).
+    column : int or str
+        ``client_column``: an int position (negative counts from the end) or,
+        for a DataFrame, a column name.
+    reset : bool
+        True in fit, False in predict.
+
+    Returns
+    -------
+    features : ndarray or pandas.DataFrame of shape (n_samples, n_columns - 1)
+        The other columns, not yet converted to float.
+    labels : ndarray of shape (n_samples,), object or numeric
+        The label column.
+
+    Raises
+    ------
+    ValueError
+        ``X`` not 2-D, ``column`` not a position or name of ``X``, no feature
+        left besides the labels, wrong number of columns or different
+        column names at predict.
+    TypeError
+        Sparse ``X`` (not supported).
+    """
+    if sparse.issparse(X):
+        raise TypeError(
+            "Sparse data was passed to a federated GP estimator; it needs dense X "
+            "(call X.toarray())"
+        )
+    is_frame = hasattr(X, "columns") and hasattr(X, "iloc")
+    if not is_frame:
+        X = X if isinstance(X, np.ndarray) else np.asarray(X, dtype=object)
+        if X.ndim != 2:
+            raise ValueError(
+                f"Expected a 2D array X with the client labels in column {column!r}, got an "
+                f"array of shape {X.shape}; reshape a single feature with X.reshape(-1, 1) "
+                "and add the label column"
+            )
+    validate_data(estimator, X, reset=reset, skip_check_array=True)
+    n_columns = X.shape[1]
+    j = _column_position(X, column, n_columns)
+    if n_columns < 2:
+        raise ValueError("client_column needs X with at least one feature besides the labels")
+    keep = [k for k in range(n_columns) if k != j]
+    if is_frame:
+        return X.iloc[:, keep], X.iloc[:, j].to_numpy(dtype=object)
+    return X[:, keep], X[:, j]
+
+
+def _loose_key(label):
+    """A label with type, surrounding space and case ignored (for hints only)."""
+    if isinstance(label, (bytes, np.bytes_)):
+        label = label.decode("utf-8", errors="replace")
+    if isinstance(label, str):
+        text = label.strip()
+        try:
+            return ("number", float(text))
+        except ValueError:
+            return ("text", text.casefold())
+    if isinstance(label, numbers.Real):
+        return ("number", float(label))
+    return ("other", str(label).strip().casefold())
+
+
+def warn_unmatched_labels(labels, fitted, where, stacklevel=2):
+    """Warn about labels that are not fitted clients but look like one.
+
+    Parameters
+    ----------
+    labels : list
+        Distinct labels passed to ``where``.
+    fitted : collection
+        Labels of the fitted clients.
+    where : str
+        Method name for the message.
+    stacklevel : int, default=2
+
+    Warns
+    -----
+    ClientLabelWarning
+        Naming each such label, its type, and the fitted label it resembles.
+    """
+    unseen = [lab for lab in labels if lab not in fitted]
+    if not unseen:
+        return
+    keys = {}
+    for lab in fitted:
+        keys.setdefault(_loose_key(lab), lab)
+    pairs = [(lab, keys[_loose_key(lab)]) for lab in unseen if _loose_key(lab) in keys]
+    if not pairs:
+        return
+    described = "; ".join(
+        f"{new!r} ({type(new).__name__}) is not a fitted client, but {old!r} "
+        f"({type(old).__name__}) is"
+        for new, old in pairs[:_MAX_LISTED]
+    )
+    if len(pairs) > _MAX_LISTED:
+        described += f"; ... ({len(pairs)} such labels)"
+    warnings.warn(
+        f"{where}: {described}. Client labels must match the labels given to fit in value "
+        "and type (1 and '1' are different clients), so these rows get the population "
+        "prediction (global part plus the prior of the client parts), not that client's. "
+        "Convert the labels to the type used in fit.",
+        ClientLabelWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def warn_groups_missing(fitted, where, stacklevel=2):
+    """Warn that ``groups=None`` on a several-client model means population rows.
+
+    Parameters
+    ----------
+    fitted : collection
+        Labels of the fitted clients (more than one).
+    where : str
+        Method name for the message.
+    stacklevel : int, default=2
+
+    Warns
+    -----
+    ClientLabelWarning
+    """
+    warnings.warn(
+        f"{where} was called with groups=None on a model fitted with {len(fitted)} clients "
+        f"({_listing(fitted)}): every row gets the population prediction (global part "
+        "plus the prior of the client parts), not any fitted client's prediction. Pass "
+        "groups= (one client label per row) to predict for fitted clients, or an explicit "
+        "label that was never fitted (e.g. 'new-site') to ask for the population "
+        "prediction without this warning.",
+        ClientLabelWarning,
+        stacklevel=stacklevel + 1,
+    )

@@ -1,0 +1,314 @@
+"""Client labels seen through :class:`FederatedHierarchicalGPRegressor`
+(issue 6, item 4): ``client_column`` with string labels in a pandas
+DataFrame, by position or by name; missing labels rejected by name; and no
+silent population prediction when ``groups`` is left out or its labels have
+another type than in ``fit``."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from numpy.testing import assert_array_equal
+
+from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp.regressor import ClientLabelWarning
+
+FAST = dict(n_rounds=2, local_steps=3, n_inducing=5, n_inducing_local=5, random_state=0)
+STATIONS = ["Dongsi", "Shunyi", "Tiantan"]
+
+
+@pytest.fixture(scope="module")
+def frame():
+    """Three stations of 20 rows: string labels, two numeric features."""
+    rng = np.random.default_rng(0)
+    n = 60
+    df = pd.DataFrame({
+        "station": np.repeat(STATIONS, 20),
+        "temp": rng.normal(10.0, 5.0, n),
+        "hum": rng.uniform(20.0, 90.0, n),
+        "wind": rng.uniform(0.0, 5.0, n),
+    })
+    y = 0.3 * df["temp"].to_numpy() - 0.02 * df["hum"].to_numpy() + 0.1 * rng.normal(size=n)
+    return df, y
+
+
+@pytest.fixture(scope="module")
+def reference(frame):
+    """The same model fitted from the numeric features and groups=."""
+    df, y = frame
+    est = FederatedHierarchicalGPRegressor(**FAST).fit(df[["temp", "hum"]], y, df["station"])
+    return est, est.predict(df[["temp", "hum"]], df["station"].to_numpy())
+
+
+def _silent():
+    """A context in which any warning is an error."""
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("error")
+    return ctx
+
+
+# --------------------------------------------------------------------------
+# client_column with string labels (the issue's input and its kind)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("column", [0, "station", -3])
+def test_issue_input_dataframe_with_string_station(frame, reference, column):
+    df, y = frame
+    X = df[["station", "temp", "hum"]]
+    est = FederatedHierarchicalGPRegressor(client_column=column, **FAST).fit(X, y)
+    assert sorted(est.clients_) == STATIONS
+    # n_features_in_ / feature_names_in_ describe X as passed, label column included
+    assert est.n_features_in_ == 3
+    assert_array_equal(est.feature_names_in_, ["station", "temp", "hum"])
+    assert_array_equal(est.predict(X), reference[1])
+    assert est.score(X, y) == pytest.approx(reference[0].score(df[["temp", "hum"]], y,
+                                                               df["station"]), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "make_X, column",
+    [
+        (lambda df: df[["temp", "station", "hum"]], 1),                  # label in the middle
+        (lambda df: df[["temp", "hum", "station"]], -1),                 # last, negative index
+        (lambda df: df[["temp", "hum", "station"]], "station"),
+        (lambda df: df[["station", "temp", "hum"]].astype({"station": "category"}), "station"),
+        (lambda df: df[["station", "temp", "hum"]].astype({"station": object}), 0),
+        (lambda df: df[["station", "temp", "hum"]].to_numpy(dtype=object), 0),   # object array
+        (lambda df: df[["station", "temp", "hum"]].values.tolist(), 0),          # list of rows
+    ],
+    ids=["middle", "last-negative", "last-by-name", "categorical", "object-dtype",
+         "object-ndarray", "list-of-rows"],
+)
+def test_string_label_column_anywhere_any_container(frame, reference, make_X, column):
+    df, y = frame
+    X = make_X(df)
+    est = FederatedHierarchicalGPRegressor(client_column=column, **FAST).fit(X, y)
+    assert sorted(est.clients_) == STATIONS
+    assert est.n_features_in_ == 3
+    pred = est.predict(X)
+    # column order of the features is the same as the reference's (temp, hum)
+    assert_array_equal(pred, reference[1])
+
+
+def test_integer_column_is_a_position_even_with_integer_column_names(frame, reference):
+    """As in ColumnTransformer: an int is a position, a str a name."""
+    df, y = frame
+    X = df[["temp", "station", "hum"]].set_axis([0, 1, 2], axis=1)  # name 0 is at position 0
+    est = FederatedHierarchicalGPRegressor(client_column=1, **FAST).fit(X, y)
+    assert sorted(est.clients_) == STATIONS
+    assert not hasattr(est, "feature_names_in_")  # integer names are not feature names
+    assert_array_equal(est.predict(X), reference[1])
+
+
+@pytest.mark.filterwarnings("ignore:X does not have valid feature names")
+def test_predict_checks_columns_against_fit(frame):
+    df, y = frame
+    X = df[["station", "temp", "hum"]]
+    est = FederatedHierarchicalGPRegressor(client_column="station", **FAST).fit(X, y)
+    with pytest.raises(ValueError, match="feature names should match"):
+        est.predict(df[["station", "hum", "temp"]])
+    with pytest.raises(ValueError, match="Feature names unseen at fit time:\n- wind"):
+        est.predict(df[["station", "temp", "hum", "wind"]])
+    pos = FederatedHierarchicalGPRegressor(client_column=0, **FAST).fit(X.to_numpy(), y)
+    with pytest.raises(ValueError, match="X has 4 features, but FederatedHierarchicalGPRegressor "
+                                         "is expecting 3 features"):
+        pos.predict(df[["station", "temp", "hum", "wind"]].to_numpy())
+    with pytest.raises(ValueError, match="'station' is a column name, but X has no column names"):
+        est.predict(X.to_numpy())
+    with pytest.raises(ValueError, match="could not convert string to float"):
+        est.predict(df[["temp", "station", "hum"]].set_axis(["station", "temp", "hum"], axis=1))
+
+
+@pytest.mark.parametrize(
+    "column, match",
+    [
+        ("city", r"client_column='city' is not a column of X; X has columns 'station', 'temp'"),
+        (3, r"client_column=3 is not a column index of X with 3 columns"),
+        (-4, r"client_column=-4 is not a column index of X with 3 columns"),
+        (True, r"client_column=True is not a column index"),
+        (0.0, r"client_column=0.0 is not a column index"),
+    ],
+)
+def test_bad_client_column_for_dataframe(frame, column, match):
+    df, y = frame
+    with pytest.raises(ValueError, match=match):
+        FederatedHierarchicalGPRegressor(client_column=column, **FAST).fit(
+            df[["station", "temp", "hum"]], y)
+
+
+def test_features_still_must_be_numeric_and_finite(frame):
+    df, y = frame
+    X = df[["station", "temp", "hum"]].copy()
+    X["temp"] = X["temp"].astype(object)
+    X.loc[4, "temp"] = "warm"
+    with pytest.raises(ValueError, match="could not convert string to float"):
+        FederatedHierarchicalGPRegressor(client_column=0, **FAST).fit(X, y)
+    X = df[["station", "temp", "hum"]].copy()
+    X.loc[4, "hum"] = np.nan
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        FederatedHierarchicalGPRegressor(client_column=0, **FAST).fit(X, y)
+
+
+# --------------------------------------------------------------------------
+# missing labels
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", [None, np.nan, pd.NA, float("nan")])
+def test_missing_label_in_groups_rejected(frame, missing):
+    df, y = frame
+    g = df["station"].to_numpy(dtype=object).copy()
+    g[[3, 41]] = missing
+    with pytest.raises(ValueError, match=r"groups passed to fit has 2 missing client label\(s\) "
+                                         r"\(None or NaN\) of 60 rows, at row\(s\) 3, 41; client "
+                                         r"labels must be non-missing"):
+        FederatedHierarchicalGPRegressor(**FAST).fit(df[["temp", "hum"]], y, g)
+
+
+def test_missing_label_in_groups_as_list_and_series(frame):
+    df, y = frame
+    g = list(df["station"])
+    g[7] = None
+    with pytest.raises(ValueError, match=r"has 1 missing client label.* at row\(s\) 7;"):
+        FederatedHierarchicalGPRegressor(**FAST).fit(df[["temp", "hum"]], y, g)
+    s = df["station"].copy()
+    s[[0, 1, 2]] = None
+    with pytest.raises(ValueError, match=r"has 3 missing client label.* at row\(s\) 0, 1, 2;"):
+        FederatedHierarchicalGPRegressor(**FAST).fit(df[["temp", "hum"]], y, s)
+    num = np.repeat([1.0, 2.0, 3.0], 20)
+    num[59] = np.nan
+    with pytest.raises(ValueError, match=r"has 1 missing client label.* at row\(s\) 59;"):
+        FederatedHierarchicalGPRegressor(**FAST).fit(df[["temp", "hum"]], y, num)
+
+
+@pytest.mark.parametrize("missing", [None, np.nan])
+def test_missing_label_in_client_column_rejected(frame, missing):
+    df, y = frame
+    X = df[["station", "temp", "hum"]].copy()
+    X.loc[[5, 6], "station"] = missing
+    with pytest.raises(ValueError, match=r"client_column='station' has 2 missing client "
+                                         r"label\(s\) \(None or NaN\) of 60 rows, at row\(s\) 5, 6"):
+        FederatedHierarchicalGPRegressor(client_column="station", **FAST).fit(X, y)
+
+
+def test_missing_label_in_numeric_label_column_rejected(frame):
+    """A NaN in a float label column is named as a missing label, not 'X contains NaN'."""
+    df, y = frame
+    X = np.column_stack([np.repeat([0.0, 1.0, 2.0], 20), df[["temp", "hum"]].to_numpy()])
+    X[10, 0] = np.nan
+    with pytest.raises(ValueError, match=r"client_column=0 has 1 missing client label"):
+        FederatedHierarchicalGPRegressor(client_column=0, **FAST).fit(X, y)
+
+
+def test_missing_label_rejected_at_predict(frame, reference):
+    df, _ = frame
+    est = reference[0]
+    g = df["station"].to_numpy(dtype=object)[:4].copy()
+    g[2] = None
+    with pytest.raises(ValueError, match=r"groups passed to predict has 1 missing client label"):
+        est.predict(df[["temp", "hum"]][:4], g)
+    with pytest.raises(ValueError, match=r"groups passed to predict_components has 1 missing"):
+        est.predict_components(df[["temp", "hum"]][:4], g)
+
+
+# --------------------------------------------------------------------------
+# no silent population prediction
+# --------------------------------------------------------------------------
+
+
+def test_groups_none_with_several_clients_warns(frame, reference):
+    df, y = frame
+    est = reference[0]
+    X = df[["temp", "hum"]]
+    with pytest.warns(ClientLabelWarning, match=r"predict was called with groups=None on a model "
+                                                r"fitted with 3 clients \('Dongsi', 'Shunyi', "
+                                                r"'Tiantan'\): every row gets the population"):
+        pred = est.predict(X)
+    # the fallback itself is unchanged: the same as an explicit unseen label
+    ctx = _silent()
+    try:
+        assert_array_equal(pred, est.predict(X, ["new-site"] * len(X)))
+    finally:
+        ctx.__exit__(None, None, None)
+    with pytest.warns(ClientLabelWarning, match="score was called with groups=None"):
+        est.score(X, y)
+    with pytest.warns(ClientLabelWarning, match="predict_components was called with groups=None"):
+        est.predict_components(X)
+    with pytest.warns(ClientLabelWarning, match="groups=None"):
+        est.predict(X, return_std=True)
+
+
+def test_no_warning_when_labels_are_right(frame, reference):
+    df, y = frame
+    est, _ = reference
+    X = df[["temp", "hum"]]
+    ctx = _silent()
+    try:
+        est.predict(X, df["station"])
+        est.score(X, y, df["station"].to_numpy())
+        est.predict(X, ["new-site"] * len(X))          # explicit population request
+        est.predict(X[:2], ["Dongsi", "elsewhere"])     # seen and unseen, no look-alike
+        one = FederatedHierarchicalGPRegressor(**FAST).fit(X, y)  # a single client
+        one.predict(X)
+        one.score(X, y)
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+def _int_fitted(frame):
+    df, y = frame
+    g = np.repeat([1, 2, 3], 20)
+    return FederatedHierarchicalGPRegressor(**FAST).fit(df[["temp", "hum"]], y, g), g
+
+
+def test_issue_input_int_labels_in_fit_str_in_predict_warns(frame):
+    df, y = frame
+    est, g = _int_fitted(frame)
+    X = df[["temp", "hum"]]
+    with pytest.warns(ClientLabelWarning,
+                      match=r"predict: '1' \(str\) is not a fitted client, but 1 \(int\) is; "
+                            r"'2' \(str\) is not a fitted client, but 2 \(int\) is; '3' \(str\) "
+                            r"is not a fitted client, but 3 \(int\) is\. Client labels must match"):
+        pred = est.predict(X, g.astype(str))
+    assert_array_equal(pred, est.predict(X, ["unseen"] * len(X)))  # what the rows got
+    assert not np.allclose(pred, est.predict(X, g))
+    with pytest.warns(ClientLabelWarning, match=r"score: '1' \(str\) is not a fitted client"):
+        est.score(X, y, g.astype(str))
+
+
+@pytest.mark.parametrize(
+    "fit_labels, predict_labels, named",
+    [
+        (["1", "2", "3"], [1, 2, 3], r"1 \(int\) is not a fitted client, but '1' \(str\) is"),
+        ([1, 2, 3], [1.5, "2.0", 3], r"'2.0' \(str\) is not a fitted client, but 2 \(int\) is"),
+        ([1, 2, 3], ["01", 2, 3], r"'01' \(str\) is not a fitted client, but 1 \(int\) is"),
+        (["A", "B", "C"], [" A", "B", "C"], r"' A' \(str\) is not a fitted client, but 'A'"),
+        (["Dongsi", "Shunyi", "Tiantan"], ["dongsi", "Shunyi", "x"],
+         r"'dongsi' \(str\) is not a fitted client, but 'Dongsi' \(str\) is"),
+        ([b"a", b"b", b"c"], ["a", "b", "c"], r"'a' \(str\) is not a fitted client, but b'a'"),
+    ],
+)
+def test_look_alike_labels_warn(frame, fit_labels, predict_labels, named):
+    df, y = frame
+    g = np.repeat(np.asarray(fit_labels, dtype=object), 20)
+    est = FederatedHierarchicalGPRegressor(**FAST).fit(df[["temp", "hum"]], y, g)
+    with pytest.warns(ClientLabelWarning, match=named):
+        est.predict(df[["temp", "hum"]][:3], predict_labels)
+
+
+def test_look_alike_labels_in_client_column_warn(frame):
+    """Fitted with integer station codes in the frame, predicted with string codes."""
+    df, y = frame
+    X = df[["station", "temp", "hum"]].assign(station=np.repeat([10, 20, 30], 20))
+    est = FederatedHierarchicalGPRegressor(client_column="station", **FAST).fit(X, y)
+    assert sorted(est.clients_) == [10, 20, 30]
+    with pytest.warns(ClientLabelWarning, match=r"'10' \(str\) is not a fitted client, but 10"):
+        est.predict(X.astype({"station": str}))
+    ctx = _silent()
+    try:
+        est.predict(X)  # the same labels as in fit: no warning
+    finally:
+        ctx.__exit__(None, None, None)
