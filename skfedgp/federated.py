@@ -652,7 +652,7 @@ class Server:
         d = self.d
         ell = (pop.lengthscale if cfg.lengthscale is None
                else _default_lengthscale(cfg.lengthscale, self.x_scale, 0.0))
-        ell = np.clip(ell, 1.01e-3, 0.99e3)
+        ell = check_in_bounds("lengthscale_g", ell, cfg.lengthscale is not None)
         if cfg.n_inducing == "auto":
             M = auto_inducing(ell, np.ones(d), per_lengthscale=AUTO_PER_LENGTHSCALE,
                               minimum=AUTO_MIN_INDUCING,
@@ -669,9 +669,11 @@ class Server:
                 warnings.simplefilter("ignore", UserWarning)
                 values["Z_g"] = sob.random(M)
             var = pop.variance if cfg.variance is None else float(cfg.variance)
-            values.update(lengthscale_g=ell, variance_g=float(np.clip(var, 1.01e-6, 0.99e6)))
+            values.update(lengthscale_g=ell,
+                          variance_g=check_in_bounds("variance_g", var, cfg.variance is not None))
         if "phi" in gpack.slices:
-            values["phi"] = 0.1 if cfg.phi is None else float(cfg.phi)
+            values["phi"] = check_in_bounds("phi", 0.1 if cfg.phi is None else cfg.phi,
+                                            cfg.phi is not None)
         self.global_pack = gpack
         self.theta_global = gpack.pack(values) if gpack.size else np.zeros(0)
         self.n_inducing_ = M
@@ -1037,6 +1039,38 @@ def log_bounds(pack):
     return out
 
 
+def check_in_bounds(name, value, given):
+    """Clip a data-derived initial value into its range; refuse a given one outside it.
+
+    Parameters
+    ----------
+    name : str
+        Key of :data:`LOG_BOUNDS`.
+    value : float or ndarray
+        Initial value (scaled input units, standardised target units).
+    given : bool
+        Whether the user set it (then a value outside the range is an error).
+
+    Returns
+    -------
+    float or ndarray
+
+    Raises
+    ------
+    ValueError
+        If a user-given value lies outside the range.
+    """
+    lo, hi = LOG_BOUNDS[name]
+    v = np.asarray(value, dtype=float)
+    if given and (np.any(v < lo) or np.any(v > hi)):
+        raise ValueError(
+            f"the initial {name} {value} (in the model's scaled units: inputs scaled to the "
+            f"unit box, targets standardised) lies outside the optimiser's range "
+            f"[{lo:g}, {hi:g}]")
+    v = np.clip(v, lo * 1.01, hi * 0.99)
+    return float(v) if v.ndim == 0 else v
+
+
 def clip_to_bounds(theta, bounds):
     """Clip a vector into L-BFGS-B bounds."""
     lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
@@ -1190,11 +1224,16 @@ class StructuredClient:
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
             var = (0.1 * p.variance if config.local_variance is None
                    else float(config.local_variance))
-            values.update(Z_l=Zl, lengthscale_l=np.clip(ell, 1.01e-3, 0.99e3),
-                          variance_l=float(np.clip(var, 1.01e-6, 0.99e6)))
+            values.update(
+                Z_l=Zl,
+                lengthscale_l=check_in_bounds("lengthscale_l", ell,
+                                              config.local_lengthscale is not None),
+                variance_l=check_in_bounds("variance_l", var, config.local_variance is not None))
         s2 = (p.noise_variance if config.noise_variance is None
               else float(config.noise_variance) / self._y_scale**2)
-        values["noise_variance"] = float(np.clip(s2, 2.0 * NOISE_FLOOR, 0.99e4))
+        # a given noise variance below the floor (e.g. noise-free data) starts just above it
+        values["noise_variance"] = check_in_bounds("noise_variance", max(s2, 2.0 * NOISE_FLOOR),
+                                                   config.noise_variance is not None)
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
         self.theta = self.pack.pack(values)

@@ -11,6 +11,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
 import skfedgp._hierarchy as hierarchy
+import skfedgp._structured as structured
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp._linalg import CholeskyError
 
@@ -138,8 +139,16 @@ def test_client_column_needs_a_feature(data):
 @pytest.mark.parametrize(
     "params, match",
     [
-        ({"n_inducing": 0}, r"n_inducing must be an integer >= 1, got 0"),
-        ({"n_inducing": 2.5}, r"n_inducing must be an integer >= 1, got 2.5"),
+        ({"n_inducing": 0}, r"n_inducing must be an integer >= 1 or 'auto', got 0"),
+        ({"n_inducing": 2.5}, r"n_inducing must be an integer >= 1 or 'auto', got 2.5"),
+        ({"n_inducing": "many"}, r"n_inducing must be an integer >= 1 or 'auto', got 'many'"),
+        ({"variational_family": "full"}, r"variational_family must be 'structured' or "
+                                         r"'mean_field', got 'full'"),
+        ({"optimizer": "sgd"}, r"optimizer must be 'lbfgs' or 'adam', got 'sgd'"),
+        ({"variational_family": "mean_field"}, r"optimizer='lbfgs' needs "
+                                               r"variational_family='structured'"),
+        ({"tol": -1.0}, r"tol must be a finite number >= 0, got -1.0"),
+        ({"global_steps": -2}, r"global_steps must be an integer >= 0"),
         ({"n_inducing_local": -3}, r"n_inducing_local must be an integer >= 1"),
         ({"n_rounds": -1}, r"n_rounds must be an integer >= 0"),
         ({"local_steps": True}, r"local_steps must be an integer"),
@@ -179,25 +188,41 @@ def _coincident_client_data():
     return X, y, np.repeat(["a", "b"], 30)
 
 
-def test_cholesky_failure_names_matrix_and_client(monkeypatch):
+def _tiny_jitter(monkeypatch, family):
+    """Shrink the starting jitter below machine precision in the training path.
+
+    The escalation then tries 1e-22 ... 1e-17, all lost in rounding against
+    the variance: the real factorisation runs on the real, numerically
+    singular matrix and must fail after escalation; the Cholesky routine
+    itself is not replaced.
+    """
+    if family == "mean_field":
+        build_blocks = hierarchy.build_blocks
+
+        def tiny(G, B, components):
+            return [dataclasses.replace(b, jitter=1e-22) for b in build_blocks(G, B, components)]
+
+        monkeypatch.setattr(hierarchy, "build_blocks", tiny)
+    else:
+        feature_blocks = structured.feature_blocks
+        monkeypatch.setattr(structured, "feature_blocks",
+                            lambda G, B, c, jitter=None: feature_blocks(G, B, c, jitter=1e-22))
+
+
+FAMILIES = [dict(variational_family="structured"),
+            dict(variational_family="mean_field", optimizer="adam")]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=["structured", "mean_field"])
+def test_cholesky_failure_names_matrix_and_client(monkeypatch, family):
     X, y, g = _coincident_client_data()
     # with the default relative jitter (1e-6 * variance, escalated up to 1e-1)
     # the singular K_zz of client b is rescued and the fit succeeds
-    ok = _est(n_jobs=1).fit(X, y, g)
+    ok = _est(n_jobs=1, **family).fit(X, y, g)
     assert np.all(np.isfinite(ok.predict(X, g)))
 
-    # Shrink the starting jitter below machine precision (1e-22, so the
-    # escalation tries 1e-22 ... 1e-17, all lost in rounding against var).
-    # The real factorisation then runs on the real, numerically singular
-    # matrix and must fail after escalation; the Cholesky routine itself is
-    # not replaced.
-    build_blocks = hierarchy.build_blocks
-
-    def tiny_jitter_blocks(G, B, components):
-        return [dataclasses.replace(b, jitter=1e-22) for b in build_blocks(G, B, components)]
-
-    monkeypatch.setattr(hierarchy, "build_blocks", tiny_jitter_blocks)
-    est = _est(n_jobs=1)
+    _tiny_jitter(monkeypatch, family["variational_family"])
+    est = _est(n_jobs=1, **family)
     with pytest.raises(CholeskyError, match=r"K_zz \(local\) of client 'b' failed after \d+ tries") as info:
         est.fit(X, y, g)
     assert info.value.matrix == "K_zz (local)"
@@ -206,11 +231,19 @@ def test_cholesky_failure_names_matrix_and_client(monkeypatch):
         check_is_fitted(est)
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_non_finite_training_names_client(data):
     X, y, g = data
     with pytest.raises(FloatingPointError, match="client '(a|b)'"):
-        _est(local_lengthscale=1e-300).fit(X, y, g)
+        _est(local_lengthscale=1e-300, variational_family="mean_field",
+             optimizer="adam").fit(X, y, g)
+
+
+@pytest.mark.parametrize("param, value", [("local_lengthscale", 1e-300), ("lengthscale", 1e9),
+                                          ("variance", 1e12), ("phi", 1e-12)])
+def test_initial_value_outside_optimiser_range_is_an_error(data, param, value):
+    X, y, g = data
+    with pytest.raises(ValueError, match=r"lies outside the optimiser's range"):
+        _est(**{param: value}).fit(X, y, g)
 
 
 # --------------------------------------------------------------------------
@@ -251,11 +284,7 @@ def test_failed_refit_keeps_previous_model(data, failure, monkeypatch):
         gb[0] = "lonely"
         args, err = (np.c_[X, X[:, :1]], y, gb), ValueError
     else:
-        build_blocks = hierarchy.build_blocks
-        monkeypatch.setattr(
-            hierarchy, "build_blocks",
-            lambda G, B, c: [dataclasses.replace(b, jitter=1e-22) for b in build_blocks(G, B, c)],
-        )
+        _tiny_jitter(monkeypatch, "structured")
         args, err = _coincident_client_data(), CholeskyError
         args = (np.c_[args[0], args[0]], args[1], args[2])  # two features, as before
     with pytest.raises(err):

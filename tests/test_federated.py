@@ -19,6 +19,9 @@ from skfedgp.federated import (
 )
 
 FAST = dict(n_rounds=3, local_steps=4, n_inducing=6, n_inducing_local=5, random_state=0)
+#: The mean-field family's protocol (the paper's Algorithm 1 and its closed-form variant);
+#: the structured family's messages are tested in test_structured.py.
+MF = dict(FAST, variational_family="mean_field", optimizer="adam")
 
 
 def _clients_data(sizes, d=2, seed=0):
@@ -67,7 +70,7 @@ def _fit_and_log(spy, sizes, **params):
     for v in spy.values():
         v.clear()
     X, y, g = _clients_data(sizes)
-    est = FederatedHierarchicalGPRegressor(**{**FAST, **params}).fit(X, y, g)
+    est = FederatedHierarchicalGPRegressor(**{**MF, **params}).fit(X, y, g)
     log = {k: list(v) for k, v in spy.items()}
     return est, (X, y, g), log
 
@@ -165,7 +168,7 @@ _SIZES = (12, 40, 25)
 
 def _fit_predict(**params):
     X, y, g = _clients_data(_SIZES, seed=1)
-    est = FederatedHierarchicalGPRegressor(**{**FAST, **params}).fit(X, y, g)
+    est = FederatedHierarchicalGPRegressor(**{**MF, **params}).fit(X, y, g)
     Xt = np.vstack([X[::5], [[0.1, -0.2]]])
     gt = np.append(g[::5], "unseen")
     mean, std = est.predict(Xt, gt, return_std=True)
@@ -214,7 +217,7 @@ def test_same_seed_identical_different_seed_differs(spy):
     runs = {}
     for seed in (0, 0, 1):
         spy["init"].clear()
-        est = FederatedHierarchicalGPRegressor(**{**FAST, "random_state": seed}).fit(X, y, g)
+        est = FederatedHierarchicalGPRegressor(**{**MF, "random_state": seed}).fit(X, y, g)
         runs.setdefault(seed, []).append(
             (spy["init"][0].theta_global, est.predict(X, g),
              {k: c.local_values()["Z_l"] for k, c in est.clients_.items()})

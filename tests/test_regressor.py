@@ -52,8 +52,15 @@ def test_fit_returns_self_and_sets_attributes(data):
     assert sorted(est.clients_) == ["east", "north", "south"]
     assert est.n_features_in_ == X.shape[1]
     assert est.components_ == ("global", "deviation", "local")
-    assert len(est.elbo_history_) == FAST["n_rounds"]
-    assert len(est.communication_) == FAST["n_rounds"] + 1
+    assert est.variational_family_ == "structured"
+    assert 1 <= est.n_iter_ <= FAST["n_rounds"]
+    assert len(est.elbo_history_) == est.n_iter_
+    # set-up exchange, one record per round, the final posterior exchange
+    assert [c["round"] for c in est.communication_] == list(range(est.n_iter_ + 2))
+    mf = FederatedHierarchicalGPRegressor(**FAST, variational_family="mean_field",
+                                          optimizer="adam").fit(X, y, g)
+    assert len(mf.elbo_history_) == mf.n_iter_ == FAST["n_rounds"]
+    assert len(mf.communication_) == FAST["n_rounds"] + 1
     # the pooled standardisation equals the one computed from all targets
     assert_allclose(est.y_offset_, y.mean(), rtol=1e-12)
     assert_allclose(est.y_scale_, y.std(), rtol=1e-10)
