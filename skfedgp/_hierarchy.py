@@ -42,6 +42,9 @@ __all__ = [
     "global_statistics",
     "optimal_global_factor",
     "optimal_local_factors",
+    "factor_grams",
+    "global_statistics_from_grams",
+    "local_factors_from_grams",
 ]
 
 #: Names of the three pFedHGP components, in order.
@@ -562,13 +565,36 @@ def global_statistics(theta_g, theta_l, X, y, gpack, lpack, components, *, clien
     -----
     Computed from row-chunked Gram matrices: memory ``O(chunk x M)``.
     """
+    grams = factor_grams(theta_g, theta_l, X, y, gpack, lpack, components, client=client)
+    return global_statistics_from_grams(theta_g, theta_l, grams, gpack, lpack, components)
+
+
+def factor_grams(theta_g, theta_l, X, y, gpack, lpack, components, *, client=None):
+    """Whitened Gram matrices ``W_a^T W_b`` and ``W_b^T y`` of one client (streamed).
+
+    They depend on the hyperparameters only, so with the hyperparameters
+    fixed every closed-form factor update can reuse them (``M``-sized work).
+
+    Returns
+    -------
+    tuple
+        ``(grams, wy)`` as used by :func:`global_statistics_from_grams` and
+        :func:`local_factors_from_grams`.
+    """
+    G = gpack.unpack(theta_g)
+    B = lpack.unpack(theta_l)
+    return _whitened_grams(X, y, build_blocks(G, B, components), client)
+
+
+def global_statistics_from_grams(theta_g, theta_l, grams, gpack, lpack, components):
+    """:func:`global_statistics` from precomputed :func:`factor_grams`."""
     G = gpack.unpack(theta_g)
     B = lpack.unpack(theta_l)
     blocks = build_blocks(G, B, components)
-    grams, wy = _whitened_grams(X, y, blocks, client)
+    gr, wy = grams
     others = [f for f in _factors(blocks, components) if f[1] != "global"]
     s2 = B["noise_variance"]
-    return grams[0][0] / s2, _w_residual(0, grams, wy, others) / s2
+    return gr[0][0] / s2, _w_residual(0, gr, wy, others) / s2
 
 
 def optimal_global_factor(precision_sum, shift_sum):
@@ -619,11 +645,23 @@ def optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, *,
     G = gpack.unpack(theta_g)
     B = lpack.unpack(theta_l)
     blocks = build_blocks(G, B, components)
+    if not [f for f in _factors(blocks, components) if f[1] in ("deviation", "local")]:
+        return theta_l
+    grams = _whitened_grams(X, y, blocks, client)
+    return local_factors_from_grams(theta_g, theta_l, grams, gpack, lpack, components,
+                                    sweeps=sweeps)
+
+
+def local_factors_from_grams(theta_g, theta_l, grams, gpack, lpack, components, *, sweeps=1):
+    """:func:`optimal_local_factors` from precomputed :func:`factor_grams`."""
+    G = gpack.unpack(theta_g)
+    B = lpack.unpack(theta_l)
+    blocks = build_blocks(G, B, components)
     factors = _factors(blocks, components)
     own = [f for f in factors if f[1] in ("deviation", "local")]
     if not own:
         return theta_l
-    grams, wy = _whitened_grams(X, y, blocks, client)
+    grams, wy = grams
     s2 = B["noise_variance"]
     keys = {"deviation": ("m_d", "C_d"), "local": ("m_u", "C_u")}
     for _ in range(sweeps):

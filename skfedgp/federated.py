@@ -209,6 +209,8 @@ def message_nbytes(msg):
         Python scalars count as 8 bytes). This is what ``communication_``
         records.
     """
+    if hasattr(msg, "nbytes") and callable(msg.nbytes):
+        return int(msg.nbytes())
     return int(sum(a.nbytes for a in message_arrays(msg).values()))
 
 
@@ -508,6 +510,10 @@ class Client:
             self.local_pack, config.components, client=self.client_id,
         )
         return ClientStatistics(round=broadcast.round, precision=precision, shift=shift)
+
+    def forget_data(self):
+        """Drop the private data after training (the fitted model keeps none)."""
+        self._X = self._y = self._Xs = self._y_std = None
 
     def local_values(self):
         """Unpacked local block (constrained values), for prediction.
@@ -827,7 +833,113 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
                     f"up {communication[-1]['bytes_up']} B  down {communication[-1]['bytes_down']} B",
                     flush=True,
                 )
+        # -- polish: every Gaussian factor to its exact optimum at the final
+        #    hyperparameters (coordinate ascent on cached Gram matrices), then
+        #    the ELBO of exactly the returned model --------------------------------
+        bc = server.broadcast(n_rounds + 1)
+        out = parallel(delayed(_client_polish_start)(c, bc, config, gpack) for c in clients)
+        clients = [o[0] for o in out]
+        up = down = n_msg = 0
+        has_g = "m_g" in gpack.slices
+        # the sweeps are M-sized work on each client's cached Gram matrices: a
+        # plain loop (dispatching them through joblib would cost far more)
+        for sweep in range(POLISH_MAX_SWEEPS):
+            if has_g:
+                stats = [_client_polish_stats(c, bc, config, gpack) for c in clients]
+                old_g = server.theta_global.copy()
+                server.set_global_factor(stats)
+                up += sum(message_nbytes(m) for m in stats)
+                n_msg += T
+                bc = server.broadcast(n_rounds + 1)
+                down += T * message_nbytes(bc)
+            out = [_client_polish_local(c, bc, config, gpack) for c in clients]
+            change = max([o[1] for o in out] + (
+                [float(np.max(np.abs(server.theta_global - old_g)))] if has_g else [0.0]))
+            if change < POLISH_TOL:
+                break
+        out = parallel(delayed(_client_final_value)(c, bc, config, gpack) for c in clients)
+        clients = [o[0] for o in out]
+        finals = [o[1] for o in out]
+        kl_value, _ = server_objective(server.theta_global, gpack)
+        elbo = kl_value + sum(f.objective for f in finals)
+        server.population = _population_from(
+            [f.hyperparameters for f in finals], config.components)
+        up += sum(message_nbytes(f) for f in finals)
+        down += T * message_nbytes(bc)
+        communication.append({"round": n_rounds + 1, "bytes_up": int(up),
+                              "bytes_down": int(down), "n_messages": n_msg + 2 * T})
+        if elbo_history:
+            elbo_history[-1] = float(elbo)
+        else:
+            elbo_history.append(float(elbo))
     return clients, elbo_history, communication
+
+
+#: The final polish of the mean-field factors stops when no whitened
+#: variational parameter moves by more than this in a sweep ...
+POLISH_TOL = 1e-9
+#: ... or after this many sweeps (each is ``M``-sized work on cached Gram
+#: matrices plus one exchange of M x M statistics).
+POLISH_MAX_SWEEPS = 2000
+
+
+def _client_polish_start(client, bc, config, gpack):
+    from ._hierarchy import factor_grams
+
+    client._grams = factor_grams(bc.theta_global, client.theta_local, client._Xs,
+                                 client._y_std, gpack, client.local_pack, config.components,
+                                 client=client.client_id)
+    return client, None
+
+
+def _client_polish_stats(client, bc, config, gpack):
+    from ._hierarchy import global_statistics_from_grams
+
+    p, sh = global_statistics_from_grams(bc.theta_global, client.theta_local, client._grams,
+                                         gpack, client.local_pack, config.components)
+    return ClientStatistics(round=bc.round, precision=p, shift=sh)
+
+
+def _client_polish_local(client, bc, config, gpack):
+    from ._hierarchy import local_factors_from_grams
+
+    old = client.theta_local
+    client.theta_local = local_factors_from_grams(bc.theta_global, old, client._grams, gpack,
+                                                  client.local_pack, config.components)
+    return client, float(np.max(np.abs(client.theta_local - old))) if old.size else 0.0
+
+
+@single_threaded_blas()
+def _client_final_value(client, bc, config, gpack):
+    value, _, _ = client_objective(bc.theta_global, client.theta_local, client._Xs,
+                                   client._y_std, gpack, client.local_pack, config.components,
+                                   need_global_grad=False, client=client.client_id)
+    B = client.local_values()
+    msg = LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
+                               B["noise_variance"])
+    client._grams = None
+    client.forget_data()
+    return client, ClientUpdateValue(bc.round, float(value), msg)
+
+
+@dataclass(frozen=True)
+class ClientUpdateValue:
+    """Final upload of a mean-field client: its objective and local hyperparameters.
+
+    Attributes
+    ----------
+    round : int
+    objective : float
+        ``E_i - KL(q(w_i)) - KL(q(v_i))`` at the polished factors.
+    hyperparameters : LocalHyperparameters
+    """
+
+    round: int
+    objective: float
+    hyperparameters: object
+
+    def nbytes(self):
+        return 16 + message_nbytes(self.hyperparameters)
 
 
 # ==========================================================================
@@ -1343,7 +1455,7 @@ class StructuredClient:
         """
         from ._structured import client_posterior
 
-        if self._state is None:
+        if self._state is None:  # a process-based backend dropped it: recompute (identical)
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = client_posterior(self._state, post.mean, post.covariance)
         self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
@@ -1384,6 +1496,18 @@ def _s_init(c, config, M_local, theta_g, gpack, own, population, seed):
 
 def _s_finish(c, post, theta_g, gpack, config):
     return c, c.finish(post, theta_g, gpack, config)
+
+
+def _population_from(hypers, components):
+    """Population local block from the clients' :class:`LocalHyperparameters`.
+
+    Geometric means of the local lengthscales, variances and noise variances.
+    """
+    pop = {"noise_variance": float(np.exp(np.mean([np.log(h.noise_variance) for h in hypers])))}
+    if "local" in components:
+        pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers], axis=0))
+        pop["variance_l"] = float(np.exp(np.mean([np.log(h.variance) for h in hypers])))
+    return pop
 
 
 @dataclass
@@ -1486,7 +1610,6 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
         elbo, grad, post = evaluate(theta_g, 0)
         for r in range(1, n_rounds + 1):
             t0 = time.perf_counter()
-            counter.update(up=0, down=0, msgs=0)
             prev = elbo
             # -- local phase: every client, q(v_g) fixed, no communication -----
             sclients = parallel(delayed(_s_local)(c, post, theta_g, gpack, config)
@@ -1525,6 +1648,7 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
             history.append(float(elbo))
             comm.append({"round": r, "bytes_up": int(counter["up"]),
                          "bytes_down": int(counter["down"]), "n_messages": counter["msgs"]})
+            counter.update(up=0, down=0, msgs=0)
             if verbose:
                 print(f"[skfedgp] round {r:3d}/{n_rounds}  ELBO {elbo: .6e}  "
                       f"time {time.perf_counter() - t0:6.2f}s  up {counter['up']} B  "
@@ -1532,21 +1656,29 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
             if elbo - prev <= config.tol * max(1.0, abs(elbo)):
                 converged = True
                 break
-        # -- final exchange: posterior moments at the final vectors ------------
+        # -- final exchange: fresh statistics and posterior moments at the final
+        #    vectors, so every factor matches the returned hyperparameters ---------
+        r_final = len(history) + 1
+        out = parallel(delayed(_s_stats)(c, theta_g, gpack, config, r_final) for c in sclients)
+        sclients = [o[0] for o in out]
+        stats = [o[1] for o in out]
+        post_s = combine([s.precision for s in stats], [s.shift for s in stats],
+                         [s.constant for s in stats], Mg)
+        post = PosteriorBroadcast(r_final, post_s.mu, post_s.A_inv)
         out = parallel(delayed(_s_finish)(c, post, theta_g, gpack, config) for c in sclients)
         sclients = [o[0] for o in out]
         finals = [o[1] for o in out]
-        comm.append({"round": r + 1 if history else 1,
-                     "bytes_up": int(sum(message_nbytes(f) for f in finals)),
-                     "bytes_down": T * message_nbytes(post), "n_messages": 2 * T})
-    population = {"noise_variance": float(np.exp(np.mean([np.log(f.noise_variance)
-                                                          for f in finals])))}
-    if "local" in config.components:
-        population["lengthscale_l"] = np.exp(np.mean([np.log(f.lengthscale) for f in finals],
-                                                     axis=0))
-        population["variance_l"] = float(np.exp(np.mean([np.log(f.variance) for f in finals])))
-    if not history:
-        history.append(float(elbo))
+        comm.append({"round": r_final,
+                     "bytes_up": int(counter["up"] + sum(message_nbytes(s) for s in stats)
+                                     + sum(message_nbytes(f) for f in finals)),
+                     "bytes_down": int(counter["down"] + T * (8 * theta_g.size
+                                                              + message_nbytes(post))),
+                     "n_messages": counter["msgs"] + 2 * T})
+        if history:
+            history[-1] = float(post_s.elbo)  # the ELBO of exactly the returned model
+        else:
+            history.append(float(post_s.elbo))
+    population = _population_from(finals, config.components)
     return sclients, {
         "elbo_history": history, "communication": comm, "n_iter": len(history),
         "converged": converged, "posterior": post, "theta_global": theta_g,

@@ -576,22 +576,23 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return self
 
     def _population_block(self):
-        """Prior local block for never-seen clients (see Notes of the class)."""
+        """Prior local block for never-seen clients (see Notes of the class).
+
+        The hyperparameters are the geometric means the server formed from the
+        clients' final :class:`~skfedgp.federated.LocalHyperparameters`
+        messages; the prior of the local part does not depend on the inducing
+        inputs, so one point at the centre of the box stands in for them (no
+        client's inducing inputs are kept).
+        """
         comps = self.components_
-        blocks = [c.local_values() for c in self.clients_.values()]
-        B = {"noise_variance": float(np.mean([b["noise_variance"] for b in blocks]))}
+        pop = self.server_.population
+        B = {"noise_variance": pop["noise_variance"]}
         if "deviation" in comps:
             M = self.server_.config.n_inducing
             B.update(m_d=np.zeros(M), C_d=np.eye(M))
         if "local" in comps:
-            Ml = self.server_.config.n_inducing_local
-            B.update(
-                m_u=np.zeros(Ml),
-                C_u=np.eye(Ml),
-                Z_l=blocks[0]["Z_l"],
-                lengthscale_l=np.exp(np.mean([np.log(b["lengthscale_l"]) for b in blocks], axis=0)),
-                variance_l=float(np.exp(np.mean([np.log(b["variance_l"]) for b in blocks]))),
-            )
+            B.update(m_u=np.zeros(1), C_u=np.eye(1), Z_l=np.full((1, self.n_features_model_), 0.5),
+                     lengthscale_l=pop["lengthscale_l"], variance_l=pop["variance_l"])
         return B
 
     # ------------------------------------------------------------------

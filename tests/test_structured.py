@@ -1,0 +1,499 @@
+"""The structured (collapsed) variational family: exactness against a dense
+hierarchical GP, analytic gradients against finite differences, the fitted
+state's consistency, its messages and the default fit on the regressor
+issue's inputs."""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.exceptions import ConvergenceWarning
+
+from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp import federated as fed
+from skfedgp._structured import (
+    client_backward,
+    client_forward,
+    client_posterior,
+    combine,
+    feature_blocks,
+    layout_map,
+    predict_structured,
+)
+from skfedgp.federated import message_arrays, message_nbytes
+from skfedgp.kernels import se_ard
+
+ALL = ("global", "deviation", "local")
+SUBSETS = [ALL, ("global", "local"), ("deviation", "local"), ("global",), ("local",),
+           ("global", "deviation")]
+
+
+def se(A, B, ell, var):
+    """Plain NumPy SE-ARD kernel (independent of skfedgp.kernels)."""
+    D = (A[:, None, :] - B[None, :, :]) / np.asarray(ell)
+    return var * np.exp(-0.5 * np.sum(D**2, axis=-1))
+
+
+def _clients(sizes=(12, 9, 7), d=2, seed=0):
+    rng = np.random.default_rng(seed)
+    Xs = [rng.uniform(size=(n, d)) for n in sizes]
+    ys = [np.sin(3 * X[:, 0]) + 0.5 * k * X[:, 1] + 0.1 * rng.normal(size=len(X))
+          for k, X in enumerate(Xs)]
+    return Xs, ys
+
+
+def _params(Xs, Zg, Zls, seed=1):
+    G = dict(Z_g=Zg, lengthscale_g=np.array([0.4, 0.7]), variance_g=1.3, phi=0.3)
+    Bs = [dict(Z_l=Zl, lengthscale_l=np.array([0.2, 0.3]) * (1 + 0.1 * k),
+               variance_l=0.5 + 0.1 * k, noise_variance=0.05 + 0.01 * k)
+          for k, Zl in enumerate(Zls)]
+    return G, Bs
+
+
+def _elbo(Xs, ys, G, Bs, comps=ALL, jitter=1e-6):
+    sts = [client_forward(X, y, feature_blocks(G, B, comps, jitter=jitter), comps,
+                          B["noise_variance"], G["phi"])
+           for X, y, B in zip(Xs, ys, Bs)]
+    M = G["Z_g"].shape[0] if "global" in comps else 0
+    return combine([s.S for s in sts], [s.b for s in sts], [s.e for s in sts], M), sts
+
+
+def _dense_cov(Xs, G, Bs, comps=ALL):
+    """Prior covariance of all clients' targets of the exact hierarchical GP."""
+    Xall = np.vstack(Xs)
+    N = Xall.shape[0]
+    off = np.cumsum([0] + [len(X) for X in Xs])
+    C = np.zeros((N, N))
+    if "global" in comps:
+        C += se(Xall, Xall, G["lengthscale_g"], G["variance_g"])
+    for k, (X, B) in enumerate(zip(Xs, Bs)):
+        sl = slice(off[k], off[k + 1])
+        if "deviation" in comps:
+            C[sl, sl] += G["phi"] * se(X, X, G["lengthscale_g"], G["variance_g"])
+        if "local" in comps:
+            C[sl, sl] += se(X, X, B["lengthscale_l"], B["variance_l"])
+        C[sl, sl] += B["noise_variance"] * np.eye(len(X))
+    return C
+
+
+# --------------------------------------------------------------------------
+# exactness: inducing inputs = training inputs
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [(12, 9), (12, 9, 7)])
+@pytest.mark.parametrize("comps", [ALL, ("global", "local"), ("global", "deviation")])
+def test_elbo_equals_exact_log_marginal_likelihood(sizes, comps):
+    Xs, ys = _clients(sizes)
+    G, Bs = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
+    post, _ = _elbo(Xs, ys, G, Bs, comps, jitter=1e-10)
+    C = _dense_cov(Xs, G, Bs, comps)
+    y = np.concatenate(ys)
+    L = np.linalg.cholesky(C)
+    a = np.linalg.solve(L, y)
+    lml = -0.5 * a @ a - np.sum(np.log(np.diag(L))) - 0.5 * len(y) * np.log(2 * np.pi)
+    assert abs(post.elbo - lml) < 1e-6
+
+
+def test_predictive_mean_and_covariance_equal_exact_posterior():
+    Xs, ys = _clients((12, 9, 7))
+    G, Bs = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
+    post, sts = _elbo(Xs, ys, G, Bs, jitter=1e-10)
+    rng = np.random.default_rng(5)
+    Xt = rng.uniform(size=(6, 2))
+    Xall, y = np.vstack(Xs), np.concatenate(ys)
+    C = _dense_cov(Xs, G, Bs)
+    off = np.cumsum([0] + [len(X) for X in Xs])
+    for i, (X, B, st) in enumerate(zip(Xs, Bs, sts)):
+        # exact: cross covariance of client i's latent f at Xt with all targets
+        Kx = se(Xt, Xall, G["lengthscale_g"], G["variance_g"])
+        sl = slice(off[i], off[i + 1])
+        Kx[:, sl] += G["phi"] * se(Xt, X, G["lengthscale_g"], G["variance_g"])
+        Kx[:, sl] += se(Xt, X, B["lengthscale_l"], B["variance_l"])
+        Kss = ((1 + G["phi"]) * se(Xt, Xt, G["lengthscale_g"], G["variance_g"])
+               + se(Xt, Xt, B["lengthscale_l"], B["variance_l"]))
+        m_exact = Kx @ np.linalg.solve(C, y)
+        c_exact = Kss - Kx @ np.linalg.solve(C, Kx.T)
+        mu_u, Sigma_u, _ = client_posterior(st, post.mu, post.A_inv)
+        blocks = feature_blocks(G, B, ALL, jitter=1e-10)
+        E, _ = layout_map(blocks, ALL, G["phi"])
+        m, c = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E, full_cov=True)
+        assert_allclose(m, m_exact, atol=1e-6)
+        assert_allclose(c, c_exact, atol=1e-6)
+        _, v = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E)
+        assert_allclose(v, np.diag(c), atol=1e-10)
+
+
+# --------------------------------------------------------------------------
+# analytic gradients against central finite differences
+# --------------------------------------------------------------------------
+
+
+def _fd(f, v, h=1e-6):
+    v = np.array(v, dtype=float)
+    out = np.zeros_like(v)
+    for k in range(v.size):
+        vp, vm = v.copy(), v.copy()
+        vp.flat[k] += h
+        vm.flat[k] -= h
+        out.flat[k] = (f(vp if v.ndim else float(vp)) - f(vm if v.ndim else float(vm))) / (2 * h)
+    return out
+
+
+@pytest.mark.parametrize("comps", SUBSETS, ids=["+".join(c) for c in SUBSETS])
+def test_gradients_match_finite_differences(comps):
+    Xs, ys = _clients((12, 9, 7))
+    rng = np.random.default_rng(3)
+    G, Bs = _params(Xs, rng.uniform(size=(6, 2)), [rng.uniform(size=(4, 2)) for _ in Xs])
+    post, sts = _elbo(Xs, ys, G, Bs, comps)
+    grads = [client_backward(s, X, y, post.mu, post.A_inv) for s, X, y in zip(sts, Xs, ys)]
+
+    def F(G_, Bs_):
+        return _elbo(Xs, ys, G_, Bs_, comps)[0].elbo
+
+    shared = "global" in comps or "deviation" in comps
+    keys_g = [k for k in ("Z_g", "lengthscale_g", "variance_g") if shared]
+    keys_g += ["phi"] if "deviation" in comps else []
+    for key in keys_g:
+        analytic = sum(np.asarray(g[key]) for g in grads)
+        numeric = _fd(lambda v: F({**G, key: v}, Bs), G[key])
+        assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
+    keys_l = (["Z_l", "lengthscale_l", "variance_l"] if "local" in comps else [])
+    for key in keys_l + ["noise_variance"]:
+        k = 1
+
+        def f(v, key=key):
+            Bs_ = list(Bs)
+            Bs_[k] = {**Bs[k], key: v}
+            return F(G, Bs_)
+
+        numeric = _fd(f, Bs[k][key])
+        assert_allclose(grads[k][key], numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
+
+
+def test_local_surrogate_touches_the_bound_and_its_gradient_matches():
+    """The local phase's objective (q(v_g) fixed) is a lower bound that touches the ELBO."""
+    Xs, ys = _clients((12, 9, 7))
+    rng = np.random.default_rng(4)
+    G, Bs = _params(Xs, rng.uniform(size=(6, 2)), [rng.uniform(size=(4, 2)) for _ in Xs])
+    post, sts = _elbo(Xs, ys, G, Bs)
+    k = 2
+    mu, Ainv = post.mu, post.A_inv
+
+    def part(st):
+        return -0.5 * st.e + st.b @ mu - 0.5 * (np.sum(st.S * Ainv) + mu @ st.S @ mu)
+
+    others = sum(part(s) for j, s in enumerate(sts) if j != k)
+
+    def surrogate(B):
+        st = client_forward(Xs[k], ys[k], feature_blocks(G, B, ALL), ALL, B["noise_variance"],
+                            G["phi"])
+        # the uncollapsed bound with q(v_g) = N(mu, A^{-1}) fixed: clients' parts - KL
+        kl = 0.5 * (np.trace(Ainv) + mu @ mu - len(mu) - np.linalg.slogdet(Ainv)[1])
+        return part(st) + others - kl, st
+
+    val, st = surrogate(Bs[k])
+    assert_allclose(val, post.elbo, rtol=1e-10)  # touches at the current point
+    B2 = {**Bs[k], "variance_l": 0.9, "noise_variance": 0.02}
+    Bs2 = list(Bs)
+    Bs2[k] = B2
+    assert surrogate(B2)[0] <= _elbo(Xs, ys, G, Bs2)[0].elbo + 1e-10  # below elsewhere
+    st2 = surrogate(B2)[1]
+    g = client_backward(st2, Xs[k], ys[k], post.mu, post.A_inv, want_global=False)
+    for key in ("lengthscale_l", "variance_l", "noise_variance", "Z_l"):
+        numeric = _fd(lambda v: surrogate({**B2, key: v})[0], B2[key])
+        assert_allclose(g[key], numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
+
+
+# --------------------------------------------------------------------------
+# the fitted estimator
+# --------------------------------------------------------------------------
+
+SMALL = dict(random_state=0, n_rounds=6)
+
+
+@pytest.fixture(scope="module")
+def two_clients():
+    rng = np.random.default_rng(12)
+    XA, XB = rng.uniform(size=40), rng.uniform(size=40)
+    yA = np.sin(6 * XA) + 0.05 * rng.normal(size=40)
+    yB = np.sin(6 * XB) + 0.05 * rng.normal(size=40)
+    X = np.r_[XA, XB][:, None]
+    y = np.r_[yA, yB]
+    g = np.array(["A"] * 40 + ["B"] * 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(**SMALL).fit(X, y, g)
+    return X, y, g, est
+
+
+def _recompute(est, X, y, g):
+    """Fresh statistics at the fitted hyperparameters, from the data (held by the test)."""
+    srv = est.server_
+    G = srv.global_pack.unpack(srv.theta_global)
+    sts = {}
+    for lab, c in est.clients_.items():
+        rows = g == lab
+        Xs = (X[rows] - srv.x_offset) / srv.x_scale
+        ys = (y[rows] - est.y_offset_) / est.y_scale_
+        B = c.local_values()
+        sts[lab] = (client_forward(Xs, ys, feature_blocks(G, B, est.components_),
+                                   est.components_, B["noise_variance"], G.get("phi", 1.0)),
+                    Xs, ys)
+    Mg = est.global_posterior_["mean"].shape[0]
+    post = combine([s.S for s, _, _ in sts.values()], [s.b for s, _, _ in sts.values()],
+                   [s.e for s, _, _ in sts.values()], Mg)
+    return G, sts, post
+
+
+def test_fitted_state_is_consistent(two_clients):
+    X, y, g, est = two_clients
+    G, sts, post = _recompute(est, X, y, g)
+    # the last ELBO reported is that of the returned model
+    assert_allclose(est.elbo_history_[-1], post.elbo, rtol=1e-9)
+    # every Gaussian factor is the exact optimum for the final hyperparameters
+    assert_allclose(est.global_posterior_["mean"], post.mu, atol=1e-9)
+    assert_allclose(est.global_posterior_["covariance"], post.A_inv, atol=1e-9)
+    for lab, (st, _, _) in sts.items():
+        mu_u, Sigma_u, H = client_posterior(st, post.mu, post.A_inv)
+        assert_allclose(est.clients_[lab].posterior["mu_u"], mu_u, atol=1e-9)
+        assert_allclose(est.clients_[lab].posterior["Sigma_u"], Sigma_u, atol=1e-9)
+    # ELBO history never decreases (block coordinate ascent)
+    assert np.all(np.diff(est.elbo_history_) >= -1e-9 * np.abs(est.elbo_history_[1:]))
+
+
+def test_joint_covariance_across_clients_matches_dense_joint_posterior(two_clients):
+    """Cross-client covariance through v_g, against the dense arrow-shaped joint precision."""
+    X, y, g, est = two_clients
+    G, sts, post = _recompute(est, X, y, g)
+    Xt = np.array([[0.1], [0.5], [0.9]])
+    labs = ["A", "B"]
+    _, cov = est.predict(np.vstack([Xt, Xt]), ["A"] * 3 + ["B"] * 3, return_cov=True)
+    # dense joint posterior of (v_g, c_A, c_B): precision built from P_i, G_i and S_i
+    st = {lab: sts[lab][0] for lab in labs}
+    Mg = post.mu.shape[0]
+    sizes = [Mg] + [st[lab].Lp.shape[0] for lab in labs]
+    off = np.cumsum([0] + sizes)
+    Lam = np.zeros((off[-1], off[-1]))
+    Lam[:Mg, :Mg] = np.eye(Mg)
+    for j, lab in enumerate(labs, start=1):
+        s = st[lab]
+        P = s.Lp @ s.Lp.T
+        GT = P @ s.PiGt  # G^T = P (P^{-1} G^T), shape (M_c, M)
+        sl = slice(off[j], off[j + 1])
+        Lam[sl, sl] = P
+        Lam[:Mg, sl] = GT.T
+        Lam[sl, :Mg] = GT
+        Lam[:Mg, :Mg] += s.S + GT.T @ s.PiGt  # = W_g^T W_g / s2_i
+    Sigma = np.linalg.inv(Lam)
+    srv = est.server_
+    Xts = (Xt - srv.x_offset) / srv.x_scale
+    feats = {}
+    for j, lab in enumerate(labs, start=1):
+        B = est.clients_[lab].local_values()
+        blocks = feature_blocks(G, B, est.components_)
+        E, n_vg = layout_map(blocks, est.components_, G["phi"])
+        Ws = []
+        for _, Z, ell, var, jit in blocks:
+            K = se(Z, Z, ell, var) + jit * var * np.eye(len(Z))
+            Ws.append(np.linalg.solve(np.linalg.cholesky(K), se(Xts, Z, ell, var).T).T)
+        Fs = np.hstack(Ws)
+        idx = np.r_[np.arange(Mg), off[j] + np.arange(sizes[j])]
+        feats[lab] = (Fs @ E, idx)
+    FA, iA = feats["A"]
+    FB, iB = feats["B"]
+    Wg = FA[:, :Mg]  # the global features (E's v_g columns are the identity)
+    resid_g = se(Xts, Xts, G["lengthscale_g"], G["variance_g"]) - Wg @ Wg.T
+    cross = FA @ Sigma[np.ix_(iA, iB)] @ FB.T + resid_g
+    assert_allclose(cov[:3, 3:] / est.y_scale_**2, cross, atol=1e-8)
+
+
+def test_unseen_client_variance_pinned(two_clients):
+    """Global posterior + deviation prior phi*k_g + population local prior + noise."""
+    X, y, g, est = two_clients
+    srv = est.server_
+    G = srv.global_pack.unpack(srv.theta_global)
+    pop = est._population_local
+    Xt = np.array([[0.05], [0.37], [0.81]])
+    Xts = (Xt - srv.x_offset) / srv.x_scale
+    Z, ell, var = G["Z_g"], G["lengthscale_g"], G["variance_g"]
+    L = np.linalg.cholesky(se(Z, Z, ell, var) + 1e-6 * var * np.eye(len(Z)))
+    W = np.linalg.solve(L, se(Xts, Z, ell, var).T).T
+    Ainv = est.global_posterior_["covariance"]
+    expected = (np.einsum("ij,jk,ik->i", W, Ainv, W) + var - np.sum(W**2, axis=1)
+                + G["phi"] * var + pop["variance_l"] + pop["noise_variance"])
+    mean, std = est.predict(Xt, ["never-seen"] * 3, return_std=True)
+    assert_allclose(std**2, est.y_scale_**2 * expected, rtol=1e-8)
+    assert_allclose(mean, est.y_offset_ + est.y_scale_ * W @ est.global_posterior_["mean"],
+                    rtol=1e-10)
+
+
+def test_no_client_data_in_fitted_model(two_clients):
+    X, y, g, est = two_clients
+    blob = pickle.dumps(est)
+    # the per-feature extremes of the inputs are the documented bounding box of
+    # the set-up message (ClientSummary); every other raw value must be absent
+    box = {X.min(), X.max()}
+    for v in np.concatenate([X.ravel(), y]):
+        if v not in box:
+            assert np.float64(v).tobytes() not in blob
+    for c in est.clients_.values():
+        assert getattr(c, "_Xs", None) is None and getattr(c, "_y", None) is None
+
+
+# --------------------------------------------------------------------------
+# messages
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def structured_spy(monkeypatch):
+    log = {"pilot": [], "statistics": [], "gradients": [], "final": []}
+    S = fed.StructuredClient
+    orig = {name: getattr(S, name) for name in ("pilot", "statistics", "global_gradient",
+                                                "finish")}
+
+    def wrap(name, key):
+        def f(self, *a, **k):
+            out = orig[name](self, *a, **k)
+            log[key].append((self.client_id, out))
+            return out
+        return f
+
+    monkeypatch.setattr(S, "pilot", wrap("pilot", "pilot"))
+    monkeypatch.setattr(S, "statistics", wrap("statistics", "statistics"))
+    monkeypatch.setattr(S, "global_gradient", wrap("global_gradient", "gradients"))
+    monkeypatch.setattr(S, "finish", wrap("finish", "final"))
+    return log
+
+
+def _fit_sizes(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3.0, 3.0, size=(sum(sizes), 2))
+    y = np.sin(X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.normal(size=X.shape[0])
+    g = np.repeat([f"c{k}" for k in range(len(sizes))], sizes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=5, n_rounds=2,
+                                               global_steps=3, local_steps=3,
+                                               random_state=0).fit(X, y, g)
+    return est, X, y, g
+
+
+def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
+    est, X, y, g = _fit_sizes((6, 300))
+    M, P = 8, est.server_.global_pack.size
+    log = structured_spy
+    for key in ("pilot", "statistics", "gradients", "final"):
+        assert log[key], key
+        by_client = {}
+        for cid, msg in log[key]:
+            if msg is None:
+                continue
+            by_client.setdefault(cid, set()).add(
+                tuple(sorted((n, a.shape) for n, a in message_arrays(msg).items())))
+            Xi, yi = X[g == cid], y[g == cid]
+            for name, a in message_arrays(msg).items():
+                if name == "round":
+                    continue
+                assert not np.isin(a, Xi).any(), (key, name)
+                assert not np.isin(a, yi).any(), (key, name)
+        # a 300-row client sends arrays of the same shapes as a 6-row one
+        shapes = list(by_client.values())
+        assert all(s == shapes[0] for s in shapes), key
+    st = log["statistics"][0][1]
+    assert st.precision.shape == (M, M) and st.shift.shape == (M,)
+    assert log["gradients"][0][1].grad_global.shape == (P,)
+
+
+def test_communication_accounts_for_every_upload(structured_spy):
+    est, *_ = _fit_sizes((20, 40, 9))
+    log = structured_spy
+    up = sum(message_nbytes(m) for key in ("statistics", "gradients", "final")
+             for _, m in log[key])
+    up_setup = sum(message_nbytes(m) for _, m in log["pilot"] if m is not None)
+    summaries = 3 * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
+    assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
+
+
+def test_thread_parallel_and_serial_identical():
+    a = _fit_sizes((20, 40, 9))[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        rng = np.random.default_rng(0)
+        X = rng.uniform(-3.0, 3.0, size=(69, 2))
+        y = np.sin(X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.normal(size=69)
+        g = np.repeat(["c0", "c1", "c2"], (20, 40, 9))
+        b = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=5, n_rounds=2,
+                                             global_steps=3, local_steps=3, random_state=0,
+                                             n_jobs=2).fit(X, y, g)
+    assert_array_equal(a.elbo_history_, b.elbo_history_)
+    assert_array_equal(a.predict(X, g), b.predict(X, g))
+
+
+# --------------------------------------------------------------------------
+# defaults on the regressor issue's inputs
+# --------------------------------------------------------------------------
+
+
+def test_noise_free_sine_one_client_at_defaults():
+    k = np.arange(40.0)
+    X, y = k[:, None], np.sin(2 * np.pi * k / 20)
+    est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y)
+    m, s = est.predict(X, return_std=True)
+    assert np.max(np.abs(m - y)) < 0.01
+    assert np.mean(np.abs(m - y) > 3 * s) <= 0.01
+    xt = np.linspace(0.5, 38.5, 39)[:, None]
+    mt, st = est.predict(xt, return_std=True)
+    ft = np.sin(2 * np.pi * xt[:, 0] / 20)
+    assert np.mean(np.abs(mt - ft) > 3 * st) <= 0.01
+    assert est.elbo_history_[-1] == max(est.elbo_history_)
+
+
+def test_two_clients_sine_at_defaults(two_clients):
+    X, y, g, _ = two_clients
+    est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, g)
+    xg = np.linspace(0, 1, 19)[:, None]
+    for lab in ("A", "B"):
+        m, s = est.predict(xg, [lab] * 19, return_std=True)
+        f = np.sin(6 * xg[:, 0])
+        assert np.sqrt(np.mean((m - f) ** 2)) < 0.05
+        assert np.mean(np.abs(m - f) > 3 * s) <= 0.01
+        mt, st = est.predict(X[g == lab], g[g == lab], return_std=True)
+        assert np.mean(np.abs(mt - y[g == lab]) > 3 * st) <= 0.01
+
+
+# --------------------------------------------------------------------------
+# the mean-field family also ends consistent
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("update", ["closed_form", "adam"])
+def test_mean_field_fit_ends_at_the_factors_optimum(two_clients, update):
+    from skfedgp._hierarchy import client_objective, server_objective
+
+    X, y, g, _ = two_clients
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(
+            variational_family="mean_field", optimizer="adam", variational_update=update,
+            n_rounds=3, local_steps=10, n_inducing=8, n_inducing_local=6,
+            random_state=0).fit(X, y, g)
+    srv = est.server_
+    gpack = srv.global_pack
+    elbo, grad_g = server_objective(srv.theta_global, gpack)
+    for lab, c in est.clients_.items():
+        assert c._X is None and c._Xs is None  # no data kept
+        rows = g == lab
+        Xs = (X[rows] - srv.x_offset) / srv.x_scale
+        ys = (y[rows] - est.y_offset_) / est.y_scale_
+        v, gl, gg = client_objective(srv.theta_global, c.theta_local, Xs, ys, gpack,
+                                     c.local_pack, est.components_)
+        elbo += v
+        grad_g = grad_g + gg
+        assert np.max(np.abs(gl[c.local_pack.variational_mask()])) < 1e-5
+    assert np.max(np.abs(grad_g[gpack.variational_mask()])) < 1e-5
+    # the last ELBO reported is that of the returned model
+    assert_allclose(est.elbo_history_[-1], elbo, rtol=1e-10)
