@@ -1099,6 +1099,16 @@ def make_hierarchical_regression(
       where ``f~_i`` is the scenario-A local component (an independent
       short-lengthscale ILMM GP).
 
+    Readings of the paper's text (section 4.1 names phi_sim a "deviation
+    scale" without saying whether it multiplies the variance or the output
+    scale): phi multiplies the *variance*, as in the fitted model's
+    ``k_delta = phi k_g`` (section 3.2); the deviation latents reuse the
+    global lengthscales and output scales; one scalar latent GP is one of
+    the "``R = 2`` independent scalar GP draws", each with its own
+    lengthscale and scale (latent ``r`` of every component uses entry ``r``
+    of the tuples); ``f~_i`` of scenario D has its own ``Q x R`` loadings
+    ``B_l_i``, like the scenario-A local component.
+
     All draws (inputs, loadings, ``gamma``, latents, noise) are made in
     every scenario in the same order, so one ``random_state`` gives the four
     scenarios the same inputs, loadings, global and local latent draws and
