@@ -15,6 +15,13 @@ Conventions
   broadcast or silently raveled.
 * Predictive standard deviations (``y_std``) are in the units of ``y``; they
   must be strictly positive. Variances are never accepted in their place.
+* Every function that takes marginal standard deviations also accepts the
+  full predictive ``Q x Q`` blocks instead, as the keyword ``y_cov`` of shape
+  ``(n, Q, Q)`` (``(n, 1, 1)`` for 1-D targets); the marginal standard
+  deviations are then ``sqrt(diag(y_cov[j]))``. Give exactly one of the two.
+  Only :func:`gaussian_nll` uses the off-diagonal entries (eq. 44); the
+  marginal metrics (CRPS, coverage, width, ECE) are per-channel by
+  definition (eqs. 45--47).
 * Every input must be finite. Violations raise :class:`ValueError` with a
   message naming the offending argument.
 """
@@ -31,6 +38,8 @@ __all__ = [
     "crps_gaussian",
     "coverage",
     "interval_width",
+    "expected_calibration_error",
+    "DEFAULT_CALIBRATION_LEVELS",
     "output_covariance",
     "covariance_error",
     "regression_report",
@@ -38,6 +47,11 @@ __all__ = [
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 _INV_SQRT_PI = float(1.0 / np.sqrt(np.pi))
+
+#: Default grid of nominal central-interval levels for
+#: :func:`expected_calibration_error`: 0.01, 0.02, ..., 0.99 (99 levels).
+DEFAULT_CALIBRATION_LEVELS = np.round(np.arange(1, 100) / 100.0, 2)
+DEFAULT_CALIBRATION_LEVELS.setflags(write=False)
 
 
 # ---------------------------------------------------------------------------
@@ -90,6 +104,45 @@ def _check_level(level):
     if not (0.0 < level < 1.0):
         raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
     return level
+
+
+def _check_cov_blocks(y_cov, y_shape):
+    """Validate ``(n, Q, Q)`` predictive blocks for targets of ``y_shape``.
+
+    Returns the blocks as float64; 1-D targets of shape ``(n,)`` need blocks
+    of shape ``(n, 1, 1)``. Raises ValueError on a wrong shape, non-finite
+    values or an asymmetric block.
+    """
+    cov = _as_array(y_cov, "y_cov", ndims=(3,))
+    n = y_shape[0]
+    q = y_shape[1] if len(y_shape) == 2 else 1
+    if cov.shape != (n, q, q):
+        raise ValueError(
+            f"shape mismatch: y_cov has shape {cov.shape}, expected "
+            f"({n}, {q}, {q}) for y_true of shape {tuple(y_shape)}"
+        )
+    scale = np.maximum(np.abs(cov).max(axis=(1, 2)), np.finfo(float).tiny)
+    asym = np.abs(cov - np.swapaxes(cov, 1, 2)).max(axis=(1, 2)) / scale
+    if np.any(asym > 1e-8):
+        bad = int(np.argmax(asym))
+        raise ValueError(f"y_cov[{bad}] is not symmetric")
+    return cov
+
+
+def _marginal_std(y_std, y_cov, y_shape):
+    """Marginal standard deviations from exactly one of ``y_std``/``y_cov``."""
+    if (y_std is None) == (y_cov is None):
+        raise ValueError("give exactly one of y_std and y_cov")
+    if y_std is not None:
+        return _check_std(y_std, tuple(y_shape))
+    cov = _check_cov_blocks(y_cov, y_shape)
+    var = np.diagonal(cov, axis1=1, axis2=2)
+    if np.any(var <= 0.0):
+        raise ValueError(
+            "the diagonal of y_cov (marginal variances) must be strictly "
+            f"positive; found {int(np.sum(var <= 0))} value(s) <= 0"
+        )
+    return np.sqrt(var).reshape(y_shape)
 
 
 def _pair(y_true, y_pred, pred_name="y_pred"):
@@ -235,20 +288,10 @@ def gaussian_nll(y_true, y_mean, y_std=None, *, y_cov=None):
             nll = nll.sum(axis=1)
         return float(np.mean(nll))
 
-    cov = _as_array(y_cov, "y_cov", ndims=(3,))
+    cov = _check_cov_blocks(y_cov, y.shape)
     resid = y if y.ndim == 2 else y[:, None]
     resid = resid - (mu if mu.ndim == 2 else mu[:, None])
-    n, q = resid.shape
-    if cov.shape != (n, q, q):
-        raise ValueError(
-            f"shape mismatch: y_cov has shape {cov.shape}, expected "
-            f"({n}, {q}, {q}) for y_true of shape {y.shape}"
-        )
-    scale = np.maximum(np.abs(cov).max(axis=(1, 2)), np.finfo(float).tiny)
-    asym = np.abs(cov - np.swapaxes(cov, 1, 2)).max(axis=(1, 2)) / scale
-    if np.any(asym > 1e-8):
-        bad = int(np.argmax(asym))
-        raise ValueError(f"y_cov[{bad}] is not symmetric")
+    q = resid.shape[1]
     try:
         chol = np.linalg.cholesky(cov)
     except np.linalg.LinAlgError as exc:
@@ -263,7 +306,7 @@ def gaussian_nll(y_true, y_mean, y_std=None, *, y_cov=None):
     return float(np.mean(nll))
 
 
-def crps_gaussian(y_true, y_mean, y_std):
+def crps_gaussian(y_true, y_mean, y_std=None, *, y_cov=None):
     r"""Continuous ranked probability score of Gaussian marginals (eq. 45).
 
     Closed form (Gneiting & Raftery 2007): with
@@ -281,8 +324,11 @@ def crps_gaussian(y_true, y_mean, y_std):
         Observed targets.
     y_mean : array-like of the same shape as ``y_true``
         Marginal predictive means.
-    y_std : array-like of the same shape as ``y_true``
+    y_std : array-like of the same shape as ``y_true``, optional
         Marginal predictive standard deviations (strictly positive).
+    y_cov : array-like of shape (n, Q, Q), keyword-only, optional
+        Predictive ``Q x Q`` blocks instead of ``y_std``; only their
+        diagonals (the marginal variances) are used.
 
     Returns
     -------
@@ -292,21 +338,25 @@ def crps_gaussian(y_true, y_mean, y_std):
     Raises
     ------
     ValueError
-        On a shape mismatch, non-finite values or non-positive ``y_std``.
+        On a shape mismatch, non-finite values, non-positive ``y_std`` (or
+        diagonal of ``y_cov``), an asymmetric block, or if both or neither of
+        ``y_std``/``y_cov`` are given.
     """
     y, mu = _pair(y_true, y_mean, "y_mean")
-    std = _check_std(y_std, y.shape)
+    std = _marginal_std(y_std, y_cov, y.shape)
     z = (y - mu) / std
     crps = std * (z * (2.0 * norm.cdf(z) - 1.0) + 2.0 * norm.pdf(z) - _INV_SQRT_PI)
     return float(np.mean(crps))
 
 
-def coverage(y_true, y_mean, y_std, level=0.95):
+def coverage(y_true, y_mean, y_std=None, level=0.95, *, y_cov=None):
     r"""Empirical coverage of the central predictive interval (eq. 46).
 
     Fraction of entries with :math:`|y - \mu| \le z_{\alpha}\sigma`, where
     ``z_alpha = scipy.stats.norm.ppf(0.5 + level / 2)`` (1.95996... for
     ``level=0.95``). A calibrated model has coverage close to ``level``.
+    With ``(n, Q)`` targets every channel is one entry (marginal intervals,
+    as in eq. 46), so the fraction is over all ``n * Q`` entries.
 
     Parameters
     ----------
@@ -314,10 +364,12 @@ def coverage(y_true, y_mean, y_std, level=0.95):
         Observed targets.
     y_mean : array-like of the same shape as ``y_true``
         Marginal predictive means.
-    y_std : array-like of the same shape as ``y_true``
+    y_std : array-like of the same shape as ``y_true``, optional
         Marginal predictive standard deviations (strictly positive).
     level : float, default=0.95
         Nominal probability of the central interval, in (0, 1).
+    y_cov : array-like of shape (n, Q, Q), keyword-only, optional
+        Predictive ``Q x Q`` blocks instead of ``y_std`` (diagonals used).
 
     Returns
     -------
@@ -327,17 +379,18 @@ def coverage(y_true, y_mean, y_std, level=0.95):
     Raises
     ------
     ValueError
-        On a shape mismatch, non-finite values, non-positive ``y_std`` or a
-        ``level`` outside (0, 1).
+        On a shape mismatch, non-finite values, non-positive ``y_std``, a
+        ``level`` outside (0, 1), or if both or neither of ``y_std``/``y_cov``
+        are given.
     """
     level = _check_level(level)
     y, mu = _pair(y_true, y_mean, "y_mean")
-    std = _check_std(y_std, y.shape)
+    std = _marginal_std(y_std, y_cov, y.shape)
     z = norm.ppf(0.5 + 0.5 * level)
     return float(np.mean(np.abs(y - mu) <= z * std))
 
 
-def interval_width(y_std, level=0.95):
+def interval_width(y_std=None, level=0.95, *, y_cov=None):
     r"""Mean width of the central predictive interval (eq. 47).
 
     ``mean(2 * z_alpha * y_std)`` with ``z_alpha = norm.ppf(0.5 + level / 2)``.
@@ -345,10 +398,13 @@ def interval_width(y_std, level=0.95):
 
     Parameters
     ----------
-    y_std : array-like of shape (n,) or (n, Q)
+    y_std : array-like of shape (n,) or (n, Q), optional
         Marginal predictive standard deviations (strictly positive).
     level : float, default=0.95
         Nominal probability of the central interval, in (0, 1).
+    y_cov : array-like of shape (n, Q, Q), keyword-only, optional
+        Predictive ``Q x Q`` blocks instead of ``y_std``; the width is then
+        averaged over all ``n * Q`` marginal intervals.
 
     Returns
     -------
@@ -358,13 +414,104 @@ def interval_width(y_std, level=0.95):
     Raises
     ------
     ValueError
-        On non-finite or non-positive ``y_std`` or a ``level`` outside (0, 1).
+        On non-finite or non-positive ``y_std``, a ``level`` outside (0, 1),
+        or if both or neither of ``y_std``/``y_cov`` are given.
     """
     level = _check_level(level)
-    std = _as_array(y_std, "y_std")
-    std = _check_std(std, std.shape)
+    if (y_std is None) == (y_cov is None):
+        raise ValueError("give exactly one of y_std and y_cov")
+    if y_std is not None:
+        std = _as_array(y_std, "y_std")
+        std = _check_std(std, std.shape)
+    else:
+        cov = _as_array(y_cov, "y_cov", ndims=(3,))
+        std = _marginal_std(None, cov, cov.shape[:2])
     z = norm.ppf(0.5 + 0.5 * level)
     return float(np.mean(2.0 * z * std))
+
+
+def _check_levels(levels):
+    if levels is None:
+        return np.asarray(DEFAULT_CALIBRATION_LEVELS, dtype=np.float64)
+    try:
+        arr = np.asarray(levels, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"levels must be numbers in (0, 1): {exc}") from exc
+    if arr.ndim == 0:
+        arr = arr[None]
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"levels must be a non-empty 1-D sequence, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr) & (arr > 0.0) & (arr < 1.0)):
+        raise ValueError(f"every level must lie strictly between 0 and 1, got {levels!r}")
+    return arr
+
+
+def expected_calibration_error(y_true, y_mean, y_std=None, *, y_cov=None, levels=None):
+    r"""Expected calibration error of central predictive intervals (ECE).
+
+    Mean absolute gap between the nominal probability ``p`` of the central
+    Gaussian interval and its empirical coverage, over a grid of levels
+    :math:`p_1, \dots, p_L`:
+
+    .. math:: \mathrm{ECE} = \frac1L \sum_{l=1}^{L}
+              \big| \mathrm{Cov}_{p_l} - p_l \big|,
+              \qquad \mathrm{Cov}_{p} = \frac{1}{nQ} \sum_{j,q}
+              \mathbb 1\{ |y_{jq} - \mu_{jq}| \le z_p \sigma_{jq} \},
+
+    with ``z_p = scipy.stats.norm.ppf(0.5 + p / 2)``; ``Cov_p`` is exactly
+    :func:`coverage` at ``level=p`` (eq. 46 at every level). The grid is
+    unweighted, so every level counts equally. ECE lies in ``[0, 1)``; 0 is
+    perfect calibration on the grid. It says nothing about sharpness (an
+    always-calibrated but wide predictor scores 0), so read it with
+    :func:`interval_width`.
+
+    Convention and source: the pFedHGP paper (section 4.6, Fig. 4) reports an
+    "ECE across nominal levels" without defining the grid. This function uses
+    the interval form of the mean absolute calibration error of Kuleshov,
+    Fenner & Ermon, "Accurate uncertainties for deep learning using
+    calibrated regression", ICML 2018 (sec. 3.5, with the absolute instead of
+    the squared gap and equal weights), as implemented by the Uncertainty
+    Toolbox (Chung, Char, Guo, Schneider & Neiswanger, 2021,
+    ``mean_absolute_calibration_error`` with ``prop_type="interval"``), with
+    the default grid :data:`DEFAULT_CALIBRATION_LEVELS` = 0.01, 0.02, ...,
+    0.99 (99 levels; the toolbox's default is 100 evenly spaced levels on
+    the same range, so values are close but not identical).
+
+    Parameters
+    ----------
+    y_true : array-like of shape (n,) or (n, Q)
+        Observed targets.
+    y_mean : array-like of the same shape as ``y_true``
+        Marginal predictive means.
+    y_std : array-like of the same shape as ``y_true``, optional
+        Marginal predictive standard deviations (strictly positive).
+    y_cov : array-like of shape (n, Q, Q), keyword-only, optional
+        Predictive ``Q x Q`` blocks instead of ``y_std`` (diagonals used).
+    levels : array-like of shape (L,), keyword-only, optional
+        Nominal levels, each strictly in (0, 1). Default
+        :data:`DEFAULT_CALIBRATION_LEVELS`.
+
+    Returns
+    -------
+    float
+        The expected calibration error, a dimensionless number in [0, 1).
+
+    Raises
+    ------
+    ValueError
+        On a shape mismatch, non-finite values, non-positive ``y_std``, a
+        level outside (0, 1), or if both or neither of ``y_std``/``y_cov``
+        are given.
+    """
+    lv = _check_levels(levels)
+    y, mu = _pair(y_true, y_mean, "y_mean")
+    std = _marginal_std(y_std, y_cov, y.shape)
+    z = norm.ppf(0.5 + 0.5 * lv)
+    resid = np.abs(y - mu).reshape(-1)
+    std = std.reshape(-1)
+    # same inequality as coverage(): |y - mu| <= z * std, for every level
+    cov_emp = np.array([np.mean(resid <= zl * std) for zl in z])
+    return float(np.mean(np.abs(cov_emp - lv)))
 
 
 # ---------------------------------------------------------------------------
@@ -471,7 +618,7 @@ def covariance_error(cov_pred, cov_true):
 # ---------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------
-def regression_report(y_true, y_mean, y_std):
+def regression_report(y_true, y_mean, y_std=None, *, y_cov=None):
     """All scalar regression metrics for one client in a dictionary.
 
     Parameters
@@ -480,30 +627,38 @@ def regression_report(y_true, y_mean, y_std):
         Observed targets.
     y_mean : array-like of the same shape as ``y_true``
         Predictive means.
-    y_std : array-like of the same shape as ``y_true``
+    y_std : array-like of the same shape as ``y_true``, optional
         Marginal predictive standard deviations (strictly positive).
+    y_cov : array-like of shape (n, Q, Q), keyword-only, optional
+        Full predictive ``Q x Q`` blocks instead of ``y_std``. The NLL is
+        then the joint one of eq. 44; the other metrics use the diagonals.
 
     Returns
     -------
     dict
-        ``{"RMSE": rmse, "SMSE": smse, "NLL": marginal gaussian_nll,
-        "CRPS": crps_gaussian, "coverage_95": coverage at 0.95,
-        "width_95": interval_width at 0.95}``, all Python floats. See the
-        individual functions for definitions (pFedHGP eqs. 43--47).
+        ``{"RMSE": rmse, "SMSE": smse, "NLL": gaussian_nll (marginal with
+        y_std, joint with y_cov), "CRPS": crps_gaussian, "coverage_95":
+        coverage at 0.95, "width_95": interval_width at 0.95, "ECE":
+        expected_calibration_error on the default grid}``, all Python
+        floats. See the individual functions for definitions (pFedHGP eqs.
+        43--47).
 
     Raises
     ------
     ValueError
         As the individual metrics (shape mismatch, non-finite values,
-        non-positive ``y_std``, constant ``y_true``).
+        non-positive ``y_std``, constant ``y_true``, both or neither of
+        ``y_std``/``y_cov``), or if ``y_cov`` is not positive definite.
     """
     y, mu = _pair(y_true, y_mean, "y_mean")
-    std = _check_std(y_std, y.shape)
+    std = _marginal_std(y_std, y_cov, y.shape)
+    nll = gaussian_nll(y, mu, std) if y_cov is None else gaussian_nll(y, mu, y_cov=y_cov)
     return {
         "RMSE": rmse(y, mu),
         "SMSE": smse(y, mu),
-        "NLL": gaussian_nll(y, mu, std),
+        "NLL": nll,
         "CRPS": crps_gaussian(y, mu, std),
         "coverage_95": coverage(y, mu, std, level=0.95),
         "width_95": interval_width(std, level=0.95),
+        "ECE": expected_calibration_error(y, mu, std),
     }

@@ -3,9 +3,11 @@ import pytest
 from scipy import integrate, stats
 
 from skfedgp.metrics import (
+    DEFAULT_CALIBRATION_LEVELS,
     coverage,
     covariance_error,
     crps_gaussian,
+    expected_calibration_error,
     gaussian_nll,
     interval_width,
     output_covariance,
@@ -178,7 +180,7 @@ def test_regression_report(rng):
     mu = y + 0.1 * rng.normal(size=100)
     sd = np.full(100, 0.1)
     rep = regression_report(y, mu, sd)
-    assert set(rep) == {"RMSE", "SMSE", "NLL", "CRPS", "coverage_95", "width_95"}
+    assert set(rep) == {"RMSE", "SMSE", "NLL", "CRPS", "coverage_95", "width_95", "ECE"}
     assert all(isinstance(v, float) for v in rep.values())
     assert rep["RMSE"] == rmse(y, mu)
     assert rep["NLL"] == gaussian_nll(y, mu, sd)
@@ -219,3 +221,136 @@ def test_bad_dimensions_and_empty():
         rmse([], [])
     with pytest.raises(ValueError, match="strictly positive"):
         crps_gaussian([1.0], [1.0], [-1.0])
+
+
+# ---------------------------------------------------------------- multi-output (n, Q) / (n, Q, Q)
+def _blocks_from_std(sd, rng, corr=0.6):
+    """(n, Q, Q) blocks with marginal std ``sd`` and non-zero correlations."""
+    n, q = sd.shape
+    C = np.full((q, q), corr) + (1 - corr) * np.eye(q)
+    return sd[:, :, None] * C[None] * sd[:, None, :]
+
+
+def test_smse_multioutput_hand_value():
+    y = np.array([[0.0, 10.0], [2.0, 30.0]])  # var per output: 1, 100
+    p = np.array([[1.0, 10.0], [2.0, 20.0]])  # mse per output: 0.5, 50
+    assert smse(y, p) == pytest.approx(0.5 * (0.5 / 1.0 + 50.0 / 100.0))
+
+
+def test_crps_multioutput_and_cov_blocks(rng):
+    n, q = 12, 3
+    y, mu = rng.normal(size=(n, q)), rng.normal(size=(n, q))
+    sd = rng.uniform(0.3, 2.0, size=(n, q))
+    # reference: scipy's CDF integrated numerically entry by entry
+    ref = []
+    for a, b, c in zip(y.ravel(), mu.ravel(), sd.ravel()):
+        F = stats.norm(b, c).cdf
+        left, _ = integrate.quad(lambda x: F(x) ** 2, min(b - 12 * c, a), a)
+        right, _ = integrate.quad(lambda x: (F(x) - 1.0) ** 2, a, max(b + 12 * c, a))
+        ref.append(left + right)
+    assert crps_gaussian(y, mu, sd) == pytest.approx(np.mean(ref), rel=1e-7)
+    cov = _blocks_from_std(sd, rng)
+    assert crps_gaussian(y, mu, y_cov=cov) == pytest.approx(np.mean(ref), rel=1e-7)
+
+
+def test_coverage_and_width_with_cov_blocks(rng):
+    z = stats.norm.ppf(0.975)
+    mu = np.zeros((2, 2))
+    sd = np.array([[1.0, 2.0], [0.5, 1.0]])
+    # inside, inside, outside, outside (by hand)
+    y = np.array([[0.9 * z, -1.9 * z], [0.6 * z, -1.1 * z]])
+    cov = _blocks_from_std(sd, rng, corr=-0.4)
+    assert coverage(y, mu, sd) == pytest.approx(0.5)
+    assert coverage(y, mu, y_cov=cov) == pytest.approx(0.5)
+    assert coverage(y, mu, level=0.5, y_cov=cov) == pytest.approx(0.0)
+    assert interval_width(y_cov=cov) == pytest.approx(2 * z * sd.mean())
+    assert interval_width(sd) == pytest.approx(2 * z * sd.mean())
+    # 1-D targets with (n, 1, 1) blocks: 0.9 z <= z inside, 0.6 z > 0.5 z outside
+    assert coverage(y[:, 0], mu[:, 0], y_cov=sd[:, :1, None] ** 2) == pytest.approx(0.5)
+
+
+def test_marginal_metrics_reject_bad_cov(rng):
+    y = rng.normal(size=(4, 2))
+    sd = np.ones((4, 2))
+    with pytest.raises(ValueError, match="exactly one"):
+        crps_gaussian(y, y)
+    with pytest.raises(ValueError, match="exactly one"):
+        coverage(y, y, sd, y_cov=np.tile(np.eye(2), (4, 1, 1)))
+    with pytest.raises(ValueError, match="exactly one"):
+        interval_width()
+    with pytest.raises(ValueError, match="y_cov has shape"):
+        crps_gaussian(y, y, y_cov=np.tile(np.eye(3), (4, 1, 1)))
+    with pytest.raises(ValueError, match="strictly positive"):
+        coverage(y, y, y_cov=np.tile(np.diag([1.0, 0.0]), (4, 1, 1)))
+    with pytest.raises(ValueError, match="symmetric"):
+        interval_width(y_cov=np.tile(np.array([[1.0, 0.5], [0.0, 1.0]]), (4, 1, 1)))
+    cov = np.tile(np.eye(2), (4, 1, 1))
+    cov[1, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        expected_calibration_error(y, y, y_cov=cov)
+
+
+# ---------------------------------------------------------------- ECE
+def test_ece_hand_computed():
+    z50, z90 = stats.norm.ppf(0.75), stats.norm.ppf(0.95)
+    mu, sd = np.zeros(4), np.ones(4)
+    # |r| = 0.5 z50 (in both), 1.5 z50 < z90 (only 0.9), 2 z90 (none), 0 (both)
+    y = np.array([0.5 * z50, -1.5 * z50, 2.0 * z90, 0.0])
+    assert 1.5 * z50 < z90
+    # coverage: 0.5 at level 0.5 (gap 0), 0.75 at level 0.9 (gap 0.15)
+    got = expected_calibration_error(y, mu, sd, levels=[0.5, 0.9])
+    assert got == pytest.approx(0.5 * (0.0 + 0.15))
+
+
+def test_ece_equals_mean_gap_of_coverage(rng):
+    y, mu = rng.normal(size=(60, 3)), rng.normal(size=(60, 3))
+    sd = rng.uniform(0.5, 2.0, size=(60, 3))
+    levels = DEFAULT_CALIBRATION_LEVELS
+    assert len(levels) == 99 and levels[0] == 0.01 and levels[-1] == 0.99
+    ref = np.mean([abs(coverage(y, mu, sd, level=p) - p) for p in levels])
+    assert expected_calibration_error(y, mu, sd) == pytest.approx(ref, abs=1e-15)
+    cov = _blocks_from_std(sd, rng)
+    assert expected_calibration_error(y, mu, y_cov=cov) == pytest.approx(ref, abs=1e-15)
+
+
+def test_ece_population_values(rng):
+    # calibrated: ECE -> 0; overconfident by 2x: coverage(p) -> 2 Phi(2 z_p) - 1
+    y = rng.normal(size=(40000, 2))
+    mu, sd = np.zeros_like(y), np.ones_like(y)
+    assert expected_calibration_error(y, mu, sd) < 0.01
+    levels = DEFAULT_CALIBRATION_LEVELS
+    z = stats.norm.ppf(0.5 + levels / 2)
+    ref = np.mean(np.abs(2 * stats.norm.cdf(z / 2) - 1 - levels))
+    assert expected_calibration_error(y, mu, 0.5 * sd) == pytest.approx(ref, abs=0.01)
+    assert ref > 0.2  # a real gap, not a trivially small number
+
+
+@pytest.mark.parametrize("levels", [[0.0, 0.5], [0.5, 1.0], [], [[0.5]], [np.nan]])
+def test_ece_bad_levels(levels):
+    with pytest.raises(ValueError, match="level"):
+        expected_calibration_error([0.0, 1.0], [0.0, 0.0], [1.0, 1.0], levels=levels)
+
+
+def test_regression_report_with_cov_blocks(rng):
+    n, q = 30, 3
+    y, mu = rng.normal(size=(n, q)), rng.normal(size=(n, q))
+    cov = _random_spd(rng, n, q)
+    rep = regression_report(y, mu, y_cov=cov)
+    expected_nll = -np.mean(
+        [stats.multivariate_normal.logpdf(y[j], mu[j], cov[j]) for j in range(n)]
+    )
+    assert rep["NLL"] == pytest.approx(expected_nll, rel=1e-10)
+    sd = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
+    marg = regression_report(y, mu, sd)
+    for key in ("RMSE", "SMSE", "CRPS", "coverage_95", "width_95", "ECE"):
+        assert rep[key] == pytest.approx(marg[key], rel=1e-12)
+    assert marg["NLL"] == pytest.approx(-np.mean(stats.norm.logpdf(y, mu, sd).sum(axis=1)))
+
+
+def test_output_covariance_multioutput_hand(rng):
+    mu = np.array([[1.0, 0.0], [-1.0, 2.0]])  # population cov [[1, -1], [-1, 1]]
+    blocks = np.array([[[2.0, 0.5], [0.5, 1.0]], [[4.0, -0.5], [-0.5, 3.0]]])
+    got = output_covariance(mu, blocks, noise_var=0.1)
+    expected = np.array([[1.0, -1.0], [-1.0, 1.0]]) + blocks.mean(axis=0) + 0.1 * np.eye(2)
+    np.testing.assert_allclose(got, expected)
+    np.testing.assert_allclose(got, np.cov(mu.T, bias=True) + blocks.mean(0) + 0.1 * np.eye(2))
