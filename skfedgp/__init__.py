@@ -9,6 +9,7 @@ FederatedHierarchicalGPRegressor
 
 from ._linalg import CholeskyError
 from .regressor import FederatedHierarchicalGPRegressor
+from .async_dgp import AsyncDGPRegressor
 
 __version__ = "0.1.0"
 
