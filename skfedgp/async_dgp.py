@@ -767,6 +767,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
         idx = self._start(X, y, groups, None)
+        self._n_stream = X.shape[0]
         for i, e in enumerate(self.experts_):
             e.set_batch(X[idx == i], y[idx == i])
         self._finish()
