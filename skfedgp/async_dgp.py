@@ -568,8 +568,9 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         "gpgym": the authors' MATLAB code — distance in lengthscale units,
         ``beta = 100``, ``L_f = exp(-1/2) sigma_f^2``.
     lengthscale : float or array-like of shape (n_features,), optional
-        Initial (or fixed) ARD lengthscales; None: per-feature standard
-        deviation of the first training data (1 where it is 0).
+        Initial (or fixed) ARD lengthscales; None: ``sqrt(n_features)``
+        times the per-feature standard deviation of the first training data
+        (1 where it is 0).
     variance : float, default=1.0
         Initial (or fixed) signal variance ``sigma_f^2``.
     noise_variance : float, optional
@@ -694,8 +695,12 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     def _init_hyper(self, X, y):
         d = X.shape[1]
         if self.lengthscale is None:
+            # sqrt(d) * std: the expected squared scaled distance between two
+            # points is then ~2 whatever d (with ell = std it grows like 2 d and
+            # in 32 dimensions every kernel entry starts at ~exp(-32): a flat,
+            # white-noise start the optimiser cannot leave)
             ell = X.std(axis=0) if X.shape[0] > 1 else np.ones(d)
-            ell = np.where(ell > 0, ell, 1.0)
+            ell = np.sqrt(d) * np.where(ell > 0, ell, 1.0)
         else:
             ell = np.asarray(self.lengthscale, dtype=float)
             ell = np.full(d, float(ell)) if ell.ndim == 0 else ell
