@@ -7,12 +7,21 @@ FederatedHierarchicalGPRegressor
     trained federatedly (H. Yan, "Personalized Federated Hierarchical Gaussian
     Processes for Privacy-Preserving Modeling of Heterogeneous Distributed
     Systems", arXiv:2609.19337, 2026; ``docs/maths.md``).
+MaxEvidenceClassifier
+    Whole-curve classification: each class is a client of the regressor; a
+    curve goes to the class whose predictive law explains it best.
+OperatorClustering
+    Groups clients by their projection operators in inducing-feature space.
+AsyncDGPRegressor
+    Asynchronous distributed GP experts aggregated through an information set
+    of past predictions (Async DGP), with MoE/PoE/gPoE/BCM/rBCM baselines.
 """
 
 from ._linalg import CholeskyError
+from .async_dgp import AsyncDGPRegressor
 from .regressor import ClientLabelWarning, FederatedHierarchicalGPRegressor
 
 __version__ = "0.1.0"
 
-__all__ = ["FederatedHierarchicalGPRegressor", "CholeskyError", "ClientLabelWarning",
-           "__version__"]
+__all__ = ["FederatedHierarchicalGPRegressor", "AsyncDGPRegressor", "CholeskyError",
+           "ClientLabelWarning", "__version__"]

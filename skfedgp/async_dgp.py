@@ -1,0 +1,915 @@
+"""Distributed exact-GP experts with asynchronous aggregation (Async DGP).
+
+``AsyncDGPRegressor`` splits the data among ``n_experts`` exact GP experts
+with a shared squared-exponential ARD kernel and combines their predictions
+with one of six rules: the asynchronous information-set rule of Yang, Dai
+and Hirche ("async"), and the baselines MoE, PoE, gPoE, BCM and rBCM
+(Deisenroth & Ng 2015; Liu et al. 2018).  SPEC section 3.
+
+Sources
+-------
+* Z. Yang, X. Dai, S. Hirche, "Asynchronous Distributed Gaussian Process
+  Regression for Online Learning and Dynamical Systems", AAAI 2025 (arXiv
+  2412.11950): information set (eq. 10), aggregation (eqs. 11-15),
+  Lemma 1 (beta), Lemma 3 (Lipschitz constant of the SE kernel), Algorithm 1.
+* M. P. Deisenroth, J. W. Ng, "Distributed Gaussian Processes", ICML 2015:
+  PoE, gPoE, BCM, rBCM (section 3, eqs. 5-9 and 18-20).
+* H. Liu, J. Cai, Y. Wang, Y.-S. Ong, "Generalized Robust Bayesian Committee
+  Machine for Large-scale Gaussian Process Regression", ICML 2018: the
+  same PoE/gPoE/BCM/rBCM family in one notation (section 3).
+
+Streaming
+---------
+Each expert keeps its lower Cholesky factor ``L`` of ``K + s2 I`` in a
+preallocated buffer.  ``partial_fit`` appends one point with a rank-one
+extension (``O(n^2)``) and, once ``max_points_per_expert`` is reached,
+first drops the oldest point with a rank-one update of the trailing block
+(``O(n^2)``): the factor is never recomputed from scratch.  Both kernels are
+compiled with Numba (:func:`chol_append`, :func:`chol_delete_first`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import numpy as np
+from joblib import Parallel, delayed
+from numba import njit
+from scipy.linalg import cho_solve, cholesky, solve_triangular
+from scipy.optimize import minimize
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+
+from .kernels import se_ard
+
+__all__ = [
+    "AsyncDGPRegressor",
+    "AGGREGATIONS",
+    "aggregate",
+    "InformationSet",
+    "chol_append",
+    "chol_delete_first",
+]
+
+#: Aggregation rules understood by :class:`AsyncDGPRegressor`.
+AGGREGATIONS = ("async", "moe", "poe", "gpoe", "bcm", "rbcm")
+
+#: Conventions of the "async" rule (SPEC section 3).
+CONVENTIONS = ("paper", "gpgym")
+
+_LOG_BOUNDS = (-11.5, 11.5)  # bounds of every log-hyperparameter (about 1e-5 .. 1e5)
+
+
+# ---------------------------------------------------------------------------
+# Numba incremental Cholesky
+# ---------------------------------------------------------------------------
+
+
+@njit(nogil=True, cache=True)
+def chol_append(L, Xb, n, x, inv_ell, sf2, sn2, work):  # pragma: no cover - compiled
+    """Extend the Cholesky factor of ``K + sn2 I`` by one point, in place.
+
+    Parameters
+    ----------
+    L : ndarray of shape (cap, cap)
+        Buffer whose leading ``n x n`` block is the lower factor of the first
+        ``n`` points; row ``n`` is overwritten.
+    Xb : ndarray of shape (cap, d)
+        Input buffer; its first ``n`` rows are the stored points.  Row ``n``
+        is set to ``x``.
+    n : int
+        Number of stored points (``n < cap``).
+    x : ndarray of shape (d,)
+        New input.
+    inv_ell : ndarray of shape (d,)
+        Inverse lengthscales.
+    sf2, sn2 : float
+        Signal and noise variance.
+    work : ndarray of shape (cap,)
+        Scratch space.
+
+    Returns
+    -------
+    ok : bool
+        False if the new diagonal entry is not positive (the factor is left
+        unchanged apart from row ``n``).
+
+    Notes
+    -----
+    ``L21 = L11^{-1} k(X, x)``, ``l22 = sqrt(k(x, x) + sn2 - ||L21||^2)``:
+    ``O(n d + n^2)`` operations.
+    """
+    d = x.shape[0]
+    for i in range(n):
+        s = 0.0
+        for j in range(d):
+            t = (Xb[i, j] - x[j]) * inv_ell[j]
+            s += t * t
+        work[i] = sf2 * math.exp(-0.5 * s)
+    sq = 0.0
+    for i in range(n):
+        s = work[i]
+        for j in range(i):
+            s -= L[i, j] * work[j]
+        v = s / L[i, i]
+        work[i] = v
+        sq += v * v
+    r = sf2 + sn2 - sq
+    for j in range(d):
+        Xb[n, j] = x[j]
+    if not (r > 0.0):
+        return False
+    for j in range(n):
+        L[n, j] = work[j]
+    L[n, n] = math.sqrt(r)
+    for j in range(n + 1, L.shape[1]):
+        L[n, j] = 0.0
+    return True
+
+
+@njit(nogil=True, cache=True)
+def chol_delete_first(L, Xb, yb, n, work):  # pragma: no cover - compiled
+    """Drop the first point from a Cholesky factor and the data buffers, in place.
+
+    Parameters
+    ----------
+    L : ndarray of shape (cap, cap)
+        Buffer whose leading ``n x n`` block is the lower factor of
+        ``A = K + sn2 I``; on return its leading ``(n-1) x (n-1)`` block is
+        the factor of ``A[1:, 1:]``.
+    Xb : ndarray of shape (cap, d)
+        Input buffer (rows shifted up by one).
+    yb : ndarray of shape (cap,)
+        Target buffer (shifted up by one).
+    n : int
+        Number of stored points, at least 1.
+    work : ndarray of shape (cap,)
+        Scratch space.
+
+    Notes
+    -----
+    ``A[1:, 1:] = L22 L22^T + l l^T`` with ``l = L[1:, 0]``: a rank-one
+    *update* of ``L22`` (Givens-like recurrence; Golub & Van Loan, "Matrix
+    Computations", section 6.5.4), ``O(n^2)`` and always stable.
+    """
+    m = n - 1
+    for i in range(m):
+        work[i] = L[i + 1, 0]
+    for k in range(m):
+        lkk = L[k + 1, k + 1]
+        r = math.sqrt(lkk * lkk + work[k] * work[k])
+        c = r / lkk
+        s = work[k] / lkk
+        L[k + 1, k + 1] = r
+        for i in range(k + 1, m):
+            lik = (L[i + 1, k + 1] + s * work[i]) / c
+            L[i + 1, k + 1] = lik
+            work[i] = c * work[i] - s * lik
+    for i in range(m):
+        for j in range(i + 1):
+            L[i, j] = L[i + 1, j + 1]
+        L[i, i + 1] = 0.0
+        for j in range(Xb.shape[1]):
+            Xb[i, j] = Xb[i + 1, j]
+        yb[i] = yb[i + 1]
+    for j in range(L.shape[1]):
+        L[m, j] = 0.0
+
+
+# ---------------------------------------------------------------------------
+# One exact-GP expert
+# ---------------------------------------------------------------------------
+
+
+class _Expert:
+    """Exact GP expert with an incrementally maintained Cholesky factor.
+
+    Targets are stored raw; the (constant) prior mean is subtracted when the
+    weights ``alpha = (K + s2 I)^{-1} (y - m)`` are formed.
+    """
+
+    def __init__(self, d, lengthscale, variance, noise_variance, max_points=None):
+        self.d = d
+        self.ell = np.asarray(lengthscale, dtype=float)
+        self.sf2 = float(variance)
+        self.sn2 = float(noise_variance)
+        self.max_points = max_points
+        cap = max_points if max_points is not None else 16
+        self._alloc(cap)
+        self.n = 0
+        self._alpha = None
+        self._alpha_mean = None
+
+    def _alloc(self, cap):
+        self.L = np.zeros((cap, cap))
+        self.X = np.zeros((cap, self.d))
+        self.y = np.zeros(cap)
+        self.work = np.zeros(cap)
+
+    def _grow(self, need):
+        cap = self.L.shape[0]
+        if need <= cap:
+            return
+        new = max(need, 2 * cap)
+        L, X, y = self.L, self.X, self.y
+        self._alloc(new)
+        self.L[: self.n, : self.n] = L[: self.n, : self.n]
+        self.X[: self.n] = X[: self.n]
+        self.y[: self.n] = y[: self.n]
+
+    def set_batch(self, X, y):
+        """Factorise from scratch (used by ``fit``)."""
+        X = np.ascontiguousarray(X, dtype=float)
+        n = X.shape[0]
+        if self.max_points is not None and n > self.max_points:
+            X, y = X[-self.max_points :], y[-self.max_points :]
+            n = self.max_points
+        self.n = 0
+        self._grow(n)
+        if n:
+            K = se_ard(X, X, self.ell, self.sf2)
+            K.flat[:: n + 1] += self.sn2
+            self.L[:n, :n] = cholesky(K, lower=True, check_finite=False)
+            self.X[:n] = X
+            self.y[:n] = y
+        self.n = n
+        self._alpha = None
+
+    def add(self, x, y):
+        """Append one point (rank-one), dropping the oldest at the window size."""
+        if self.max_points is not None and self.n == self.max_points:
+            chol_delete_first(self.L, self.X, self.y, self.n, self.work)
+            self.n -= 1
+        self._grow(self.n + 1)
+        ok = chol_append(
+            self.L, self.X, self.n, np.ascontiguousarray(x, dtype=float), 1.0 / self.ell,
+            self.sf2, self.sn2, self.work,
+        )
+        if not ok:
+            raise np.linalg.LinAlgError(
+                "incremental Cholesky update lost positive definiteness; the "
+                "noise variance is too small for a duplicated input"
+            )
+        self.y[self.n] = y
+        self.n += 1
+        self._alpha = None
+
+    def alpha(self, mean):
+        if self._alpha is None or self._alpha_mean != mean:
+            n = self.n
+            L = self.L[:n, :n]
+            a = solve_triangular(L, self.y[:n] - mean, lower=True, check_finite=False)
+            self._v = a  # L^{-1} (y - m)
+            self._alpha = solve_triangular(L, a, lower=True, trans="T", check_finite=False)
+            self._alpha_mean = mean
+        return self._alpha
+
+    def predict(self, Xs, mean):
+        """Posterior mean and latent variance at ``Xs`` (shape (q, d))."""
+        q = Xs.shape[0]
+        if self.n == 0:
+            return np.full(q, float(mean)), np.full(q, self.sf2)
+        n = self.n
+        Ks = se_ard(Xs, self.X[:n], self.ell, self.sf2)  # (q, n)
+        mu = mean + Ks @ self.alpha(mean)
+        V = solve_triangular(self.L[:n, :n], Ks.T, lower=True, check_finite=False)
+        var = self.sf2 - np.einsum("ij,ij->j", V, V)
+        return mu, np.clip(var, 1e-12 * self.sf2, self.sf2)
+
+    def quad(self, mean):
+        """``(y - m)^T (K + s2 I)^{-1} (y - m)`` (0 when empty)."""
+        if self.n == 0:
+            return 0.0
+        self.alpha(mean)
+        return float(self._v @ self._v)
+
+
+# ---------------------------------------------------------------------------
+# Hyperparameters: sum of the experts' log marginal likelihoods
+# ---------------------------------------------------------------------------
+
+
+def _expert_nlml(X, y, theta):
+    """Negative log marginal likelihood of one expert and its gradient.
+
+    ``theta = [log ell (d), log sf2, log sn2]``.  ``dNLML/dK = (K^{-1} -
+    alpha alpha^T) / 2``; ``dK/dlog ell_d = K_f * (x_d - x'_d)^2 / ell_d^2``,
+    ``dK/dlog sf2 = K_f``, ``dK/dlog sn2 = sn2 I`` (Rasmussen & Williams 2006,
+    "Gaussian Processes for Machine Learning", eq. 5.9).
+    """
+    n, d = X.shape
+    if n == 0:
+        return 0.0, np.zeros(d + 2)
+    ell = np.exp(theta[:d])
+    sf2, sn2 = np.exp(theta[d]), np.exp(theta[d + 1])
+    Kf = se_ard(X, X, ell, sf2)
+    K = Kf.copy()
+    K.flat[:: n + 1] += sn2
+    try:
+        L = cholesky(K, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return np.inf, np.zeros(d + 2)
+    alpha = cho_solve((L, True), y, check_finite=False)
+    nlml = 0.5 * y @ alpha + np.log(np.diag(L)).sum() + 0.5 * n * np.log(2 * np.pi)
+    W = 0.5 * (cho_solve((L, True), np.eye(n), check_finite=False) - np.outer(alpha, alpha))
+    M = W * Kf
+    Xs = X / ell
+    rs = M.sum(axis=1)
+    g_ell = 2.0 * ((Xs**2).T @ rs) - 2.0 * np.einsum("ij,ij->j", M @ Xs, Xs)
+    grad = np.concatenate([g_ell, [M.sum(), sn2 * np.trace(W)]])
+    return float(nlml), grad
+
+
+def _total_nlml(theta, parts, n_jobs):
+    res = Parallel(n_jobs=n_jobs, prefer="threads")(
+        delayed(_expert_nlml)(X, y, theta) for X, y in parts
+    )
+    f = sum(r[0] for r in res)
+    if not np.isfinite(f):
+        return 1e25, np.zeros_like(theta)
+    return f, np.sum([r[1] for r in res], axis=0)
+
+
+# ---------------------------------------------------------------------------
+# Aggregation rules at one input
+# ---------------------------------------------------------------------------
+
+
+def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
+    """Combine expert predictions made at the same input.
+
+    Parameters
+    ----------
+    mu : ndarray of shape (q, M)
+        Expert posterior means (units of the target).
+    var : ndarray of shape (q, M)
+        Expert latent posterior variances, ``0 < var <= prior_var``.
+    prior_var : float
+        Prior (signal) variance ``sigma_f^2`` of the shared kernel.
+    rule : {"moe", "poe", "gpoe", "bcm", "rbcm"}
+        Aggregation rule.
+    prior_mean : float, default=0.0
+        Constant prior mean ``m``; the BCM family subtracts it before
+        combining and adds it back (with ``m = 0`` the formulas are those
+        of the papers).
+
+    Returns
+    -------
+    mean, var : ndarray of shape (q,)
+
+    Notes
+    -----
+    With ``s_k^2`` the expert variances and ``s_**^2`` the prior variance:
+
+    * ``"moe"`` (uniform mixture of experts, Tresp 2000): ``mean = (1/M)
+      sum mu_k``; variance of the uniform mixture ``(1/M) sum (s_k^2 +
+      mu_k^2) - mean^2``.
+    * ``"poe"`` (Deisenroth & Ng 2015, eqs. 5-6): ``1/s^2 = sum 1/s_k^2``,
+      ``mean = s^2 sum mu_k / s_k^2``.
+    * ``"gpoe"`` (Cao & Fleet 2014) with the weights ``beta_k = 1/M`` that
+      Deisenroth & Ng (2015, section 3.2) and Liu et al. (2018, section 3)
+      recommend, so that the weights sum to one.
+    * ``"bcm"`` (Tresp 2000; Deisenroth & Ng 2015, eqs. 7-8): ``1/s^2 =
+      sum 1/s_k^2 + (1 - M) / s_**^2``.
+    * ``"rbcm"`` (Deisenroth & Ng 2015, eqs. 9, 18-20): ``beta_k = (log
+      s_**^2 - log s_k^2) / 2`` (differential-entropy difference between
+      prior and posterior), ``1/s^2 = sum beta_k / s_k^2 + (1 - sum beta_k)
+      / s_**^2``, ``mean = s^2 sum beta_k mu_k / s_k^2`` (prior mean 0).
+
+    With one expert MoE, PoE, gPoE and BCM return the expert itself; rBCM
+    does not (it shrinks towards the prior unless ``beta_1 = 1``).
+    """
+    mu = np.asarray(mu, dtype=float)
+    var = np.clip(np.asarray(var, dtype=float), 1e-300, prior_var)
+    M = mu.shape[1]
+    if rule == "moe":
+        m = mu.mean(axis=1)
+        return m, np.maximum((var + mu**2).mean(axis=1) - m**2, 0.0)
+    r = mu - prior_mean
+    if rule in ("poe", "gpoe"):
+        b = 1.0 if rule == "poe" else 1.0 / M
+        prec = b * (1.0 / var).sum(axis=1)
+        v = 1.0 / prec
+        return prior_mean + v * b * (r / var).sum(axis=1), v
+    if rule == "bcm":
+        prec = (1.0 / var).sum(axis=1) + (1 - M) / prior_var
+        v = 1.0 / prec
+        return prior_mean + v * (r / var).sum(axis=1), v
+    if rule == "rbcm":
+        b = 0.5 * (np.log(prior_var) - np.log(var))
+        prec = (b / var).sum(axis=1) + (1.0 - b.sum(axis=1)) / prior_var
+        v = 1.0 / prec
+        return prior_mean + v * (b * r / var).sum(axis=1), v
+    raise ValueError(f"unknown aggregation {rule!r}; expected one of {AGGREGATIONS}")
+
+
+class InformationSet:
+    """Information set ``I(t)`` of the Async DGP (Algorithm 1 of Yang et al.).
+
+    Holds up to ``max_info`` past expert predictions ``(x_k, mu_k, sigma_k)``
+    and aggregates them at the current input with eqs. (11)-(15)::
+
+        eta_k   = L_f dist(x_k, x) + beta sigma_k
+        rho_k   = max(log(beta sigma_f / eta_k), 0)
+        omega^-2 = sum rho_k eta_k^-2 + (1 - sum rho_k) (beta sigma_f)^-2
+        f_hat   = omega^2 [sum rho_k eta_k^-2 mu_k + (1 - sum rho_k)(beta sigma_f)^-2 m]
+
+    Parameters
+    ----------
+    max_info : int
+        Capacity ``I >= 1``.
+    beta : float
+        Error-bound scale ``beta`` (Lemma 1), positive.
+    sigma_f : float
+        Prior standard deviation of the kernel (target units).
+    lipschitz : float
+        ``L_f`` (target units per unit of distance).
+    lengthscale : ndarray of shape (d,)
+        Used for the distance of the "gpgym" convention.
+    convention : {"paper", "gpgym"}
+        "paper": Euclidean distance, stored entries with ``eta > beta
+        sigma_f`` pruned before each reception, newcomers with ``eta <= beta
+        sigma_f`` admitted, and the ``max_info`` lowest ``eta`` kept.
+        "gpgym": distance in lengthscale units, no pruning, a newcomer
+        admitted only if ``L_f dist < beta (sigma_f - sigma_k)`` and, when the
+        set is full, replacing the worst entry if it is better.
+
+    Notes
+    -----
+    The aggregated standard deviation returned by :meth:`aggregate` is
+    ``omega / beta``: with all entries at the query point (``dist = 0``)
+    ``(omega/beta)^-2 = sum rho_k / sigma_k^2 + (1 - sum rho_k) / sigma_f^2``,
+    the rBCM precision with weights ``rho_k = log(sigma_f / sigma_k)``
+    (clipped at 0) — a variance, in target units, that the paper does not
+    define but that reduces to a known rule without delays.
+    """
+
+    def __init__(self, max_info, beta, sigma_f, lipschitz, lengthscale, convention="paper"):
+        self.max_info = int(max_info)
+        self.beta = float(beta)
+        self.sigma_f = float(sigma_f)
+        self.lipschitz = float(lipschitz)
+        self.scale = 1.0 / np.asarray(lengthscale, dtype=float) if convention == "gpgym" else None
+        self.convention = convention
+        self.x = []
+        self.mu = []
+        self.sigma = []
+
+    def __len__(self):
+        return len(self.mu)
+
+    def _dist(self, xs, x):
+        diff = np.asarray(xs, dtype=float) - x
+        if self.scale is not None:
+            diff = diff * self.scale
+        return np.sqrt((diff**2).sum(axis=-1))
+
+    def _eta(self, x):
+        if not self.mu:
+            return np.empty(0)
+        return self.lipschitz * self._dist(np.array(self.x), x) + self.beta * np.array(self.sigma)
+
+    def update(self, x, new):
+        """Algorithm 1, parts I and II, at the current input ``x``.
+
+        Parameters
+        ----------
+        x : ndarray of shape (d,)
+            Current input ``x(t)``.
+        new : iterable of tuples ``(x_k, mu_k, sigma_k)``
+            Predictions received since the last call.
+        """
+        bound = self.beta * self.sigma_f
+        if self.convention == "paper":
+            eta = self._eta(x)
+            keep = [i for i in range(len(eta)) if eta[i] <= bound]
+            self.x = [self.x[i] for i in keep]
+            self.mu = [self.mu[i] for i in keep]
+            self.sigma = [self.sigma[i] for i in keep]
+            for xk, mk, sk in new:
+                ek = self.lipschitz * self._dist(xk, x) + self.beta * sk
+                if ek <= bound:
+                    self.x.append(np.asarray(xk, dtype=float))
+                    self.mu.append(float(mk))
+                    self.sigma.append(float(sk))
+            if len(self.mu) > self.max_info:
+                eta = self._eta(x)
+                order = np.argsort(eta, kind="stable")[: self.max_info]
+                self.x = [self.x[i] for i in order]
+                self.mu = [self.mu[i] for i in order]
+                self.sigma = [self.sigma[i] for i in order]
+        else:
+            for xk, mk, sk in new:
+                dk = self._dist(xk, x)
+                if not self.lipschitz * dk < self.beta * (self.sigma_f - sk):
+                    continue
+                item = (np.asarray(xk, dtype=float), float(mk), float(sk))
+                if len(self.mu) < self.max_info:
+                    self.x.append(item[0]), self.mu.append(item[1]), self.sigma.append(item[2])
+                    continue
+                eta = self._eta(x)
+                worst = int(np.argmax(eta))
+                if self.lipschitz * dk + self.beta * sk < eta[worst]:
+                    self.x[worst], self.mu[worst], self.sigma[worst] = item
+
+    def aggregate(self, x, prior_mean=0.0):
+        """Aggregated mean and standard deviation at ``x`` (eqs. 11-15).
+
+        Returns the prior ``(m, sigma_f)`` when no entry has ``rho > 0``.
+        """
+        bound = self.beta * self.sigma_f
+        eta = self._eta(x)
+        if eta.size == 0:
+            return float(prior_mean), self.sigma_f
+        with np.errstate(divide="ignore"):
+            rho = np.maximum(np.log(bound / np.maximum(eta, 1e-300)), 0.0)
+        w = rho / np.maximum(eta, 1e-300) ** 2
+        w0 = (1.0 - rho.sum()) / bound**2
+        inv = w.sum() + w0
+        mean = (w @ np.array(self.mu) + w0 * prior_mean) / inv
+        return float(mean), float(1.0 / np.sqrt(inv) / self.beta)
+
+
+# ---------------------------------------------------------------------------
+# Estimator
+# ---------------------------------------------------------------------------
+
+
+class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
+    """Distributed exact-GP experts with asynchronous or classical aggregation.
+
+    ``n_experts`` exact GPs share one SE-ARD kernel ``k(x, z) = variance *
+    exp(-0.5 sum_d (x_d - z_d)^2 / ell_d^2)`` and Gaussian noise; the data are
+    split among them and their predictions are combined by ``aggregation``
+    (SPEC section 3).
+
+    Parameters
+    ----------
+    n_experts : int, default=4
+        Number of experts.
+    aggregation : {"async", "moe", "poe", "gpoe", "bcm", "rbcm"}, default="async"
+        Rule; see :func:`aggregate` for the baselines and
+        :class:`InformationSet` for "async".  In ``predict`` no expert is
+        late: every expert answers at the query itself, so the information
+        set holds the ``max_info`` experts of lowest ``eta = beta sigma_k``
+        and "async" is the rBCM with weights ``max(log(sigma_f/sigma_k), 0)``
+        on them.  Delays are simulated by :mod:`skfedgp.simulation`.
+    max_info : int, default=10
+        Capacity of the information set (>= 1).
+    convention : {"paper", "gpgym"}, default="paper"
+        Constants of the "async" rule.  "paper" (default): Euclidean
+        distance, ``L_f = 2 Gamma sigma_f^2 exp(-1/2) / min(ell)`` (Lemma 3
+        with the smallest ARD lengthscale, a valid Lipschitz constant) and
+        ``beta`` from Lemma 1; it is the default because these constants
+        carry the paper's error bound (Theorem 1) and adapt to the data.
+        "gpgym": the authors' MATLAB code — distance in lengthscale units,
+        ``beta = 100``, ``L_f = exp(-1/2) sigma_f^2``.
+    lengthscale : float or array-like of shape (n_features,), optional
+        Initial (or fixed) ARD lengthscales; None: ``sqrt(n_features)``
+        times the per-feature standard deviation of the first training data
+        (1 where it is 0).
+    variance : float, default=1.0
+        Initial (or fixed) signal variance ``sigma_f^2``.
+    noise_variance : float, optional
+        Initial (or fixed) noise variance; None: ``0.1 * variance``.
+    optimize_hyperparameters : bool, default=True
+        Maximise the sum of the experts' log marginal likelihoods (analytic
+        gradients, L-BFGS-B on log-parameters) in ``fit`` and in the first
+        ``partial_fit``; later ``partial_fit`` calls keep them fixed.
+    max_points_per_expert : int, optional
+        Sliding window: each expert keeps its latest points only.
+    partition : {"random", "sequential"}, default="random"
+        How points go to experts when ``groups`` is not given.  "random":
+        each point independently to a uniform random expert (the same draws
+        in ``fit`` and in ``partial_fit`` chunks).  "sequential": contiguous
+        blocks in ``fit``; round robin by arrival index in ``partial_fit``.
+    rkhs_bound : float, default=1.0
+        ``Gamma``, bound on the RKHS norm of ``f`` (Lemma 1).
+    lipschitz : float, optional
+        ``L_f``; overrides the convention's value.
+    beta : float, optional
+        ``beta``; overrides the convention's value.
+    n_jobs : int, optional
+        joblib workers (threads) over experts in the hyperparameter search.
+    random_state : int, RandomState or Generator, optional
+        Seed of the random partition.
+
+    Attributes
+    ----------
+    n_features_in_ : int
+    lengthscale_ : ndarray of shape (n_features,)
+    variance_ : float
+    noise_variance_ : float
+    prior_mean_ : float
+        Mean of all targets seen (the constant prior mean ``m``).
+    beta_ : float
+        ``beta`` in use; with "paper" and no ``beta`` given, ``max_i
+        sqrt(max(Gamma^2 - y_i^T (K_i + s2 I)^{-1} y_i + |D_i|, 0))`` over
+        the experts (centred targets); 1 if that is 0 (with a warning).
+    lipschitz_ : float
+        ``L_f`` in use.
+    n_points_per_expert_ : ndarray of shape (n_experts,)
+    """
+
+    def __init__(
+        self,
+        *,
+        n_experts=4,
+        aggregation="async",
+        max_info=10,
+        convention="paper",
+        lengthscale=None,
+        variance=1.0,
+        noise_variance=None,
+        optimize_hyperparameters=True,
+        max_points_per_expert=None,
+        partition="random",
+        rkhs_bound=1.0,
+        lipschitz=None,
+        beta=None,
+        n_jobs=None,
+        random_state=None,
+    ):
+        self.n_experts = n_experts
+        self.aggregation = aggregation
+        self.max_info = max_info
+        self.convention = convention
+        self.lengthscale = lengthscale
+        self.variance = variance
+        self.noise_variance = noise_variance
+        self.optimize_hyperparameters = optimize_hyperparameters
+        self.max_points_per_expert = max_points_per_expert
+        self.partition = partition
+        self.rkhs_bound = rkhs_bound
+        self.lipschitz = lipschitz
+        self.beta = beta
+        self.n_jobs = n_jobs
+        self.random_state = random_state
+
+    # -- validation ---------------------------------------------------------
+
+    def _check_params(self):
+        def pos_int(name, v, allow_none=False):
+            if v is None and allow_none:
+                return
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+        pos_int("n_experts", self.n_experts)
+        pos_int("max_info", self.max_info)
+        pos_int("max_points_per_expert", self.max_points_per_expert, allow_none=True)
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}"
+            )
+        if self.convention not in CONVENTIONS:
+            raise ValueError(f"unknown convention {self.convention!r}; expected one of {CONVENTIONS}")
+        if self.partition not in ("random", "sequential"):
+            raise ValueError(f"partition must be 'random' or 'sequential', got {self.partition!r}")
+        for name in ("variance", "noise_variance", "rkhs_bound", "lipschitz", "beta"):
+            v = getattr(self, name)
+            if v is None and name != "variance":
+                continue
+            if not isinstance(v, numbers.Real) or not np.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite positive number, got {v!r}")
+
+    def _assign(self, n, groups, start):
+        """Expert index of each of ``n`` points arriving after ``start`` others."""
+        M = self.n_experts
+        if groups is not None:
+            g = column_or_1d(groups)
+            if g.shape[0] != n:
+                raise ValueError(f"groups has {g.shape[0]} labels for {n} samples")
+            if not np.issubdtype(g.dtype, np.integer) or g.min() < 0 or g.max() >= M:
+                raise ValueError(f"groups must be integers in [0, n_experts={M})")
+            return g.astype(int)
+        if self.partition == "random":
+            return np.minimum((self._rng.random(n) * M).astype(int), M - 1)
+        if start is None:  # fit: contiguous blocks
+            return np.repeat(np.arange(M), [len(b) for b in np.array_split(np.arange(n), M)])
+        return (start + np.arange(n)) % M
+
+    def _init_hyper(self, X, y):
+        d = X.shape[1]
+        if self.lengthscale is None:
+            # sqrt(d) * std: the expected squared scaled distance between two
+            # points is then ~2 whatever d (with ell = std it grows like 2 d and
+            # in 32 dimensions every kernel entry starts at ~exp(-32): a flat,
+            # white-noise start the optimiser cannot leave)
+            ell = X.std(axis=0) if X.shape[0] > 1 else np.ones(d)
+            ell = np.sqrt(d) * np.where(ell > 0, ell, 1.0)
+        else:
+            ell = np.asarray(self.lengthscale, dtype=float)
+            ell = np.full(d, float(ell)) if ell.ndim == 0 else ell
+            if ell.shape != (d,) or not np.all(np.isfinite(ell)) or np.any(ell <= 0):
+                raise ValueError(
+                    f"lengthscale must be positive, scalar or of shape ({d},), got {self.lengthscale!r}"
+                )
+        sf2 = float(self.variance)
+        sn2 = 0.1 * sf2 if self.noise_variance is None else float(self.noise_variance)
+        return ell, sf2, sn2
+
+    def _optimise(self, parts, ell, sf2, sn2, mean):
+        d = ell.shape[0]
+        theta0 = np.log(np.concatenate([ell, [sf2, sn2]]))
+        theta0 = np.clip(theta0, *_LOG_BOUNDS)
+        parts = [(X, y - mean) for X, y in parts if X.shape[0]]
+        if not parts:
+            return ell, sf2, sn2
+        res = minimize(
+            _total_nlml, theta0, args=(parts, self.n_jobs), jac=True, method="L-BFGS-B",
+            bounds=[_LOG_BOUNDS] * (d + 2),
+        )
+        th = res.x
+        return np.exp(th[:d]), float(np.exp(th[d])), float(np.exp(th[d + 1]))
+
+    # -- fitting -------------------------------------------------------------
+
+    def _start(self, X, y, groups, start):
+        self._check_params()
+        self._rng = np.random.default_rng(check_random_state(self.random_state).randint(2**31))
+        self.n_features_in_ = X.shape[1]
+        idx = self._assign(X.shape[0], groups, start)
+        ell, sf2, sn2 = self._init_hyper(X, y)
+        self._y_sum, self._n_seen = float(y.sum()), X.shape[0]
+        mean = self._y_sum / self._n_seen
+        if self.optimize_hyperparameters:
+            parts = []
+            for i in range(self.n_experts):
+                Xi, yi = X[idx == i], y[idx == i]
+                if self.max_points_per_expert is not None:
+                    Xi, yi = Xi[-self.max_points_per_expert :], yi[-self.max_points_per_expert :]
+                parts.append((Xi, yi))
+            ell, sf2, sn2 = self._optimise(parts, ell, sf2, sn2, mean)
+        self.lengthscale_, self.variance_, self.noise_variance_ = ell, sf2, sn2
+        self.experts_ = [
+            _Expert(X.shape[1], ell, sf2, sn2, self.max_points_per_expert)
+            for _ in range(self.n_experts)
+        ]
+        return idx
+
+    def fit(self, X, y, groups=None):
+        """Partition the data, learn shared hyperparameters, factorise each expert.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        groups : array-like of shape (n_samples,), optional
+            Expert index (integers in ``[0, n_experts)``) of each point.
+
+        Returns
+        -------
+        self : AsyncDGPRegressor
+
+        Raises
+        ------
+        ValueError
+            For NaN/inf, inconsistent shapes or invalid parameters.
+        """
+        X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
+        idx = self._start(X, y, groups, None)
+        self._n_stream = X.shape[0]
+        for i, e in enumerate(self.experts_):
+            e.set_batch(X[idx == i], y[idx == i])
+        self._finish()
+        return self
+
+    def partial_fit(self, X, y, groups=None):
+        """Stream data into the experts (rank-one Cholesky updates in Numba).
+
+        The first call behaves as ``fit`` on its chunk (hyperparameters are
+        learned there, if requested) but adds the points one by one; later
+        calls keep the hyperparameters and append each point to its expert,
+        dropping the expert's oldest point when ``max_points_per_expert`` is
+        reached.  The prior mean is the running mean of all targets seen.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        groups : array-like of shape (n_samples,), optional
+            Expert index of each point.
+
+        Returns
+        -------
+        self : AsyncDGPRegressor
+
+        Raises
+        ------
+        ValueError
+            For NaN/inf, a different number of features than before, or
+            invalid parameters.
+        """
+        first = not hasattr(self, "experts_")
+        X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)
+        if first:
+            self._n_stream = 0
+            idx = self._start(X, y, groups, 0)
+        else:
+            self._check_params()
+            idx = self._assign(X.shape[0], groups, self._n_stream)
+            self._y_sum += float(y.sum())
+            self._n_seen += X.shape[0]
+        self._n_stream += X.shape[0]
+        for k in range(X.shape[0]):
+            self.experts_[idx[k]].add(X[k], y[k])
+        self._finish()
+        return self
+
+    def _finish(self):
+        self.prior_mean_ = self._y_sum / self._n_seen
+        self.n_points_per_expert_ = np.array([e.n for e in self.experts_])
+        sf2 = self.variance_
+        if self.convention == "paper":
+            L_f = 2.0 * self.rkhs_bound * sf2 * np.exp(-0.5) / self.lengthscale_.min()
+            if self.beta is None:
+                g2 = self.rkhs_bound**2
+                b = max(
+                    np.sqrt(max(g2 - e.quad(self.prior_mean_) + e.n, 0.0)) for e in self.experts_
+                )
+                if not b > 0:
+                    warnings.warn("Lemma 1 gives beta = 0; using beta = 1", RuntimeWarning)
+                    b = 1.0
+            else:
+                b = float(self.beta)
+        else:
+            L_f = np.exp(-0.5) * sf2
+            b = 100.0 if self.beta is None else float(self.beta)
+        self.lipschitz_ = float(L_f if self.lipschitz is None else self.lipschitz)
+        self.beta_ = float(b)
+
+    # -- prediction ----------------------------------------------------------
+
+    def predict_experts(self, X):
+        """Every expert's posterior mean and latent variance.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_queries, n_features)
+
+        Returns
+        -------
+        mu, var : ndarray of shape (n_queries, n_experts)
+        """
+        check_is_fitted(self, "experts_")
+        X = validate_data(self, X, reset=False, dtype=float)
+        out = [e.predict(X, self.prior_mean_) for e in self.experts_]
+        return np.stack([o[0] for o in out], axis=1), np.stack([o[1] for o in out], axis=1)
+
+    def predict(self, X, return_std=False):
+        """Aggregated prediction of the latent function.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_queries, n_features)
+        return_std : bool, default=False
+            Also return the aggregated standard deviation of the latent
+            function (no noise): the rule's variance (see :func:`aggregate`),
+            or ``omega / beta`` for "async" (see :class:`InformationSet`).
+
+        Returns
+        -------
+        mean : ndarray of shape (n_queries,)
+        std : ndarray of shape (n_queries,), only if ``return_std``
+        """
+        self._check_params()
+        mu, var = self.predict_experts(X)
+        if self.aggregation == "async":
+            m, s = _async_no_delay(
+                mu, var, self.variance_, self.beta_, self.max_info, self.prior_mean_
+            )
+        else:
+            m, v = aggregate(mu, var, self.variance_, self.aggregation, self.prior_mean_)
+            s = np.sqrt(v)
+        return (m, s) if return_std else m
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.regressor_tags.poor_score = False
+        return tags
+
+
+def _async_no_delay(mu, var, sf2, beta, max_info, prior_mean):
+    """Async rule when every expert answered at the query (``dist = 0``).
+
+    Vectorised form of :class:`InformationSet` for ``predict``: ``eta_k =
+    beta sigma_k``; the ``max_info`` lowest ``eta`` are kept.
+    """
+    sig = np.sqrt(np.clip(var, 1e-300, sf2))
+    sf = np.sqrt(sf2)
+    if sig.shape[1] > max_info:
+        order = np.argsort(sig, axis=1, kind="stable")[:, :max_info]
+        sig = np.take_along_axis(sig, order, axis=1)
+        mu = np.take_along_axis(mu, order, axis=1)
+    eta = beta * sig
+    bound = beta * sf
+    rho = np.maximum(np.log(bound / eta), 0.0)
+    w = rho / eta**2
+    w0 = (1.0 - rho.sum(axis=1)) / bound**2
+    inv = w.sum(axis=1) + w0
+    mean = ((w * mu).sum(axis=1) + w0 * prior_mean) / inv
+    return mean, 1.0 / np.sqrt(inv) / beta
