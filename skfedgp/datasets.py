@@ -915,8 +915,8 @@ def make_stamping_waveforms(
     *,
     n_points=1201,
     n_channels=4,
-    fault_size=0.25,
-    variation=0.03,
+    fault_size=0.3,
+    variation=0.01,
     noise=0.01,
     random_state=None,
 ):
@@ -948,11 +948,16 @@ def make_stamping_waveforms(
         Points per channel (>= 10).
     n_channels : int, default=4
         Number of sensor channels (>= 1).
-    fault_size : float, default=0.25
+    fault_size : float, default=0.3
         Largest relative load drop of a fault (0 <= fault_size < 1).
-    variation : float, default=0.03
-        Size of the cycle-to-cycle variation, relative to the peak load
-        (standard deviation of the cycle gain, and of the smooth variation).
+    variation : float, default=0.01
+        Size of the cycle-to-cycle variation, relative to the peak load:
+        standard deviation of the cycle gain and of the smooth variation;
+        the phase jitter has standard deviation ``0.1 * variation`` (as a
+        fraction of the stroke). With the defaults, a Gaussian with the
+        class's mean curve and one white-noise variance per class, fitted on
+        the paper's 13.77 % split, classifies the other cycles perfectly (5
+        seeds); with ``variation=0.03`` it does not (about 0.86).
     noise : float, default=0.01
         Standard deviation of the white measurement noise, relative to the
         peak load (peak = 1).
@@ -1009,7 +1014,7 @@ def make_stamping_waveforms(
     )
 
     gain = 1.0 + variation * rng.standard_normal(n)
-    shift = 0.004 * rng.standard_normal(n)
+    shift = 0.1 * variation * rng.standard_normal(n)  # phase jitter, fraction of the stroke
     X = np.empty((n, n_channels, n_points))
     for k in range(n_channels):
         tt = t[None, :] - ch_phase[k] - shift[:, None]
