@@ -183,3 +183,38 @@ def test_beijing_operators_run():
     oc = OperatorClustering(3, reg, random_state=0).fit(d.data, np.log(d.target), d.groups)
     assert len(oc.clients_) == 12 and set(oc.client_labels_) == {0, 1, 2}
     assert np.all(np.isfinite(oc.dissimilarity_))
+
+
+# ---------------------------------------------------------------------------
+# scikit-learn's estimator checks
+# ---------------------------------------------------------------------------
+_NEEDS_GROUPS = (
+    "OperatorClustering clusters clients: fit needs groups (the client label of "
+    "every row) and y (the targets of the regressor); the generic check calls "
+    "fit(X) or fit(X, y) without groups, which raises a ValueError by design"
+)
+_EXPECTED_FAILED = {
+    name: _NEEDS_GROUPS
+    for name in (
+        "check_fit_score_takes_y", "check_estimators_overwrite_params",
+        "check_dont_overwrite_parameters", "check_estimators_fit_returns_self",
+        "check_readonly_memmap_input", "check_n_features_in_after_fitting",
+        "check_positive_only_tag_during_fit", "check_estimators_dtypes",
+        "check_dtype_object", "check_pipeline_consistency", "check_estimators_nan_inf",
+        "check_estimators_pickle", "check_f_contiguous_array_estimator",
+        "check_clustering", "check_methods_sample_order_invariance",
+        "check_methods_subset_invariance", "check_fit2d_1sample", "check_fit2d_1feature",
+        "check_dict_unchanged", "check_fit_idempotent", "check_fit_check_is_fitted",
+        "check_n_features_in", "check_fit2d_predict1d",
+    )
+}
+
+
+@parametrize_with_checks(
+    [OperatorClustering(2, FederatedHierarchicalGPRegressor(n_inducing=4, n_inducing_local=3,
+                                                            n_rounds=2, local_steps=5),
+                        random_state=0)],
+    expected_failed_checks=lambda est: _EXPECTED_FAILED,
+)
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
