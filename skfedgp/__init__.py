@@ -8,10 +8,11 @@ FederatedHierarchicalGPRegressor
     Processes for Privacy-Preserving Modeling of Heterogeneous Distributed
     Systems", arXiv:2609.19337, 2026; ``docs/maths.md``).
 MaxEvidenceClassifier
-    Whole-curve classification: each class is a client of the regressor; a
-    curve goes to the class whose predictive law explains it best.
+    Whole-curve classification by the largest predictive evidence, one client
+    per class (same paper, section 3.8).
 OperatorClustering
-    Groups clients by their projection operators in inducing-feature space.
+    Clusters clients by their trace-normalised kernel operators (same paper,
+    section 3.8).
 AsyncDGPRegressor
     Asynchronous distributed GP experts aggregated through an information set
     of past predictions (Async DGP), with MoE/PoE/gPoE/BCM/rBCM baselines.
@@ -19,9 +20,18 @@ AsyncDGPRegressor
 
 from ._linalg import CholeskyError
 from .async_dgp import AsyncDGPRegressor
+from .classifier import MaxEvidenceClassifier
+from .clustering import OperatorClustering
 from .regressor import ClientLabelWarning, FederatedHierarchicalGPRegressor
 
 __version__ = "0.1.0"
 
-__all__ = ["FederatedHierarchicalGPRegressor", "AsyncDGPRegressor", "CholeskyError",
-           "ClientLabelWarning", "__version__"]
+__all__ = [
+    "FederatedHierarchicalGPRegressor",
+    "MaxEvidenceClassifier",
+    "OperatorClustering",
+    "AsyncDGPRegressor",
+    "CholeskyError",
+    "ClientLabelWarning",
+    "__version__",
+]

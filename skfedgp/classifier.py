@@ -1,0 +1,506 @@
+"""Maximum-evidence curve classifier: every class is a pFedHGP client
+(pFedHGP paper, section 3.8.2 and section 5.1; SPEC section 2).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from joblib import Parallel, delayed
+from scipy.linalg import cho_factor, solve_triangular
+from scipy.special import softmax
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.utils import get_tags
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ._linalg import CholeskyError, single_threaded_blas
+from .regressor import FederatedHierarchicalGPRegressor
+
+__all__ = ["MaxEvidenceClassifier", "default_curve_regressor"]
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+_CHANNEL_MODES = ("concatenate", "multioutput")
+#: Jitter tries (relative to the mean diagonal) if a predictive covariance
+#: is numerically singular: 1e-10, 1e-9, ..., 1e-6.
+_JITTERS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6)
+
+
+def default_curve_regressor():
+    """The regressor of the pFedHGP tonnage study (SPEC section 2).
+
+    ``M = 81`` global and ``M_i = 41`` local inducing points, initial
+    lengthscales 50 and 10 (index units of the default grid), variances 1.0
+    and 0.5, 10 rounds of 100 local steps.
+
+    Returns
+    -------
+    FederatedHierarchicalGPRegressor
+        Unfitted.
+    """
+    return FederatedHierarchicalGPRegressor(
+        n_inducing=81, n_inducing_local=41, lengthscale=50.0, local_lengthscale=10.0,
+        variance=1.0, local_variance=0.5, n_rounds=10, local_steps=100,
+    )
+
+
+def _gaussian_loglik(mean, cov, R, what):
+    """``log N(r; mean, cov)`` for every row ``r`` of ``R``, one Cholesky.
+
+    Parameters
+    ----------
+    mean : ndarray of shape (p,)
+    cov : ndarray of shape (p, p)
+    R : ndarray of shape (n, p)
+    what : str
+        Name used in the error message.
+
+    Returns
+    -------
+    ndarray of shape (n,)
+    """
+    p = mean.shape[0]
+    scale = float(np.mean(np.diag(cov)))
+    for jit in _JITTERS:
+        try:
+            A = cov if jit == 0.0 else cov + (jit * scale) * np.eye(p)
+            c, lower = cho_factor(A, lower=True, check_finite=False)
+            break
+        except np.linalg.LinAlgError:
+            continue
+    else:
+        raise CholeskyError(
+            f"Cholesky of the predictive covariance of {what} failed even with "
+            f"jitter {_JITTERS[-1]:g} x mean variance",
+            matrix=f"predictive covariance ({what})", jitter=_JITTERS[-1] * scale,
+        )
+    Zs = solve_triangular(c, (R - mean).T, lower=True, check_finite=False)  # (p, n)
+    logdet = 2.0 * np.sum(np.log(np.diag(c)))
+    return -0.5 * (np.einsum("ij,ij->j", Zs, Zs) + logdet + p * _LOG_2PI)
+
+
+class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
+    """Classify whole curves by the class model that explains them best.
+
+    Every class is one client of a federated hierarchical GP regressor
+    (:class:`~skfedgp.FederatedHierarchicalGPRegressor`): the training curves
+    of class ``c`` are that client's rows. A test curve ``y*`` on the grid
+    is scored by the Gaussian predictive log-likelihood of each class with
+    the *full* predictive covariance (SPEC section 2, paper eq. 31)::
+
+        score_c(y*) = log N(y*; mu_c(X*), Sigma_c(X*))
+
+    and assigned to the class with the largest ``score_c + log prior_c``.
+    Because every curve lies on one shared grid, ``mu_c`` and ``Sigma_c`` are
+    the same for all test curves: each class's covariance is predicted and
+    factorised once per call and all curves are solved together.
+
+    Parameters
+    ----------
+    estimator : FederatedHierarchicalGPRegressor, default=None
+        Regressor to clone (one fitted copy, with one client per class).
+        None means the settings of the paper's tonnage study
+        (:func:`default_curve_regressor`: ``M = 81``, ``M_i = 41``,
+        lengthscales 50 and 10, variances 1.0 and 0.5, 10 rounds x 100
+        local steps), tuned for the default index grid of long curves.
+    grid : array-like of shape (n_points,), default=None
+        Input location of each point of a channel (the same for every
+        curve), e.g. times. None means ``arange(n_points)``.
+    n_channels : int, default=1
+        Number of channels per curve. Columns ``k * n_points : (k + 1) *
+        n_points`` of ``X`` hold channel ``k``.
+    channel_mode : {"concatenate", "multioutput"}, default="concatenate"
+        ``"concatenate"`` puts the channels one after another on one index
+        axis, as the paper does: point ``j`` of channel ``k`` sits at
+        ``k * (span + step) + grid[j]`` where ``span = max(grid) -
+        min(grid)`` and ``step`` is the median grid spacing (for the default
+        grid: ``k * n_points + j``). ``"multioutput"`` (unfinished) would
+        model the channels as the outputs of the ILMM extension (SPEC
+        section 1); it needs a regressor whose tags declare multi-output
+        support, which :class:`~skfedgp.FederatedHierarchicalGPRegressor`
+        does not yet, so ``fit`` raises a ``ValueError`` for it.
+    class_prior : "uniform", "empirical" or array-like of shape (n_classes,), default="uniform"
+        Prior class probabilities added (as logs) to the scores in
+        :meth:`predict`, :meth:`predict_proba` and :meth:`decision_function`.
+        ``"empirical"`` uses the training class frequencies; an array is
+        normalised to sum to one (order of ``classes_``).
+    n_jobs : int, default=None
+        Classes scored in parallel (threads, each with one BLAS thread);
+        also passed to the regressor if not None.
+    random_state : int, RandomState instance or None, default=None
+        Passed to the regressor if not None.
+    verbose : int, default=0
+        Passed to the regressor if > 0.
+
+    Attributes
+    ----------
+    estimator_ : FederatedHierarchicalGPRegressor
+        The fitted regressor; its client ``k`` is class ``classes_[k]``.
+    classes_ : ndarray of shape (n_classes,)
+        Class labels.
+    class_log_prior_ : ndarray of shape (n_classes,)
+        Log prior probabilities.
+    grid_ : ndarray of shape (n_points,)
+        The grid used.
+    inputs_ : ndarray of shape (n_channels * n_points,)
+        Regressor input of each column of ``X`` (concatenate mode).
+    n_points_ : int
+        Points per channel.
+    n_features_in_ : int
+        ``n_channels * n_points``.
+
+    Notes
+    -----
+    A curve with NaN entries is scored on its observed points only (the
+    marginal of the predictive Gaussian on those points); curves with the
+    same NaN pattern share one factorisation. NaN training points are left
+    out of the class's rows. Infinite values are an error.
+
+    The scores are log densities of curves of ``n_channels * n_points``
+    values, so they are large in magnitude and ``predict_proba`` is usually
+    close to 0 or 1.
+
+    References
+    ----------
+    pFedHGP paper (personalised federated hierarchical Gaussian processes),
+    section 3.8 (classification by maximum predictive evidence, eq. 31) and
+    section 5.1 (press tonnage). Lei, Zhang and Jin (2010), J. Manuf. Sci.
+    Eng. 132(5) (the tonnage data).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedgp import MaxEvidenceClassifier, FederatedHierarchicalGPRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> t = np.linspace(0, 1, 30)
+    >>> X = np.vstack([np.sin(6 * t) + 0.1 * rng.standard_normal((20, 30)),
+    ...                np.cos(6 * t) + 0.1 * rng.standard_normal((20, 30))])
+    >>> y = np.repeat([0, 1], 20)
+    >>> reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=4,
+    ...                                        n_rounds=2, local_steps=10)
+    >>> clf = MaxEvidenceClassifier(reg, grid=t, random_state=0).fit(X, y)
+    >>> clf.score(X, y)
+    1.0
+    """
+
+    def __init__(
+        self,
+        estimator=None,
+        *,
+        grid=None,
+        n_channels=1,
+        channel_mode="concatenate",
+        class_prior="uniform",
+        n_jobs=None,
+        random_state=None,
+        verbose=0,
+    ):
+        self.estimator = estimator
+        self.grid = grid
+        self.n_channels = n_channels
+        self.channel_mode = channel_mode
+        self.class_prior = class_prior
+        self.n_jobs = n_jobs
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # ------------------------------------------------------------------
+    # validation
+    # ------------------------------------------------------------------
+    def _check_layout(self, n_features):
+        nc = self.n_channels
+        if not isinstance(nc, numbers.Integral) or isinstance(nc, bool) or nc < 1:
+            raise ValueError(f"n_channels must be an integer >= 1, got {nc!r}")
+        if self.channel_mode not in _CHANNEL_MODES:
+            raise ValueError(
+                f"channel_mode must be one of {_CHANNEL_MODES}, got {self.channel_mode!r}"
+            )
+        if n_features % nc:
+            raise ValueError(
+                f"X has {n_features} columns, not a multiple of n_channels={nc}: "
+                "each row must hold n_channels curves of equal length side by side"
+            )
+        n_points = n_features // nc
+        if n_points < 2:
+            raise ValueError(
+                f"each channel needs at least 2 points; X has {n_features} feature(s) "
+                f"for n_channels={nc}, i.e. {n_points} point(s) per channel"
+            )
+        if self.grid is None:
+            grid = np.arange(n_points, dtype=np.float64)
+        else:
+            grid = np.asarray(self.grid, dtype=np.float64)
+            if grid.ndim != 1 or grid.shape[0] != n_points:
+                raise ValueError(
+                    f"grid must be 1-D with one entry per point of a channel "
+                    f"({n_points}), got shape {grid.shape}; curves of the wrong length?"
+                )
+            if not np.all(np.isfinite(grid)):
+                raise ValueError("grid must be finite")
+        return int(nc), n_points, grid
+
+    def _check_prior(self, counts):
+        prior = self.class_prior
+        k = counts.shape[0]
+        if isinstance(prior, str):
+            if prior == "uniform":
+                return np.full(k, -np.log(k))
+            if prior == "empirical":
+                return np.log(counts / counts.sum())
+            raise ValueError(
+                f"class_prior must be 'uniform', 'empirical' or an array, got {prior!r}"
+            )
+        p = np.asarray(prior, dtype=np.float64)
+        if p.shape != (k,) or not np.all(np.isfinite(p)) or np.any(p <= 0):
+            raise ValueError(
+                f"class_prior must hold {k} positive finite values (one per class), got {prior!r}"
+            )
+        return np.log(p / p.sum())
+
+    def _make_regressor(self):
+        reg = default_curve_regressor() if self.estimator is None else clone(self.estimator)
+        params = reg.get_params(deep=False)
+        upd = {}
+        if self.random_state is not None and "random_state" in params:
+            upd["random_state"] = self.random_state
+        if self.n_jobs is not None and "n_jobs" in params:
+            upd["n_jobs"] = self.n_jobs
+        if self.verbose and "verbose" in params:
+            upd["verbose"] = self.verbose
+        return reg.set_params(**upd)
+
+    # ------------------------------------------------------------------
+    # fit
+    # ------------------------------------------------------------------
+    def fit(self, X, y):
+        """Fit one regressor whose clients are the classes.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_curves, n_channels * n_points)
+            Training curves on the shared grid, channels side by side. NaN
+            marks a missing point (left out); inf is an error.
+        y : array-like of shape (n_curves,)
+            Class labels (at least two classes).
+
+        Returns
+        -------
+        self : MaxEvidenceClassifier
+
+        Raises
+        ------
+        ValueError
+            Fewer than two classes, a column count that is not
+            ``n_channels`` times the grid length, fewer than 2 points per
+            channel, an all-NaN curve, a class with fewer than 2 observed
+            points, inf values, bad parameters, or ``channel_mode=
+            "multioutput"`` with a regressor that has no multi-output support.
+        """
+        X, y = validate_data(self, X, y, ensure_all_finite="allow-nan", dtype=np.float64)
+        check_classification_targets(y)
+        nc, n_points, grid = self._check_layout(X.shape[1])
+        classes, y_idx = np.unique(y, return_inverse=True)
+        if classes.shape[0] < 2:
+            raise ValueError(
+                f"MaxEvidenceClassifier needs at least 2 classes; only one class "
+                f"({classes[0]!r}) is present in y"
+            )
+        observed = ~np.isnan(X)
+        empty = np.flatnonzero(~observed.any(axis=1))
+        if empty.size:
+            raise ValueError(f"curve(s) {empty[:5].tolist()} have no observed (non-NaN) point")
+        counts = np.bincount(y_idx, minlength=classes.shape[0]).astype(np.float64)
+        log_prior = self._check_prior(counts)
+        n_obs = np.bincount(y_idx, weights=observed.sum(axis=1), minlength=classes.shape[0])
+        if np.any(n_obs < 2):
+            bad = classes[np.flatnonzero(n_obs < 2)[0]]
+            raise ValueError(f"class {bad!r} has fewer than 2 observed points in total")
+        reg = self._make_regressor()
+
+        if self.channel_mode == "multioutput":
+            if not get_tags(reg).target_tags.multi_output:
+                raise ValueError(
+                    "channel_mode='multioutput' needs the multi-output (ILMM) "
+                    f"regressor, which {type(reg).__name__} does not support yet "
+                    "(its tags declare single-output targets); use "
+                    "channel_mode='concatenate'"
+                )
+            if np.any(~observed):
+                raise ValueError("channel_mode='multioutput' does not accept NaN points yet")
+            n = X.shape[0]
+            Y = X.reshape(n, nc, n_points).transpose(0, 2, 1).reshape(n * n_points, nc)
+            inputs = np.tile(grid, n)[:, None]
+            reg.fit(inputs, Y, groups=np.repeat(y_idx, n_points))
+            self.inputs_ = grid.copy()
+        else:
+            span = float(grid.max() - grid.min())
+            diffs = np.diff(np.sort(grid))
+            step = float(np.median(diffs)) if diffs.size else 1.0
+            step = step if step > 0 else 1.0
+            inputs = np.concatenate([k * (span + step) + grid for k in range(nc)])
+            rows, cols = np.nonzero(observed)
+            reg.fit(inputs[cols][:, None], X[rows, cols], groups=y_idx[rows])
+            self.inputs_ = inputs
+        self.estimator_ = reg
+        self.classes_ = classes
+        self.class_log_prior_ = log_prior
+        self.grid_ = grid
+        self.n_points_ = n_points
+        return self
+
+    # ------------------------------------------------------------------
+    # scoring
+    # ------------------------------------------------------------------
+    def _class_predictive(self, k):
+        """Predictive mean and covariance of a whole curve for class ``k``."""
+        inputs = self.inputs_
+        p = inputs.shape[0]
+        mean, cov = self.estimator_.predict(inputs[:, None], [k] * p, return_cov=True)
+        if self.channel_mode == "multioutput":
+            mean = np.asarray(mean)
+            nc = self.n_channels
+            if mean.shape != (p, nc) or cov.shape != (p * nc, p * nc):
+                raise ValueError(
+                    "channel_mode='multioutput' expects predict(..., return_cov=True) to "
+                    f"return a ({p}, {nc}) mean and a ({p * nc}, {p * nc}) covariance in "
+                    f"point-major order, got {mean.shape} and {cov.shape}"
+                )
+            # point-major (p, nc) -> channel-major, the column order of X
+            order = np.arange(p * nc).reshape(p, nc).T.ravel()
+            mean = mean.T.ravel()
+            cov = cov[np.ix_(order, order)]
+        return mean, cov
+
+    def _score_class(self, k, X, patterns, inv):
+        mean, cov = self._class_predictive(k)
+        out = np.empty(X.shape[0])
+        label = self.classes_[k]
+        for j, obs in enumerate(patterns):
+            idx = np.flatnonzero(inv == j)
+            if obs.all():
+                out[idx] = _gaussian_loglik(mean, cov, X[idx], f"class {label!r}")
+            else:
+                o = np.flatnonzero(obs)
+                out[idx] = _gaussian_loglik(
+                    mean[o], cov[np.ix_(o, o)], X[np.ix_(idx, o)],
+                    f"class {label!r} (observed points of a curve with NaN)",
+                )
+        return out
+
+    def log_evidence(self, X):
+        """Predictive log-likelihood of every curve under every class (eq. 31).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_curves, n_channels * n_points)
+            Curves on the training grid; NaN points are left out of the
+            curve's score.
+
+        Returns
+        -------
+        log_evidence : ndarray of shape (n_curves, n_classes)
+            ``log N(y*_obs; mu_c, Sigma_c)`` in nats (target units of ``X``),
+            without the class prior.
+
+        Raises
+        ------
+        ValueError
+            Wrong number of columns, inf values or an all-NaN curve.
+        skfedgp.CholeskyError
+            If a predictive covariance cannot be factorised.
+        """
+        check_is_fitted(self, "estimator_")
+        X = validate_data(self, X, reset=False, ensure_all_finite="allow-nan",
+                          dtype=np.float64)
+        observed = ~np.isnan(X)
+        empty = np.flatnonzero(~observed.any(axis=1))
+        if empty.size:
+            raise ValueError(f"curve(s) {empty[:5].tolist()} have no observed (non-NaN) point")
+        patterns, inv = np.unique(observed, axis=0, return_inverse=True)
+        inv = np.asarray(inv).ravel()
+        n_classes = self.classes_.shape[0]
+        if self.n_jobs is None or self.n_jobs == 1:
+            cols = [self._score_class(k, X, patterns, inv) for k in range(n_classes)]
+        else:
+            def _one(k):
+                with single_threaded_blas():
+                    return self._score_class(k, X, patterns, inv)
+
+            cols = Parallel(n_jobs=self.n_jobs, prefer="threads")(
+                delayed(_one)(k) for k in range(n_classes)
+            )
+        ll = np.column_stack(cols)
+        if not np.all(np.isfinite(ll)):
+            raise FloatingPointError("log-evidence produced non-finite values")
+        return ll
+
+    def _joint(self, X):
+        ll = self.log_evidence(X)  # checks the fitted state first
+        return ll + self.class_log_prior_
+
+    def decision_function(self, X):
+        """Class scores: log-evidence plus log prior.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_curves, n_channels * n_points)
+
+        Returns
+        -------
+        scores : ndarray of shape (n_curves, n_classes) or (n_curves,)
+            ``log_evidence(X) + class_log_prior_``; with two classes, the
+            difference ``score(classes_[1]) - score(classes_[0])`` (the
+            scikit-learn convention: positive means ``classes_[1]``).
+        """
+        j = self._joint(X)
+        if j.shape[1] == 2:
+            return j[:, 1] - j[:, 0]
+        return j
+
+    def predict_proba(self, X):
+        """Posterior class probabilities (softmax of the scores).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_curves, n_channels * n_points)
+
+        Returns
+        -------
+        proba : ndarray of shape (n_curves, n_classes)
+        """
+        return softmax(self._joint(X), axis=1)
+
+    def predict_log_proba(self, X):
+        """Log of :meth:`predict_proba` (computed stably).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_curves, n_channels * n_points)
+
+        Returns
+        -------
+        log_proba : ndarray of shape (n_curves, n_classes)
+        """
+        j = self._joint(X)
+        m = j.max(axis=1, keepdims=True)
+        return j - (m + np.log(np.sum(np.exp(j - m), axis=1, keepdims=True)))
+
+    def predict(self, X):
+        """Class with the largest log-evidence plus log prior.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_curves, n_channels * n_points)
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_curves,)
+        """
+        joint = self._joint(X)  # checks the fitted state first
+        return self.classes_[np.argmax(joint, axis=1)]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = True
+        return tags

@@ -1,0 +1,372 @@
+"""Operator clustering of federated clients (pFedHGP paper, section 3.8.3 and
+section 5.2; SPEC section 2).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve
+from sklearn.base import BaseEstimator, ClusterMixin, clone
+from sklearn.cluster import SpectralClustering
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .regressor import FederatedHierarchicalGPRegressor
+
+__all__ = ["OperatorClustering", "default_clustering_regressor"]
+
+_AFFINITIES = ("rbf", "inverse")
+_OPERATORS = ("published", "posterior")
+
+
+def default_clustering_regressor():
+    """The regressor of the pFedHGP air-quality study (SPEC section 2).
+
+    ``M = 30`` global and ``M_i = 12`` local inducing points; other settings
+    are the regressor's defaults.
+
+    Returns
+    -------
+    FederatedHierarchicalGPRegressor
+        Unfitted.
+    """
+    return FederatedHierarchicalGPRegressor(n_inducing=30, n_inducing_local=12)
+
+
+def _client_hyperparameters(estimator, label):
+    """Fitted kernel hyperparameters of one client, in original units.
+
+    The only place that reads the regressor's internals; to be replaced by a
+    public accessor of the regressor.
+
+    Parameters
+    ----------
+    estimator : FederatedHierarchicalGPRegressor
+        Fitted.
+    label : hashable
+        A fitted client label.
+
+    Returns
+    -------
+    dict
+        ``Z_g`` (M, d) global inducing inputs, ``lengthscale_g`` (d,),
+        ``variance_g`` (float), ``Z_l`` (M_i, d), ``lengthscale_l`` (d,),
+        ``variance_l`` (float) of the client's local kernel (the three
+        local entries are None without a local component), and
+        ``noise_variance`` (float). Inputs and lengthscales in input units,
+        variances in squared target units.
+    """
+    G = estimator.server_.global_values()
+    B = estimator.clients_[label].local_values()
+    off = np.asarray(estimator.server_.x_offset, dtype=np.float64)
+    sc = np.asarray(estimator.server_.x_scale, dtype=np.float64)
+    ys2 = float(estimator.y_scale_) ** 2
+    out = {"Z_g": None, "lengthscale_g": None, "variance_g": None,
+           "Z_l": None, "lengthscale_l": None, "variance_l": None,
+           "noise_variance": float(B["noise_variance"]) * ys2}
+    if "Z_g" in G:
+        out.update(Z_g=G["Z_g"] * sc + off, lengthscale_g=G["lengthscale_g"] * sc,
+                   variance_g=float(G["variance_g"]) * ys2)
+    if "Z_l" in B:
+        out.update(Z_l=B["Z_l"] * sc + off, lengthscale_l=B["lengthscale_l"] * sc,
+                   variance_l=float(B["variance_l"]) * ys2)
+    return out
+
+
+def _se(A, B, lengthscale, variance):
+    """Squared-exponential ARD kernel matrix, shape (len(A), len(B))."""
+    As = A / lengthscale
+    Bs = B / lengthscale
+    d2 = (np.sum(As**2, 1)[:, None] + np.sum(Bs**2, 1)[None, :] - 2.0 * As @ Bs.T)
+    return variance * np.exp(-0.5 * np.maximum(d2, 0.0))
+
+
+def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury=None):
+    """``A = k(Z, X) (k(X, X) + s2 I)^{-1} k(X, Z)`` (SPEC section 2).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        The client's inputs.
+    Z : ndarray of shape (m, d)
+        Inducing inputs.
+    lengthscale : ndarray of shape (d,)
+    variance, noise_variance : float
+    woodbury : bool, default=None
+        Use the Woodbury form (below). None means ``n > m``.
+
+    Returns
+    -------
+    A : ndarray of shape (m, m)
+        Symmetric positive semi-definite.
+
+    Notes
+    -----
+    The exact form factorises the ``n x n`` matrix ``k(X, X) + s2 I``
+    (``O(n^3)``). The Woodbury form replaces ``k(X, X)`` by its Nystrom
+    approximation ``k(X, Z) k(Z, Z)^{-1} k(Z, X)`` (the sparse GP's own
+    approximation), which gives ``A = P (s2 K_zz + P)^{-1} K_zz`` with
+    ``P = k(Z, X) k(X, Z)``: ``O(n m^2)``, only ``m x m`` factorisations.
+    The two agree when ``Z`` covers the inputs densely.
+    """
+    Kzx = _se(Z, X, lengthscale, variance)
+    n, m = X.shape[0], Z.shape[0]
+    if woodbury is None:
+        woodbury = n > m
+    if not woodbury:
+        Kxx = _se(X, X, lengthscale, variance)
+        Kxx[np.diag_indices_from(Kxx)] += noise_variance
+        A = Kzx @ cho_solve(cho_factor(Kxx, lower=True), Kzx.T)
+    else:
+        Kzz = _se(Z, Z, lengthscale, variance)
+        Kzz[np.diag_indices_from(Kzz)] += 1e-6 * variance
+        P = Kzx @ Kzx.T
+        S = noise_variance * Kzz + P
+        # A = P S^{-1} Kzz, symmetrised (S, P, Kzz symmetric)
+        A = P @ cho_solve(cho_factor(S, lower=True), Kzz)
+    return 0.5 * (A + A.T)
+
+
+class OperatorClustering(ClusterMixin, BaseEstimator):
+    """Cluster federated clients by their trace-normalised kernel operators.
+
+    For every client ``i`` (using only its own inputs ``X_i`` and the fitted
+    kernels of a :class:`~skfedgp.FederatedHierarchicalGPRegressor`; SPEC
+    section 2, pFedHGP paper section 3.8)::
+
+        A_d_i   = k_g(Z_g, X_i) (k_g(X_i, X_i) + s2_i I)^{-1} k_g(X_i, Z_g)   (M x M)
+        A_loc_i = k_i(Z_i, X_i) (k_i(X_i, X_i) + s2_i I)^{-1} k_i(X_i, Z_i)   (M_i x M_i)
+        A_i = blockdiag(A_d_i, A_loc_i),   Ahat_i = A_i / tr(A_i)
+        rho(i, j) = ||Ahat_i - Ahat_j||_F^2
+
+    then spectral clustering (:class:`sklearn.cluster.SpectralClustering`
+    with ``affinity="precomputed"``) of the clients on an affinity built
+    from ``rho``.
+
+    Parameters
+    ----------
+    n_clusters : int, default=2
+        Number of client clusters.
+    estimator : FederatedHierarchicalGPRegressor, default=None
+        A fitted regressor is reused as is (its clients must include every
+        label in ``groups``); an unfitted one is cloned and fitted on
+        ``(X, y, groups)``. None means the air-quality study's setting
+        (:func:`default_clustering_regressor`: ``M = 30``, ``M_i = 12``).
+    affinity : {"rbf", "inverse"}, default="rbf"
+        ``"rbf"``: ``W_ij = exp(-rho_ij / median(rho))`` (median over the
+        off-diagonal pairs; 1 if all are 0). ``"inverse"``: ``W_ij = 1 /
+        (1 + rho_ij / median(rho))``.
+    operator : {"published", "posterior"}, default="published"
+        ``"published"``: the operators above. Every client has its own
+        local inducing inputs ``Z_i``; they are sorted (lexicographically,
+        by input coordinates) before ``A_loc_i`` is formed, so block rows
+        of different clients refer to matching positions. All clients have
+        the same ``M_i`` (the regressor's ``n_inducing_local``), so no
+        padding is needed. ``"posterior"`` (beyond the paper): the client's
+        fitted personal part ``h_i = f_delta_i + f_i`` at the shared
+        inducing inputs ``Z_g``, with posterior mean ``mu_i`` and
+        variances ``v_i`` (:meth:`~skfedgp.FederatedHierarchicalGPRegressor.predict_components`),
+        gives ``A_i = mu_i mu_i^T + diag(v_i)`` (``M x M``, the second
+        moment of ``h_i(Z_g)`` up to its off-diagonal posterior
+        covariance), trace-normalised the same way. It compares what
+        each client's data taught its own model rather than where its
+        inputs lie.
+    woodbury : bool, default=None
+        Compute ``A_d_i`` and ``A_loc_i`` with the Woodbury form of
+        :func:`projection_operator` (``O(n_i M^2)``). None means when
+        ``n_i > M + M_i``.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the spectral clustering and (if not None) the regressor.
+
+    Attributes
+    ----------
+    estimator_ : FederatedHierarchicalGPRegressor
+        The fitted regressor used.
+    clients_ : ndarray of shape (n_clients,)
+        Client labels, sorted.
+    client_labels_ : ndarray of shape (n_clients,)
+        Cluster of each client.
+    labels_ : ndarray of shape (n_samples,)
+        Cluster of each row of ``X`` (its client's cluster).
+    operators_ : dict
+        Client label to its trace-normalised operator ``Ahat_i`` (for
+        ``"published"``, a tuple of the two normalised blocks; ``(M, M)``
+        and ``(M_i, M_i)`` arrays).
+    dissimilarity_ : ndarray of shape (n_clients, n_clients)
+        ``rho``, symmetric with zero diagonal.
+    affinity_matrix_ : ndarray of shape (n_clients, n_clients)
+        The affinity passed to spectral clustering.
+    n_features_in_ : int
+
+    References
+    ----------
+    pFedHGP paper (personalised federated hierarchical Gaussian processes),
+    section 3.8 (operator clustering) and section 5.2 (Beijing air quality).
+    von Luxburg, U. (2007), "A tutorial on spectral clustering", Statistics
+    and Computing 17(4).
+    """
+
+    def __init__(self, n_clusters=2, estimator=None, *, affinity="rbf",
+                 operator="published", woodbury=None, random_state=None):
+        self.n_clusters = n_clusters
+        self.estimator = estimator
+        self.affinity = affinity
+        self.operator = operator
+        self.woodbury = woodbury
+        self.random_state = random_state
+
+    def _check_params(self):
+        k = self.n_clusters
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"n_clusters must be an integer >= 1, got {k!r}")
+        if self.affinity not in _AFFINITIES:
+            raise ValueError(f"affinity must be one of {_AFFINITIES}, got {self.affinity!r}")
+        if self.operator not in _OPERATORS:
+            raise ValueError(f"operator must be one of {_OPERATORS}, got {self.operator!r}")
+        if self.woodbury not in (None, True, False):
+            raise ValueError(f"woodbury must be None, True or False, got {self.woodbury!r}")
+
+    def _regressor(self, X, y, groups):
+        est = self.estimator
+        if est is not None:
+            try:
+                check_is_fitted(est, "clients_")
+                return est
+            except NotFittedError:
+                pass
+        reg = default_clustering_regressor() if est is None else clone(est)
+        if self.random_state is not None and "random_state" in reg.get_params():
+            reg.set_params(random_state=self.random_state)
+        if y is None:
+            raise ValueError("y is required to fit the regressor (or pass a fitted estimator)")
+        return reg.fit(X, y, groups=groups)
+
+    def _published(self, reg, label, Xi):
+        h = _client_hyperparameters(reg, label)
+        M = 0 if h["Z_g"] is None else h["Z_g"].shape[0]
+        Ml = 0 if h["Z_l"] is None else h["Z_l"].shape[0]
+        wb = (Xi.shape[0] > M + Ml) if self.woodbury is None else self.woodbury
+        blocks = []
+        if h["Z_g"] is not None:
+            blocks.append(projection_operator(Xi, h["Z_g"], h["lengthscale_g"],
+                                              h["variance_g"], h["noise_variance"],
+                                              woodbury=wb))
+        if h["Z_l"] is not None:
+            Zl = h["Z_l"][np.lexsort(h["Z_l"].T[::-1])]
+            blocks.append(projection_operator(Xi, Zl, h["lengthscale_l"], h["variance_l"],
+                                              h["noise_variance"], woodbury=wb))
+        tr = sum(np.trace(b) for b in blocks)
+        if not tr > 0:
+            raise FloatingPointError(f"operator of client {label!r} has zero trace")
+        return tuple(b / tr for b in blocks)
+
+    def _posterior(self, reg, label):
+        h = _client_hyperparameters(reg, label)
+        if h["Z_g"] is None:
+            raise ValueError("operator='posterior' needs a regressor with a global block")
+        Zg = h["Z_g"]
+        parts = reg.predict_components(Zg, [label] * Zg.shape[0])
+        personal = [parts[c] for c in ("deviation", "local") if c in parts]
+        if not personal:
+            raise ValueError("operator='posterior' needs a deviation or local component")
+        mu = sum(p[0] for p in personal)
+        var = sum(p[1] ** 2 for p in personal)
+        A = np.outer(mu, mu) + np.diag(var)
+        return (A / np.trace(A),)
+
+    def fit(self, X, y=None, groups=None):
+        """Fit (or reuse) the regressor and cluster its clients.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Inputs of all clients (each client's rows stay with it: its
+            operator is computed from its own rows only).
+        y : array-like of shape (n_samples,), default=None
+            Targets; needed only when the regressor is fitted here.
+        groups : array-like of shape (n_samples,)
+            Client label of each row (required).
+
+        Returns
+        -------
+        self : OperatorClustering
+
+        Raises
+        ------
+        ValueError
+            Without ``groups``, with fewer clients than ``n_clusters`` or
+            fewer than 2 clients, a label unknown to a reused fitted
+            regressor, or invalid input (NaN/inf, wrong lengths).
+        """
+        self._check_params()
+        X = validate_data(self, X, dtype=np.float64)
+        if groups is None:
+            raise ValueError(
+                "OperatorClustering clusters clients: pass groups (the client label "
+                "of every row of X)"
+            )
+        groups = np.asarray(groups)
+        if groups.ndim != 1 or groups.shape[0] != X.shape[0]:
+            raise ValueError(
+                f"groups must be 1-D with one label per row of X ({X.shape[0]}), "
+                f"got shape {groups.shape}"
+            )
+        clients, inv = np.unique(groups, return_inverse=True)
+        inv = inv.ravel()
+        if clients.shape[0] < max(2, self.n_clusters):
+            raise ValueError(
+                f"{clients.shape[0]} client(s) cannot be split into n_clusters="
+                f"{self.n_clusters} clusters (need at least 2 clients and one per cluster)"
+            )
+        reg = self._regressor(X, y, groups)
+        labels = [c.item() if isinstance(c, np.generic) else c for c in clients]
+        unknown = [lab for lab in labels if lab not in reg.clients_]
+        if unknown:
+            raise ValueError(f"client(s) {unknown[:5]} are not clients of the fitted estimator")
+
+        ops = {}
+        for k, lab in enumerate(labels):
+            if self.operator == "published":
+                ops[lab] = self._published(reg, lab, X[inv == k])
+            else:
+                ops[lab] = self._posterior(reg, lab)
+        # only the M x M (and M_i x M_i) blocks reach this point
+        T = len(labels)
+        rho = np.zeros((T, T))
+        for i in range(T):
+            for j in range(i + 1, T):
+                rho[i, j] = rho[j, i] = sum(
+                    float(np.sum((a - b) ** 2)) for a, b in zip(ops[labels[i]], ops[labels[j]])
+                )
+        off = rho[np.triu_indices(T, 1)]
+        med = float(np.median(off))
+        med = med if med > 0 else 1.0
+        W = np.exp(-rho / med) if self.affinity == "rbf" else 1.0 / (1.0 + rho / med)
+        sc = SpectralClustering(n_clusters=self.n_clusters, affinity="precomputed",
+                                random_state=self.random_state)
+        client_labels = sc.fit_predict(W)
+
+        self.estimator_ = reg
+        self.clients_ = clients
+        self.operators_ = ops
+        self.dissimilarity_ = rho
+        self.affinity_matrix_ = W
+        self.client_labels_ = client_labels
+        self.labels_ = client_labels[inv]
+        return self
+
+    def fit_predict(self, X, y=None, groups=None):
+        """Fit and return ``labels_``.
+
+        Parameters
+        ----------
+        X, y, groups
+            As in :meth:`fit`.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+        """
+        return self.fit(X, y, groups).labels_

@@ -1,0 +1,176 @@
+"""Tests of :class:`skfedgp.MaxEvidenceClassifier`."""
+
+import numpy as np
+import pytest
+from scipy.special import softmax
+from scipy.stats import multivariate_normal
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from skfedgp import FederatedHierarchicalGPRegressor, MaxEvidenceClassifier
+
+_SMALL = dict(n_inducing=6, n_inducing_local=4, n_rounds=2, local_steps=10)
+
+
+def _reg(**kw):
+    return FederatedHierarchicalGPRegressor(**{**_SMALL, **kw})
+
+
+def _curves(rng, n_per_class=8, n_points=12, n_channels=1, noise=0.15):
+    """Three classes of smooth curves (sin, cos, flat) with noise, channels side by side."""
+    t = np.linspace(0, 1, n_points)
+    shapes = [np.sin(2 * np.pi * t), np.cos(2 * np.pi * t), 0.3 * t]
+    X, y = [], []
+    for c, s in enumerate(shapes):
+        base = np.concatenate([s * (1 + 0.3 * k) for k in range(n_channels)])
+        X.append(base + noise * rng.standard_normal((n_per_class, base.size)))
+        y += [c] * n_per_class
+    return np.vstack(X), np.array(y), t
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    rng = np.random.default_rng(0)
+    X, y, t = _curves(rng, n_channels=2)
+    clf = MaxEvidenceClassifier(_reg(), grid=t, n_channels=2, random_state=0).fit(X, y)
+    Xt, yt, _ = _curves(rng, n_per_class=5, n_channels=2)
+    return clf, X, y, Xt, yt
+
+
+def test_log_evidence_matches_scipy(fitted):
+    clf, _, _, Xt, _ = fitted
+    ll = clf.log_evidence(Xt)
+    assert ll.shape == (Xt.shape[0], 3)
+    for k in range(3):
+        p = clf.inputs_.shape[0]
+        mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+        ref = multivariate_normal(mean, cov).logpdf(Xt)
+        np.testing.assert_allclose(ll[:, k], ref, rtol=1e-9, atol=1e-8)
+
+
+def test_nan_points_scored_on_observed_subset(fitted):
+    clf, _, _, Xt, _ = fitted
+    Xn = Xt[:6].copy()
+    Xn[0, [1, 5, 20]] = np.nan
+    Xn[1, [1, 5, 20]] = np.nan  # same pattern as curve 0
+    Xn[2, :10] = np.nan
+    ll = clf.log_evidence(Xn)
+    for i in range(6):
+        o = ~np.isnan(Xn[i])
+        for k in range(3):
+            p = clf.inputs_.shape[0]
+            mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+            ref = multivariate_normal(mean[o], cov[np.ix_(o, o)]).logpdf(Xn[i, o])
+            np.testing.assert_allclose(ll[i, k], ref, rtol=1e-9, atol=1e-8)
+    with pytest.raises(ValueError, match="no observed"):
+        clf.predict(np.full((1, Xt.shape[1]), np.nan))
+
+
+def test_predict_proba_decision_consistent(fitted):
+    clf, X, y, Xt, yt = fitted
+    ll = clf.log_evidence(Xt)
+    joint = ll + clf.class_log_prior_
+    np.testing.assert_allclose(clf.class_log_prior_, np.log(np.full(3, 1 / 3)))
+    np.testing.assert_array_equal(clf.predict(Xt), clf.classes_[np.argmax(joint, axis=1)])
+    np.testing.assert_allclose(clf.predict_proba(Xt), softmax(joint, axis=1))
+    np.testing.assert_allclose(clf.decision_function(Xt), joint)
+    np.testing.assert_allclose(np.exp(clf.predict_log_proba(Xt)), clf.predict_proba(Xt))
+    assert clf.score(Xt, yt) == 1.0  # well separated classes
+
+
+def test_concatenated_layout():
+    rng = np.random.default_rng(1)
+    X, y, t = _curves(rng, n_points=10, n_channels=3)
+    clf = MaxEvidenceClassifier(_reg(), n_channels=3, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(clf.inputs_, np.arange(30.0))  # k * n_points + j
+    clf = MaxEvidenceClassifier(_reg(), grid=t, n_channels=3, random_state=0).fit(X, y)
+    step = t[1] - t[0]
+    np.testing.assert_allclose(clf.inputs_, np.concatenate([k * (1 + step) + t for k in range(3)]))
+    # channels do not overlap on the index axis
+    assert np.all(np.diff(clf.inputs_) > 0)
+
+
+def test_class_prior_and_binary_decision():
+    rng = np.random.default_rng(2)
+    X, y, t = _curves(rng)
+    keep = y < 2
+    X, y = X[keep], np.where(y[keep] == 0, "a", "b")
+    X, y = X[:12], y[:12]  # 8 "a", 4 "b"
+    clf = MaxEvidenceClassifier(_reg(), class_prior="empirical", random_state=0).fit(X, y)
+    np.testing.assert_allclose(np.exp(clf.class_log_prior_), [8 / 12, 4 / 12])
+    ll = clf.log_evidence(X)
+    d = clf.decision_function(X)
+    assert d.shape == (12,)
+    np.testing.assert_allclose(d, ll[:, 1] - ll[:, 0] + np.log(4 / 8))
+    np.testing.assert_array_equal(clf.predict(X), np.where(d > 0, "b", "a"))
+    clf2 = MaxEvidenceClassifier(_reg(), class_prior=[1, 3], random_state=0).fit(X, y)
+    np.testing.assert_allclose(np.exp(clf2.class_log_prior_), [0.25, 0.75])
+
+
+def test_n_jobs_gives_same_scores(fitted):
+    clf, X, y, Xt, _ = fitted
+    clf2 = MaxEvidenceClassifier(_reg(), grid=clf.grid_, n_channels=2, random_state=0,
+                                 n_jobs=2).fit(X, y)
+    np.testing.assert_allclose(clf2.log_evidence(Xt), clf.log_evidence(Xt), rtol=1e-8)
+
+
+def test_default_estimator_is_tonnage_setting():
+    from skfedgp.classifier import default_curve_regressor
+
+    p = default_curve_regressor().get_params()
+    assert (p["n_inducing"], p["n_inducing_local"], p["n_rounds"], p["local_steps"]) == (
+        81, 41, 10, 100)
+    assert (p["lengthscale"], p["local_lengthscale"], p["variance"], p["local_variance"]) == (
+        50.0, 10.0, 1.0, 0.5)
+
+
+def test_bad_input(fitted):
+    clf, X, y, Xt, _ = fitted
+    with pytest.raises(ValueError, match="features"):
+        clf.predict(Xt[:, :-1])  # curves of the wrong length
+    with pytest.raises(ValueError, match="only one class"):
+        MaxEvidenceClassifier(_reg()).fit(X[y == 0], y[y == 0])
+    with pytest.raises(ValueError, match="multiple of n_channels=5"):
+        MaxEvidenceClassifier(_reg(), n_channels=5).fit(X, y)
+    with pytest.raises(ValueError, match="n_channels must be"):
+        MaxEvidenceClassifier(_reg(), n_channels=0).fit(X, y)
+    with pytest.raises(ValueError, match="channel_mode"):
+        MaxEvidenceClassifier(_reg(), channel_mode="stack").fit(X, y)
+    with pytest.raises(ValueError, match="ILMM"):
+        MaxEvidenceClassifier(_reg(), n_channels=2, channel_mode="multioutput").fit(X, y)
+    with pytest.raises(ValueError, match="grid must be 1-D"):
+        MaxEvidenceClassifier(_reg(), grid=np.arange(5), n_channels=2).fit(X, y)
+    with pytest.raises(ValueError, match="class_prior"):
+        MaxEvidenceClassifier(_reg(), class_prior=[1, 2]).fit(X, y)
+    Xinf = X.copy()
+    Xinf[0, 0] = np.inf
+    with pytest.raises(ValueError, match="[Ii]nf"):
+        MaxEvidenceClassifier(_reg()).fit(Xinf, y)
+    with pytest.raises(ValueError, match="at least 2 points"):
+        MaxEvidenceClassifier(_reg(), n_channels=X.shape[1]).fit(X, y)
+
+
+def test_training_nan_points_are_left_out():
+    rng = np.random.default_rng(3)
+    X, y, t = _curves(rng)
+    Xn = X.copy()
+    Xn[::3, 4] = np.nan
+    clf = MaxEvidenceClassifier(_reg(), random_state=0).fit(Xn, y)
+    # the same regressor fitted by hand on the observed points only
+    rows, cols = np.nonzero(np.isfinite(Xn))
+    reg = _reg(random_state=0).fit(cols[:, None].astype(float), Xn[rows, cols], groups=y[rows])
+    grid = np.arange(X.shape[1], dtype=float)[:, None]
+    for k in range(3):
+        m1, c1 = clf.estimator_.predict(grid, [k] * len(grid), return_cov=True)
+        m2, c2 = reg.predict(grid, [k] * len(grid), return_cov=True)
+        np.testing.assert_allclose(m1, m2, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(c1, c2, rtol=1e-10, atol=1e-12)
+    assert clf.score(X, y) > 0.9
+
+
+_CHECK_REG = FederatedHierarchicalGPRegressor(n_inducing=5, n_inducing_local=3, n_rounds=3,
+                                              local_steps=10)
+
+
+@parametrize_with_checks([MaxEvidenceClassifier(_CHECK_REG, random_state=0)])
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)

@@ -1,0 +1,220 @@
+"""Tests of :class:`skfedgp.OperatorClustering` and its operator maths."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from skfedgp import FederatedHierarchicalGPRegressor, OperatorClustering
+from skfedgp.clustering import _client_hyperparameters, _se, projection_operator
+
+_SMALL = dict(n_inducing=6, n_inducing_local=4, n_rounds=2, local_steps=10)
+BEIJING = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "beijing_air_quality"
+
+
+def _direct_operator(X, Z, ell, var, s2):
+    Kzx = var * np.exp(-0.5 * (((Z[:, None, :] - X[None, :, :]) / ell) ** 2).sum(-1))
+    Kxx = var * np.exp(-0.5 * (((X[:, None, :] - X[None, :, :]) / ell) ** 2).sum(-1))
+    return Kzx @ np.linalg.solve(Kxx + s2 * np.eye(len(X)), Kzx.T)
+
+
+def test_projection_operator_exact(rng):
+    X = rng.uniform(0, 3, (15, 2))
+    Z = rng.uniform(0, 3, (6, 2))
+    ell = np.array([0.7, 1.3])
+    A = projection_operator(X, Z, ell, 2.0, 0.1, woodbury=False)
+    np.testing.assert_allclose(A, _direct_operator(X, Z, ell, 2.0, 0.1), rtol=1e-10)
+    np.testing.assert_allclose(A, A.T)
+    assert np.all(np.linalg.eigvalsh(A) > -1e-10)
+
+
+def test_projection_operator_woodbury_exact_when_nystrom_is(rng):
+    # with X inside Z the Nystrom approximation of k(X, X) is exact (up to jitter)
+    X = rng.uniform(0, 3, (8, 1))
+    Z = np.vstack([X, rng.uniform(0, 3, (4, 1))])
+    ell = np.array([0.8])
+    A_ex = projection_operator(X, Z, ell, 1.5, 0.05, woodbury=False)
+    A_wb = projection_operator(X, Z, ell, 1.5, 0.05, woodbury=True)
+    np.testing.assert_allclose(A_wb, A_ex, rtol=1e-3, atol=1e-4 * np.abs(A_ex).max())
+    # large n: Woodbury close to exact when Z covers the inputs densely
+    X = np.linspace(0, 3, 300)[:, None]
+    Z = np.linspace(0, 3, 40)[:, None]
+    A_ex = projection_operator(X, Z, ell, 1.0, 0.1, woodbury=False)
+    A_wb = projection_operator(X, Z, ell, 1.0, 0.1)  # n > m: Woodbury
+    np.testing.assert_allclose(A_wb, A_ex, rtol=1e-3, atol=1e-3 * np.abs(A_ex).max())
+
+
+def test_client_hyperparameters_in_original_units(rng):
+    X = rng.uniform(0, 1, (40, 1))
+    y = np.sin(6 * X[:, 0]) + 0.1 * rng.standard_normal(40)
+    g = np.repeat([0, 1], 20)
+    a = FederatedHierarchicalGPRegressor(random_state=0, **_SMALL).fit(X, y, groups=g)
+    # inputs x10 + 5, targets x3 + 1: the standardised fit is the same
+    b = FederatedHierarchicalGPRegressor(random_state=0, **_SMALL).fit(
+        10 * X + 5, 3 * y + 1, groups=g)
+    for lab in (0, 1):
+        ha, hb = _client_hyperparameters(a, lab), _client_hyperparameters(b, lab)
+        np.testing.assert_allclose(hb["Z_g"], 10 * ha["Z_g"] + 5, rtol=1e-6)
+        np.testing.assert_allclose(hb["Z_l"], 10 * ha["Z_l"] + 5, rtol=1e-6)
+        np.testing.assert_allclose(hb["lengthscale_g"], 10 * ha["lengthscale_g"], rtol=1e-6)
+        np.testing.assert_allclose(hb["lengthscale_l"], 10 * ha["lengthscale_l"], rtol=1e-6)
+        for key in ("variance_g", "variance_l", "noise_variance"):
+            np.testing.assert_allclose(hb[key], 9 * ha[key], rtol=1e-6)
+    # the noise variance in target units matches the predictive std far from data
+    h = _client_hyperparameters(a, 0)
+    assert h["noise_variance"] > 0 and h["Z_g"].shape == (6, 1) and h["Z_l"].shape == (4, 1)
+
+
+def _two_regime_clients(rng, n_clients=6, n=25):
+    """Clients 0..2 observe [0, 4], clients 3..5 observe [6, 10]."""
+    X, y, g = [], [], []
+    for c in range(n_clients):
+        lo = 0.0 if c < n_clients // 2 else 6.0
+        x = np.sort(rng.uniform(lo, lo + 4, n))
+        X.append(x[:, None])
+        y.append(np.sin(x) + 0.1 * rng.standard_normal(n))
+        g += [f"c{c}"] * n
+    return np.vstack(X), np.concatenate(y), np.array(g)
+
+
+@pytest.fixture(scope="module")
+def two_regimes():
+    rng = np.random.default_rng(0)
+    X, y, g = _two_regime_clients(rng)
+    reg = FederatedHierarchicalGPRegressor(random_state=0, **_SMALL).fit(X, y, groups=g)
+    return X, y, g, reg
+
+
+def test_clusters_recover_regimes(two_regimes):
+    X, y, g, reg = two_regimes
+    oc = OperatorClustering(2, reg, random_state=0).fit(X, y, groups=g)
+    assert oc.estimator_ is reg  # a fitted estimator is reused, not refitted
+    truth = [0, 0, 0, 1, 1, 1]
+    assert list(oc.clients_) == [f"c{c}" for c in range(6)]
+    assert adjusted_rand_score(truth, oc.client_labels_) == 1.0
+    # labels_: one per row, the row's client cluster
+    idx = np.searchsorted(oc.clients_, g)
+    np.testing.assert_array_equal(oc.labels_, oc.client_labels_[idx])
+
+
+def test_operators_and_dissimilarity(two_regimes):
+    X, y, g, reg = two_regimes
+    oc = OperatorClustering(2, reg, random_state=0).fit(X, y, groups=g)
+    for lab in oc.clients_:
+        Ad, Al = oc.operators_[lab]
+        assert Ad.shape == (6, 6) and Al.shape == (4, 4)
+        np.testing.assert_allclose(np.trace(Ad) + np.trace(Al), 1.0)
+    # operator of client c0 from its own rows, by the direct formula
+    h = _client_hyperparameters(reg, "c0")
+    Xi = X[g == "c0"]
+    Ad = _direct_operator(Xi, h["Z_g"], h["lengthscale_g"], h["variance_g"], h["noise_variance"])
+    Zl = h["Z_l"][np.argsort(h["Z_l"][:, 0])]
+    Al = _direct_operator(Xi, Zl, h["lengthscale_l"], h["variance_l"], h["noise_variance"])
+    tr = np.trace(Ad) + np.trace(Al)
+    oc_exact = OperatorClustering(2, reg, woodbury=False, random_state=0).fit(X, y, groups=g)
+    np.testing.assert_allclose(oc_exact.operators_["c0"][0], Ad / tr, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(oc_exact.operators_["c0"][1], Al / tr, rtol=1e-7, atol=1e-12)
+    # rho(i, j) = ||Ahat_i - Ahat_j||_F^2, symmetric with zero diagonal
+    rho = oc.dissimilarity_
+    np.testing.assert_allclose(rho, rho.T)
+    np.testing.assert_array_equal(np.diag(rho), 0.0)
+    a, b = oc.operators_["c0"], oc.operators_["c4"]
+    np.testing.assert_allclose(rho[0, 4], np.sum((a[0] - b[0]) ** 2) + np.sum((a[1] - b[1]) ** 2))
+    med = np.median(rho[np.triu_indices(6, 1)])
+    np.testing.assert_allclose(oc.affinity_matrix_, np.exp(-rho / med))
+    oc_inv = OperatorClustering(2, reg, affinity="inverse", random_state=0).fit(X, y, groups=g)
+    np.testing.assert_allclose(oc_inv.affinity_matrix_, 1 / (1 + rho / med))
+
+
+def test_posterior_operator(two_regimes):
+    X, y, g, reg = two_regimes
+    oc = OperatorClustering(2, reg, operator="posterior", random_state=0).fit(X, y, groups=g)
+    (A,) = oc.operators_["c1"]
+    h = _client_hyperparameters(reg, "c1")
+    parts = reg.predict_components(h["Z_g"], ["c1"] * 6)
+    mu = parts["deviation"][0] + parts["local"][0]
+    var = parts["deviation"][1] ** 2 + parts["local"][1] ** 2
+    B = np.outer(mu, mu) + np.diag(var)
+    np.testing.assert_allclose(A, B / np.trace(B), rtol=1e-10)
+
+
+def test_fits_unfitted_estimator(two_regimes):
+    X, y, g, _ = two_regimes
+    proto = FederatedHierarchicalGPRegressor(**_SMALL)
+    oc = OperatorClustering(2, proto, random_state=0).fit(X, y, groups=g)
+    assert oc.estimator_ is not proto and not hasattr(proto, "clients_")
+    assert oc.labels_.shape == (X.shape[0],)
+
+
+def test_bad_input(two_regimes):
+    X, y, g, reg = two_regimes
+    with pytest.raises(ValueError, match="pass groups"):
+        OperatorClustering(2, reg).fit(X, y)
+    with pytest.raises(ValueError, match="n_clusters=7"):
+        OperatorClustering(7, reg).fit(X, y, groups=g)
+    g2 = g.copy()
+    g2[:3] = "new"
+    with pytest.raises(ValueError, match="not clients"):
+        OperatorClustering(2, reg).fit(X, y, groups=g2)
+    with pytest.raises(ValueError, match="affinity"):
+        OperatorClustering(2, reg, affinity="cosine").fit(X, y, groups=g)
+    with pytest.raises(ValueError, match="operator"):
+        OperatorClustering(2, reg, operator="x").fit(X, y, groups=g)
+    with pytest.raises(ValueError, match="groups must be 1-D"):
+        OperatorClustering(2, reg).fit(X, y, groups=g[:-1])
+    with pytest.raises(ValueError, match="y is required"):
+        OperatorClustering(2, FederatedHierarchicalGPRegressor(**_SMALL)).fit(X, groups=g)
+    Xn = X.copy()
+    Xn[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        OperatorClustering(2, reg).fit(Xn, y, groups=g)
+
+
+def test_beijing_operators_run():
+    if not BEIJING.is_dir():
+        pytest.skip(f"Beijing data folder {BEIJING} is absent (shared developer data)")
+    from skfedgp.datasets import load_beijing_air_quality
+
+    d = load_beijing_air_quality(BEIJING)
+    reg = FederatedHierarchicalGPRegressor(n_inducing=10, n_inducing_local=4, n_rounds=1,
+                                           local_steps=5, random_state=0)
+    oc = OperatorClustering(3, reg, random_state=0).fit(d.data, np.log(d.target), d.groups)
+    assert len(oc.clients_) == 12 and set(oc.client_labels_) == {0, 1, 2}
+    assert np.all(np.isfinite(oc.dissimilarity_))
+
+
+# ---------------------------------------------------------------------------
+# scikit-learn's estimator checks
+# ---------------------------------------------------------------------------
+_NEEDS_GROUPS = (
+    "OperatorClustering clusters clients: fit needs groups (the client label of "
+    "every row) and y (the targets of the regressor); the generic check calls "
+    "fit(X) or fit(X, y) without groups, which raises a ValueError by design"
+)
+_EXPECTED_FAILED = {
+    name: _NEEDS_GROUPS
+    for name in (
+        "check_fit_score_takes_y", "check_estimators_overwrite_params",
+        "check_dont_overwrite_parameters", "check_estimators_fit_returns_self",
+        "check_readonly_memmap_input", "check_n_features_in_after_fitting",
+        "check_positive_only_tag_during_fit", "check_estimators_dtypes",
+        "check_dtype_object", "check_pipeline_consistency", "check_estimators_nan_inf",
+        "check_estimators_pickle", "check_f_contiguous_array_estimator",
+        "check_clustering", "check_methods_sample_order_invariance",
+        "check_methods_subset_invariance", "check_fit2d_1sample", "check_fit2d_1feature",
+        "check_dict_unchanged", "check_fit_idempotent", "check_fit_check_is_fitted",
+        "check_n_features_in", "check_fit2d_predict1d",
+    )
+}
+
+
+@parametrize_with_checks(
+    [OperatorClustering(2, FederatedHierarchicalGPRegressor(n_inducing=4, n_inducing_local=3,
+                                                            n_rounds=2, local_steps=5),
+                        random_state=0)],
+    expected_failed_checks=lambda est: _EXPECTED_FAILED,
+)
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)

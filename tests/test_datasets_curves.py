@@ -1,0 +1,162 @@
+"""Tests of the curve data sets: ``load_ucr_ts`` and ``make_stamping_waveforms``."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skfedgp.datasets import load_ucr_ts, make_stamping_waveforms
+
+UCR_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ucr"
+
+_UNIVARIATE = """\
+# a comment
+@problemName Tiny
+@timeStamps false
+@missing true
+@univariate true
+@equalLength true
+@seriesLength 4
+@classLabel true a b
+@data
+1.0,2.0,3.0,4.0:a
+0.5,?,1.5,NaN:b
+-1,-2,-3,-4:a
+"""
+
+_MULTIVARIATE = """\
+@problemName TinyMV
+@univariate false
+@dimensions 2
+@classLabel true x y z
+@data
+1,2,3:4,5,6:x
+7,8,9:10,11,12:z
+"""
+
+
+def _write(tmp_path, text, name="t.ts"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_ucr_univariate_with_missing(tmp_path):
+    X, y = load_ucr_ts(_write(tmp_path, _UNIVARIATE))
+    assert X.shape == (3, 4) and X.dtype == np.float64
+    np.testing.assert_array_equal(X[0], [1, 2, 3, 4])
+    np.testing.assert_array_equal(np.isnan(X[1]), [False, True, False, True])
+    np.testing.assert_array_equal(X[1, [0, 2]], [0.5, 1.5])
+    assert list(y) == ["a", "b", "a"]
+
+
+def test_ucr_multivariate_channels_side_by_side(tmp_path):
+    X, y = load_ucr_ts(_write(tmp_path, _MULTIVARIATE))
+    # channel k occupies columns k * n_points : (k + 1) * n_points
+    np.testing.assert_array_equal(X, [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    assert list(y) == ["x", "z"]
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("@classLabel true a\n1,2:a\n", "before @data"),
+        ("@classLabel true a b\n", "no @data"),
+        ("@classLabel false\n@data\n1,2\n", "class labels"),
+        ("@classLabel true a\n@timeStamps true\n@data\n1,2:a\n", "time stamps"),
+        ("@classLabel true a\n@data\n1,2,3:a\n1,2:a\n", "unequal-length"),
+        ("@classLabel true a\n@data\n1,2:a\n1,2:3,4:a\n", "channel"),
+        ("@classLabel true a\n@data\n1,2:q\n", "not listed"),
+        ("@classLabel true a\n@data\n1,x:a\n", "cannot read 'x'"),
+        ("@classLabel true a\n@dimensions 3\n@data\n1,2:a\n", "@dimensions"),
+    ],
+)
+def test_ucr_bad_files(tmp_path, text, match):
+    with pytest.raises(ValueError, match=match):
+        load_ucr_ts(_write(tmp_path, text))
+
+
+def test_ucr_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_ucr_ts(tmp_path / "nope.ts")
+
+
+@pytest.mark.parametrize(
+    "name, shape_train, shape_test, n_classes",
+    [
+        ("GunPoint", (50, 150), (150, 150), 2),
+        ("ItalyPowerDemand", (67, 24), (1029, 24), 2),
+        ("BasicMotions", (40, 600), (40, 600), 4),
+    ],
+)
+def test_ucr_real_files(name, shape_train, shape_test, n_classes):
+    folder = UCR_DIR / name
+    if not folder.is_dir():
+        pytest.skip(f"UCR data folder {folder} is absent (shared developer data)")
+    Xtr, ytr = load_ucr_ts(folder / f"{name}_TRAIN.ts")
+    Xte, yte = load_ucr_ts(folder / f"{name}_TEST.ts")
+    assert Xtr.shape == shape_train and Xte.shape == shape_test
+    assert np.all(np.isfinite(Xtr)) and np.all(np.isfinite(Xte))
+    assert len(np.unique(ytr)) == n_classes and set(yte) == set(ytr)
+
+
+# ---------------------------------------------------------------------------
+# stamping stand-in
+# ---------------------------------------------------------------------------
+def test_stamping_shapes_and_classes():
+    X, y = make_stamping_waveforms(random_state=0)
+    assert X.shape == (305 + 4 * 69, 4 * 1201)
+    np.testing.assert_array_equal(np.bincount(y), [305, 69, 69, 69, 69])
+    assert np.all(np.diff(y) >= 0)  # ordered by class
+    assert np.all(np.isfinite(X))
+    X2, y2 = make_stamping_waveforms(random_state=0)
+    np.testing.assert_array_equal(X, X2)
+    X3, _ = make_stamping_waveforms(random_state=1)
+    assert not np.allclose(X, X3)
+
+
+def test_stamping_faults_are_local_and_distinct():
+    n_points = 401
+    X, y = make_stamping_waveforms(50, 50, n_points=n_points, variation=0.0, noise=0.0,
+                                   random_state=0)
+    Xc = X.reshape(len(y), 4, n_points)
+    # without variation or noise, cycles of one class are identical (up to the phase jitter)
+    normal = Xc[y == 0].mean(axis=0)
+    t = np.linspace(0, 1, n_points)
+    centres = (0.30, 0.42, 0.55, 0.68)
+    for k, c in enumerate(centres, start=1):
+        diff = normal - Xc[y == k].mean(axis=0)  # load removed by the fault, (4, n_points)
+        assert np.all(diff.max(axis=1) > 0.02), f"fault {k} too weak"
+        # the change sits in its own region: at most 5 % of its energy farther than 0.1
+        far = np.abs(t - c) > 0.1
+        energy = (diff**2).sum(axis=1)
+        assert np.all((diff[:, far] ** 2).sum(axis=1) < 0.05 * energy), f"fault {k} not local"
+
+
+def test_stamping_variation_and_noise():
+    X, y = make_stamping_waveforms(100, 5, n_points=201, variation=0.03, noise=0.01,
+                                   random_state=0)
+    Xn = X[y == 0]
+    # cycle-to-cycle spread exists and is of the requested order near the peak
+    sd = Xn.std(axis=0)
+    assert 0.005 < np.median(sd) < 0.1
+    X0, y0 = make_stamping_waveforms(100, 5, n_points=201, variation=0.0, noise=0.0,
+                                     random_state=0)
+    assert np.median(X0[y0 == 0].std(axis=0)) < np.median(sd)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_normal=0), "n_normal"),
+        (dict(n_per_fault=1.5), "n_per_fault"),
+        (dict(n_points=5), "n_points"),
+        (dict(n_channels=0), "n_channels"),
+        (dict(fault_size=1.0), "fault_size"),
+        (dict(noise=-0.1), "noise"),
+        (dict(variation=np.inf), "variation"),
+    ],
+)
+def test_stamping_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_stamping_waveforms(**kwargs)
