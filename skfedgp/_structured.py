@@ -229,13 +229,16 @@ class ClientState:
     b: np.ndarray
     e: float
     tr_R: float
+    offset: float = 0.0
+    resid_sum: float = 0.0  # sum(y - offset)
+    wk: np.ndarray = None  # F^T 1 (whitened)
 
 
 def _kernel_rows(Xc, blocks):
     return np.hstack([se_ard(Xc, Z, ell, var) for _, Z, ell, var, _ in blocks])
 
 
-def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None):
+def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0, client=None):
     """Statistics of one client for the structured posterior (its upload).
 
     Parameters
@@ -251,6 +254,8 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None
         ``s2_i``.
     phi : float
         Deviation scale (ignored without the deviation component).
+    offset : float, default=0.0
+        The client's constant mean ``c_i``: the model is fitted to ``y - c_i``.
     client : hashable, optional
         Label used in error messages.
 
@@ -288,18 +293,22 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None
         off += m
     Phi = np.zeros((Mf, Mf))
     psi = np.zeros(Mf)
+    kap = np.zeros(Mf)
+    yc = y - float(offset)
     for a in range(0, n, CHUNK_ROWS):
         Kc = _kernel_rows(X[a:a + CHUNK_ROWS], blocks)
         Phi += Kc.T @ Kc
-        psi += Kc.T @ y[a:a + CHUNK_ROWS]
-    yy = float(y @ y)
+        psi += Kc.T @ yc[a:a + CHUNK_ROWS]
+        kap += Kc.sum(axis=0)
+    yy = float(yc @ yc)
     if Mf:
         T = solve_lower(Lam, Phi)
         Wf = solve_lower(Lam, T.T)
         Wf = 0.5 * (Wf + Wf.T)
         wf = solve_lower(Lam, psi)
+        wk = solve_lower(Lam, kap)
     else:
-        Wf, wf = Phi, psi
+        Wf, wf, wk = Phi, psi, kap
     E = lay.E(phi)
     Eg, Ec = E[:, : lay.n_vg], E[:, lay.n_vg:]
     WEc = Wf @ Ec
@@ -323,7 +332,8 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the structured statistics{where} are not finite")
     return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi), E,
-                       Lp, PiGt, Pir, S, b, float(e), tr_R)
+                       Lp, PiGt, Pir, S, b, float(e), tr_R, float(offset),
+                       float(np.sum(yc)), wk)
 
 
 def _block_sizes(lay):
@@ -483,6 +493,8 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     grads = {}
     if want_local:
         grads["noise_variance"] = -0.5 * n / s2 + quad / (2.0 * s2**2)
+        # d/dc of -||y - c - F mu_z||^2 / (2 s2)
+        grads["offset"] = (state.resid_sum - float(state.wk @ mu_z)) / s2
     if want_global and lay.has_dev:
         Mg = lay.Mg
         var_g = state.blocks[0][3]
@@ -525,7 +537,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         for a0 in range(0, n, CHUNK_ROWS):
             Xc = X[a0:a0 + CHUNK_ROWS]
             Kc = _kernel_rows(Xc, state.blocks)
-            Kbar = Kc @ Pb2 + np.outer(y[a0:a0 + CHUNK_ROWS], psibar)
+            Kbar = Kc @ Pb2 + np.outer(y[a0:a0 + CHUNK_ROWS] - state.offset, psibar)
             for name, Z, ell, var, _ in state.blocks:
                 if name not in acc:
                     continue

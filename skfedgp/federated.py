@@ -252,7 +252,7 @@ class ModelConfig:
     variational_update: str = "closed_form"
     variational_family: str = "mean_field"
     optimizer: str = "adam"
-    tol: float = 1e-5
+    tol: float = 1e-4
     global_steps: int = 1
     jitter: float = 1e-6
 
@@ -620,13 +620,25 @@ class Server:
             With an empty ``theta_global``.
         """
         n = sum(s.n_samples for s in summaries)
-        if self.config.normalize_y:
-            # pooled variance = within-client + between-client parts (Chan et al.)
-            mean = sum(s.y_sum for s in summaries) / n
-            m2 = sum(s.y_centred_sumsq + s.n_samples * (s.y_sum / s.n_samples - mean) ** 2
-                     for s in summaries)
+        mean = sum(s.y_sum for s in summaries) / n
+        # pooled variance = within-client + between-client parts (Chan et al.)
+        within = sum(s.y_centred_sumsq for s in summaries)
+        m2 = within + sum(s.n_samples * (s.y_sum / s.n_samples - mean) ** 2 for s in summaries)
+        tiny = 1e-24 * max(1.0, mean**2)
+        if self.config.variational_family == "structured":
+            # every client has its own learned constant mean, so the scale is
+            # the median of the clients' own (within-client) standard
+            # deviations: a client on another level or another scale does not
+            # change the other clients' units
+            stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
+                    if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
+            var = float(np.median(stds)) ** 2 if stds else m2 / n
+            scale = float(np.sqrt(var)) if var > tiny else 1.0
+            if not self.config.normalize_y:
+                mean = 0.0
+        elif self.config.normalize_y:
             var = max(m2 / n, 0.0)
-            scale = float(np.sqrt(var)) if var > 1e-24 * max(1.0, mean**2) else 1.0
+            scale = float(np.sqrt(var)) if var > tiny else 1.0
         else:
             mean, scale = 0.0, 1.0
         self.y_offset, self.y_scale = float(mean), float(scale)
@@ -634,6 +646,7 @@ class Server:
         x_min = np.min([s.x_min for s in summaries], axis=0)
         x_max = np.max([s.x_max for s in summaries], axis=0)
         self.x_offset, self.x_scale = input_scaling(x_min, x_max)
+        self.client_boxes = [(s.x_min, s.x_max) for s in summaries]
         return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), x_min, x_max)
 
     def structured_initialise(self, pop):
@@ -659,10 +672,12 @@ class Server:
         ell = (pop.lengthscale if cfg.lengthscale is None
                else _default_lengthscale(cfg.lengthscale, self.x_scale, 0.0))
         ell = check_in_bounds("lengthscale_g", ell, cfg.lengthscale is not None)
+        cand, frac = self._union_candidates(ell)
         if cfg.n_inducing == "auto":
+            # the number of lengthscale-sized cells in the union of the clients' boxes
             M = auto_inducing(ell, np.ones(d), per_lengthscale=AUTO_PER_LENGTHSCALE,
                               minimum=AUTO_MIN_INDUCING,
-                              maximum=min(AUTO_MAX_INDUCING, self.n_total))
+                              maximum=min(AUTO_MAX_INDUCING, self.n_total), fraction=frac)
         else:
             M = int(cfg.n_inducing)
         # "auto": each client sizes its own local set (StructuredClient.initialise)
@@ -670,10 +685,9 @@ class Server:
         gpack = structured_global_spec(cfg.components, M, d)
         values = {}
         if "Z_g" in gpack.slices:
-            sob = qmc.Sobol(d, scramble=True, seed=self.random_state)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                values["Z_g"] = sob.random(M)
+            if cand.shape[0] < M:
+                cand, _ = self._union_candidates(ell, at_least=M)
+            values["Z_g"] = cand[:M]
             var = pop.variance if cfg.variance is None else float(cfg.variance)
             values.update(lengthscale_g=ell,
                           variance_g=check_in_bounds("variance_g", var, cfg.variance is not None))
@@ -682,9 +696,54 @@ class Server:
                                             cfg.phi is not None)
         self.global_pack = gpack
         self.theta_global = gpack.pack(values) if gpack.size else np.zeros(0)
+        self.client_boxes = None  # used for the placement only; not kept in the model
         self.n_inducing_ = M
         self.n_inducing_local_ = M_local
         return self.theta_global.copy(), gpack, M, M_local
+
+    def _union_candidates(self, ell, at_least=0):
+        """Sobol points of the scaled box that fall in the union of the clients' boxes.
+
+        Each client's reported box (:class:`ClientSummary`) is widened by half
+        a lengthscale on every side; a scrambled Sobol sequence over the whole
+        box is filtered to that union, so the global inducing points follow
+        where the clients' inputs are, not the single box around all of them
+        (a client far from the others would otherwise leave them in a sliver
+        of it).
+
+        Returns
+        -------
+        points : ndarray of shape (k, d)
+            In Sobol order (any prefix is spread over the union).
+        fraction : float
+            Share of the box covered by the union (from the candidates).
+        """
+        d = self.d
+        lo = np.array([(b[0] - self.x_offset) / self.x_scale for b in self.client_boxes])
+        hi = np.array([(b[1] - self.x_offset) / self.x_scale for b in self.client_boxes])
+        pad = 0.5 * np.asarray(ell)
+        lo, hi = lo - pad, hi + pad
+        sob = qmc.Sobol(d, scramble=True, seed=self.random_state)
+        pts = np.zeros((0, d))
+        frac = 1.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for k in range(12, 19):  # 4 096 ... 262 144 candidates
+                cand = sob.random_base2(k) if k == 12 else np.vstack([cand, sob.random(2**k - cand.shape[0])])
+                inside = np.zeros(cand.shape[0], dtype=bool)
+                for a, b in zip(lo, hi):
+                    inside |= np.all((cand >= a) & (cand <= b), axis=1)
+                pts = cand[inside]
+                frac = max(float(inside.mean()), 1.0 / cand.shape[0])
+                if pts.shape[0] >= max(at_least, AUTO_MAX_INDUCING):
+                    break
+        if pts.shape[0] < at_least:  # a vanishing union: centres of the boxes, then jitter
+            rng = np.random.default_rng(self.random_state)
+            centres = 0.5 * (lo + hi)
+            extra = centres[rng.integers(0, len(centres), at_least - pts.shape[0])]
+            extra = extra + rng.uniform(-0.5, 0.5, extra.shape) * pad
+            pts = np.vstack([pts, extra])
+        return pts, frac
 
     def broadcast(self, round_):
         """The per-round download.
@@ -1073,11 +1132,15 @@ class LocalHyperparameters:
     lengthscale : ndarray of shape (d,) or None
     variance : float or None
     noise_variance : float
+    offset : float
+        The client's learned constant mean (standardised units; structured
+        family). The server keeps the mean over clients for unseen clients.
     """
 
     lengthscale: np.ndarray
     variance: float
     noise_variance: float
+    offset: float = 0.0
 
 
 def structured_global_spec(components, M, d):
@@ -1127,6 +1190,7 @@ def structured_local_spec(components, M_local, d):
         spec += [("Z_l", (M_local, d), "free"), ("lengthscale_l", (d,), "log"),
                  ("variance_l", (), "log")]
     spec.append(("noise_variance", (), "log"))
+    spec.append(("offset", (), "free"))
     return Packer(spec)
 
 
@@ -1209,10 +1273,13 @@ def pilot_fit(X, y, random_state):
 
     Notes
     -----
-    The initial lengthscale is ``0.5 sqrt(d)`` in the unit-box units (a
-    typical distance between random points of the unit cube grows like
-    ``sqrt(d / 6)``, so the kernel between points stays far from 0 in any
-    dimension and gradients reach every lengthscale); bounds ``[1e-3, 1e3]``.
+    The pilot works on the client's inputs standardised per feature (its own
+    mean and standard deviation) and reports lengthscales back in the model's
+    scaled units. The initial lengthscale is ``sqrt(d)`` standard deviations
+    (a typical distance between two standardised points grows like
+    ``sqrt(2 d)``, so the kernel between points stays far from 0 in any
+    dimension and gradients reach every lengthscale); bounds ``[1e-3, 1e3]``
+    (standardised units).
     """
     from sklearn.exceptions import ConvergenceWarning as _CW
     from sklearn.gaussian_process import GaussianProcessRegressor
@@ -1225,9 +1292,15 @@ def pilot_fit(X, y, random_state):
     if n > PILOT_MAX_POINTS:
         idx = np.sort(rng.choice(n, PILOT_MAX_POINTS, replace=False))
         X, y = X[idx], y[idx]
+    # the client's own inputs standardised per feature, so the starting
+    # lengthscale is relative to where its data are (a client whose inputs
+    # fill a sliver of the joint box still starts at a sensible value)
+    spread = X.std(axis=0)
+    spread = np.where(spread > 0, spread, 1.0)
+    X = (X - X.mean(axis=0)) / spread
     v = float(np.var(y))
     kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
-              * RBF(np.full(d, 0.5 * np.sqrt(d)), (1e-3, 1e3))
+              * RBF(np.full(d, np.sqrt(d)), (1e-3, 1e3))
               + WhiteKernel(0.1 * v, (1e-6 * v, 10.0 * v)))
     gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
     with warnings.catch_warnings():
@@ -1235,31 +1308,34 @@ def pilot_fit(X, y, random_state):
         gp.fit(X, y - y.mean())
     k = gp.kernel_
     return PilotSummary(
-        lengthscale=np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)).copy(),
+        lengthscale=spread * np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)),
         variance=float(k.k1.k1.constant_value),
         noise_variance=float(k.k2.noise_level),
     )
 
 
-def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum):
+def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum, fraction=1.0):
     """Number of inducing points from the lengthscales and the input box.
 
-    ``ceil(prod_d (1 + per_lengthscale * range_d / lengthscale_d))`` clipped to
-    ``[minimum, maximum]``: about ``per_lengthscale`` points per lengthscale
-    along each input dimension.
+    ``ceil(fraction * prod_d (1 + per_lengthscale * range_d / lengthscale_d))``
+    clipped to ``[minimum, maximum]``: about ``per_lengthscale`` points per
+    lengthscale along each input dimension, over the share ``fraction`` of
+    the box where there are inputs.
 
     Parameters
     ----------
     lengthscale, ranges : ndarray of shape (d,)
     per_lengthscale : float
     minimum, maximum : int
+    fraction : float, default=1.0
 
     Returns
     -------
     int
     """
     with np.errstate(over="ignore"):
-        m = float(np.prod(1.0 + per_lengthscale * np.asarray(ranges) / np.asarray(lengthscale)))
+        m = fraction * float(np.prod(1.0 + per_lengthscale * np.asarray(ranges)
+                                     / np.asarray(lengthscale)))
     if not np.isfinite(m):
         m = float(maximum)
     return int(np.clip(np.ceil(m), minimum, max(minimum, maximum)))
@@ -1324,6 +1400,13 @@ class StructuredClient:
         """
         d = self._Xs.shape[1]
         p = own if own is not None else population
+        # a client too small for a pilot fit takes the population's values,
+        # rescaled to its own spread when that is clearly another scale (more
+        # than 10x off the population's total variance either way)
+        own_var = float(np.var(self._y)) if self.n_samples >= 2 else 0.0
+        total = population.variance + population.noise_variance
+        ratio = own_var / total if own is None and own_var > 0 else 1.0
+        ratio = ratio if (ratio > 10.0 or ratio < 0.1) else 1.0
         values = {}
         if "local" in config.components:
             if M_local is None:
@@ -1334,18 +1417,26 @@ class StructuredClient:
             Zl = _local_inducing(self._Xs, M_local, random_state)
             ell = (p.lengthscale if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
-            var = (0.1 * p.variance if config.local_variance is None
+            var = (0.1 * p.variance * ratio if config.local_variance is None
                    else float(config.local_variance))
             values.update(
                 Z_l=Zl,
                 lengthscale_l=check_in_bounds("lengthscale_l", ell,
                                               config.local_lengthscale is not None),
                 variance_l=check_in_bounds("variance_l", var, config.local_variance is not None))
-        s2 = (p.noise_variance if config.noise_variance is None
+        s2 = (p.noise_variance * ratio if config.noise_variance is None
               else float(config.noise_variance) / self._y_scale**2)
+        # the client's own noise floor: NOISE_FLOOR times its own target variance
+        # (standardised units), so a client on a small scale is not floored in
+        # the others' units
+        own = float(np.var(self._y)) if self.n_samples >= 2 else 0.0
+        self.noise_floor = NOISE_FLOOR * (own if own > 1e-12 else 1.0)
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
-        values["noise_variance"] = check_in_bounds("noise_variance", max(s2, 2.0 * NOISE_FLOOR),
-                                                   config.noise_variance is not None)
+        check_in_bounds("noise_variance", s2, config.noise_variance is not None)
+        values["noise_variance"] = float(np.clip(max(s2, 2.0 * self.noise_floor),
+                                                 self.noise_floor * 1.01,
+                                                 LOG_BOUNDS["noise_variance"][1] * 0.99))
+        values["offset"] = float(np.mean(self._y))  # the client's own mean, then learned
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
         self.theta = self.pack.pack(values)
@@ -1367,7 +1458,7 @@ class StructuredClient:
         G, B, blocks = self._blocks(theta_g, gpack, config)
         self._state = client_forward(self._Xs, self._y, blocks, config.components,
                                      B["noise_variance"], G.get("phi", 1.0),
-                                     client=self.client_id)
+                                     offset=B["offset"], client=self.client_id)
         st = self._state
         return StructuredStatistics(round_, st.S, st.b, st.e)
 
@@ -1392,7 +1483,8 @@ class StructuredClient:
 
         G, B, blocks = self._blocks(theta_g, gpack, config, theta)
         st = client_forward(self._Xs, self._y, blocks, config.components,
-                            B["noise_variance"], G.get("phi", 1.0), client=self.client_id)
+                            B["noise_variance"], G.get("phi", 1.0), offset=B["offset"],
+                            client=self.client_id)
         value = -0.5 * st.e
         if mu.size:
             value += float(st.b @ mu) - 0.5 * (float(np.sum(st.S * A_inv)) + float(mu @ st.S @ mu))
@@ -1414,7 +1506,7 @@ class StructuredClient:
 
         mu, A_inv = post.mean, post.covariance
         n = max(self.n_samples, 1)
-        bounds = log_bounds(self.pack)
+        bounds = self.bounds()
 
         def fun(t):
             v, g = self._surrogate(t, theta_g, gpack, config, mu, A_inv)
@@ -1441,6 +1533,13 @@ class StructuredClient:
         self._state = None
         return self
 
+    def bounds(self):
+        """L-BFGS-B bounds of the local vector, with this client's own noise floor."""
+        b = log_bounds(self.pack)
+        sl = self.pack.slices["noise_variance"]
+        b[sl.start] = (float(np.log(self.noise_floor)), b[sl.start][1])
+        return b
+
     def _adam_state(self, config):
         if getattr(self, "_adam", None) is None:
             self._adam = Adam(config.learning_rate)
@@ -1462,7 +1561,7 @@ class StructuredClient:
         B = self.pack.unpack(self.theta)
         self._Xs = self._y = self._state = None
         return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
-                                    B["noise_variance"])
+                                    B["noise_variance"], B["offset"])
 
     def local_values(self):
         """Constrained local values (scaled inputs, standardised units)."""
@@ -1503,7 +1602,8 @@ def _population_from(hypers, components):
 
     Geometric means of the local lengthscales, variances and noise variances.
     """
-    pop = {"noise_variance": float(np.exp(np.mean([np.log(h.noise_variance) for h in hypers])))}
+    pop = {"noise_variance": float(np.exp(np.mean([np.log(h.noise_variance) for h in hypers]))),
+           "offset": float(np.mean([h.offset for h in hypers]))}
     if "local" in components:
         pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers], axis=0))
         pop["variance_l"] = float(np.exp(np.mean([np.log(h.variance) for h in hypers])))
@@ -1653,7 +1753,9 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
                 print(f"[skfedgp] round {r:3d}/{n_rounds}  ELBO {elbo: .6e}  "
                       f"time {time.perf_counter() - t0:6.2f}s  up {counter['up']} B  "
                       f"down {counter['down']} B", flush=True)
-            if elbo - prev <= config.tol * max(1.0, abs(elbo)):
+            # stop when a whole round (local and global phase) gains less than
+            # tol times max(|ELBO|, number of observations)
+            if elbo - prev <= config.tol * max(abs(elbo), N, 1.0):
                 converged = True
                 break
         # -- final exchange: fresh statistics and posterior moments at the final

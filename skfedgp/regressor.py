@@ -91,6 +91,8 @@ def _warn_diagnostics(est, converged, n_rounds):
             if name not in values:
                 continue
             lo, hi = LOG_BOUNDS[name]
+            if name == "noise_variance" and "noise_floor" in values:
+                lo = values["noise_floor"]
             v = np.atleast_1d(values[name])
             low = np.any(v <= lo * (1 + 1e-6))
             # a variance (or phi) at its lower bound is a component the evidence
@@ -106,13 +108,16 @@ def _warn_diagnostics(est, converged, n_rounds):
     check(G, ("variance_g", "lengthscale_g"))
     check(G, ("phi",))
     for lab, c in est.clients_.items():
-        B = c.local_values()
+        B = dict(c.local_values(), noise_floor=getattr(c, "noise_floor", None))
+        if B["noise_floor"] is None:
+            del B["noise_floor"]
         check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}")
         check(B, ("noise_variance",), f" of client {lab!r}")
     if at:
         warnings.warn(
-            "hyperparameters ended at a bound of their range (noise variance floor "
-            f"{LOG_BOUNDS['noise_variance'][0]:g} in standardised units): {', '.join(at[:10])}"
+            "hyperparameters ended at a bound of their range (a noise variance at its "
+            f"floor, {LOG_BOUNDS['noise_variance'][0]:g} times the client's own target "
+            f"variance, means nearly noise-free data): {', '.join(at[:10])}"
             + (" ..." if len(at) > 10 else ""), ConvergenceWarning, stacklevel=3)
 
 
@@ -293,7 +298,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         n_rounds=None,
         local_steps=None,
         global_steps=None,
-        tol=1e-5,
+        tol=1e-4,
         learning_rate=0.1,
         global_learning_rate=0.1,
         variational_update="closed_form",
@@ -572,6 +577,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.y_scale_ = server.y_scale
         self.n_inducing_ = server.n_inducing_
         self._population_local = res["population"]
+        self.client_offsets_ = {lab: server.y_offset + server.y_scale * c.local_values()["offset"]
+                                for lab, c in self.clients_.items()}
         _warn_diagnostics(self, res["converged"], n_rounds)
         return self
 
@@ -760,7 +767,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             blocks = feature_blocks(G, B, comps)
             E, n_vg = layout_map(blocks, comps, phi)
             P = c.posterior
-            return blocks, P["mu_u"], P["Sigma_u"], P["H"], E, B["noise_variance"]
+            return (blocks, P["mu_u"], P["Sigma_u"], P["H"], E, B["noise_variance"],
+                    B["offset"])
         pop = self._population_local
         d = self.n_features_model_
         B = {"noise_variance": pop["noise_variance"]}
@@ -774,7 +782,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Sigma_u = np.zeros((E.shape[1],) * 2)
         Sigma_u[:n_vg, :n_vg] = A_inv
         Sigma_u[n_vg:, n_vg:] = np.eye(n_c)
-        return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"]
+        return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"], pop["offset"]
 
     def _predict_structured(self, Xf, labels, inv, return_cov):
         """Mean, variance (or joint covariance) of the noisy targets, standardised units."""
@@ -791,18 +799,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         for k, lab in enumerate(labels):
             idx = np.flatnonzero(inv == k)
             cid = None if lab is _Population else lab
-            blocks, mu_u, Sigma_u, H, E, s2 = self._structured_client(
+            blocks, mu_u, Sigma_u, H, E, s2, c = self._structured_client(
                 _Population if cid is None else cid)
             if not return_cov:
                 for rows in _chunks(idx):
                     m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
                                               client=cid)
-                    mean[rows] = m
+                    mean[rows] = c + m
                     var[rows] = v + s2
                 continue
             Ws = test_features(Xf[idx], blocks, client=cid)
             Fs = np.hstack(Ws)
-            mean[idx] = Fs @ (E @ mu_u)
+            mean[idx] = c + Fs @ (E @ mu_u)
             Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
             within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size)
             gam = residual_coefficients(blocks, comps, phi)
@@ -844,17 +852,23 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         components : dict
             ``{name: (mean, std)}`` for each fitted component name in
             ``("global", "deviation", "local")``; arrays of shape
-            (n_samples,), target units. The predictive mean of
-            :meth:`predict` equals ``y_offset_`` plus the sum of the means.
+            (n_samples,), target units. With the structured family (the
+            default) an ``"offset"`` entry holds each row's client constant
+            mean (its std is 0), and the predictive mean of :meth:`predict`
+            equals the sum of all the means; with the mean-field family it
+            equals ``y_offset_`` plus the sum.
         """
         Xf, labels, inv = self._prepare_predict(X, groups, "predict_components", stacklevel=4)
         n = Xf.shape[0]
         out = {c: (np.zeros(n), np.zeros(n)) for c in self.components_}
         if getattr(self, "variational_family_", "mean_field") == "structured":
             G = self.server_.global_pack.unpack(self.server_.theta_global)
+            out["offset"] = (np.zeros(n), np.zeros(n))
             for k, lab in enumerate(labels):
-                blocks, mu_u, Sigma_u, _, E, _ = self._structured_client(lab)
-                for rows in _chunks(np.flatnonzero(inv == k)):
+                blocks, mu_u, Sigma_u, _, E, _, c = self._structured_client(lab)
+                idx = np.flatnonzero(inv == k)
+                out["offset"][0][idx] = self.y_offset_ + self.y_scale_ * c
+                for rows in _chunks(idx):
                     parts = predict_structured(Xf[rows], blocks, self.components_,
                                                G.get("phi", 1.0), mu_u, Sigma_u, E,
                                                per_component=True)

@@ -61,9 +61,11 @@ def test_fit_returns_self_and_sets_attributes(data):
                                           optimizer="adam").fit(X, y, g)
     assert len(mf.elbo_history_) == mf.n_iter_ == FAST["n_rounds"]
     assert len(mf.communication_) == FAST["n_rounds"] + 2  # set-up, rounds, final polish
-    # the pooled standardisation equals the one computed from all targets
+    # the standardisation: pooled mean and pooled *within-client* std (each
+    # client has its own learned constant mean), from the clients' summaries
     assert_allclose(est.y_offset_, y.mean(), rtol=1e-12)
-    assert_allclose(est.y_scale_, y.std(), rtol=1e-10)
+    within = np.sqrt(sum(np.sum((y[g == c] - y[g == c].mean()) ** 2) for c in set(g)) / y.size)
+    assert_allclose(est.y_scale_, within, rtol=1e-10)
 
 
 def test_predict_shapes_std_and_cov(fitted, data):
@@ -99,11 +101,15 @@ def test_return_cov_diagonal_with_unseen_client(fitted, data):
 def test_predict_components_sum_to_predict(fitted, data):
     X, _, g = data
     comps = fitted.predict_components(X, g)
-    assert set(comps) == {"global", "deviation", "local"}
+    assert set(comps) == {"global", "deviation", "local", "offset"}
+    offset = comps.pop("offset")
+    for lab in ("north", "east", "south"):  # each client's own constant mean
+        assert_allclose(offset[0][g == lab], fitted.client_offsets_[lab], rtol=1e-12)
+    assert np.all(offset[1] == 0)
     for name, (m, s) in comps.items():
         assert m.shape == (X.shape[0],) and s.shape == (X.shape[0],), name
         assert np.all(s >= 0) and np.any(s > 0), name
-    total = fitted.y_offset_ + sum(m for m, _ in comps.values())
+    total = offset[0] + sum(m for m, _ in comps.values())
     assert_allclose(total, fitted.predict(X, g), rtol=1e-10, atol=1e-10)
     # the client-specific parts differ between clients at the same input
     x0 = np.repeat(X[:1], 3, axis=0)
@@ -166,9 +172,8 @@ def test_ablations_through_components(data, components):
     mean, std = est.predict(X, g, return_std=True)
     assert np.all(np.isfinite(mean)) and np.all(std > 0)
     parts = est.predict_components(X, g)
-    assert tuple(parts) == components
-    assert_allclose(est.y_offset_ + sum(m for m, _ in parts.values()), mean,
-                    rtol=1e-10, atol=1e-10)
+    assert tuple(parts) == components + ("offset",)
+    assert_allclose(sum(m for m, _ in parts.values()), mean, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("bad", [("global", "shared"), "locale", (), ("global", "global2")])
@@ -318,5 +323,12 @@ def test_target_standardisation_keeps_precision_with_large_offset():
     est = FederatedHierarchicalGPRegressor(n_rounds=1, local_steps=1, n_inducing=5,
                                            n_inducing_local=5, random_state=0)
     est.fit(X, y + 1e9, g)
-    assert est.y_scale_ == pytest.approx(np.std(y), rel=1e-6)
+    within = np.sqrt(sum(np.sum((y[g == c] - y[g == c].mean()) ** 2) for c in set(g)) / y.size)
+    assert est.y_scale_ == pytest.approx(within, rel=1e-6)
     assert est.y_offset_ == pytest.approx(1e9 + np.mean(y), rel=1e-12)
+    mf = FederatedHierarchicalGPRegressor(n_rounds=1, local_steps=1, n_inducing=5,
+                                          n_inducing_local=5, random_state=0,
+                                          variational_family="mean_field", optimizer="adam")
+    mf.fit(X, y + 1e9, g)  # the mean-field family: pooled standardisation
+    assert mf.y_scale_ == pytest.approx(np.std(y), rel=1e-6)
+    assert mf.y_offset_ == pytest.approx(1e9 + np.mean(y), rel=1e-12)

@@ -54,7 +54,7 @@ def _params(Xs, Zg, Zls, seed=1):
 
 def _elbo(Xs, ys, G, Bs, comps=ALL, jitter=1e-6):
     sts = [client_forward(X, y, feature_blocks(G, B, comps, jitter=jitter), comps,
-                          B["noise_variance"], G["phi"])
+                          B["noise_variance"], G["phi"], offset=B.get("offset", 0.0))
            for X, y, B in zip(Xs, ys, Bs)]
     M = G["Z_g"].shape[0] if "global" in comps else 0
     return combine([s.S for s in sts], [s.b for s in sts], [s.e for s in sts], M), sts
@@ -147,6 +147,7 @@ def test_gradients_match_finite_differences(comps):
     Xs, ys = _clients((12, 9, 7))
     rng = np.random.default_rng(3)
     G, Bs = _params(Xs, rng.uniform(size=(6, 2)), [rng.uniform(size=(4, 2)) for _ in Xs])
+    Bs = [dict(B, offset=0.1 * (k - 1)) for k, B in enumerate(Bs)]  # per-client constant means
     post, sts = _elbo(Xs, ys, G, Bs, comps)
     grads = [client_backward(s, X, y, post.mu, post.A_inv) for s, X, y in zip(sts, Xs, ys)]
 
@@ -161,7 +162,7 @@ def test_gradients_match_finite_differences(comps):
         numeric = _fd(lambda v: F({**G, key: v}, Bs), G[key])
         assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
     keys_l = (["Z_l", "lengthscale_l", "variance_l"] if "local" in comps else [])
-    for key in keys_l + ["noise_variance"]:
+    for key in keys_l + ["noise_variance", "offset"]:
         k = 1
 
         def f(v, key=key):
@@ -240,7 +241,8 @@ def _recompute(est, X, y, g):
         ys = (y[rows] - est.y_offset_) / est.y_scale_
         B = c.local_values()
         sts[lab] = (client_forward(Xs, ys, feature_blocks(G, B, est.components_),
-                                   est.components_, B["noise_variance"], G.get("phi", 1.0)),
+                                   est.components_, B["noise_variance"], G.get("phi", 1.0),
+                                   offset=B["offset"]),
                     Xs, ys)
     Mg = est.global_posterior_["mean"].shape[0]
     post = combine([s.S for s, _, _ in sts.values()], [s.b for s, _, _ in sts.values()],
@@ -326,8 +328,8 @@ def test_unseen_client_variance_pinned(two_clients):
                 + G["phi"] * var + pop["variance_l"] + pop["noise_variance"])
     mean, std = est.predict(Xt, ["never-seen"] * 3, return_std=True)
     assert_allclose(std**2, est.y_scale_**2 * expected, rtol=1e-8)
-    assert_allclose(mean, est.y_offset_ + est.y_scale_ * W @ est.global_posterior_["mean"],
-                    rtol=1e-10)
+    assert_allclose(mean, est.y_offset_ + est.y_scale_ * (
+        pop["offset"] + W @ est.global_posterior_["mean"]), rtol=1e-10)
 
 
 def test_no_client_data_in_fitted_model(two_clients):

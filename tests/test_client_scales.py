@@ -1,0 +1,107 @@
+"""One client must not harm the others: per-client constant means and the
+within-client scale (target level and scale), the union of the clients'
+input boxes (input range), and ``normalize_y=False`` (data-derived initial
+values whatever the flag). Each fault's given input plus others of its kind."""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+
+from skfedgp import FederatedHierarchicalGPRegressor
+
+
+def _fit(X, y, g=None, **params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return FederatedHierarchicalGPRegressor(random_state=0, **params).fit(X, y, g)
+
+
+@pytest.fixture(scope="module")
+def ab():
+    rng = np.random.default_rng(12)
+    XA, XB = rng.uniform(size=40), rng.uniform(size=40)
+    yA = np.sin(6 * XA) + 0.05 * rng.normal(size=40)
+    yB = np.sin(6 * XB) + 0.05 * rng.normal(size=40)
+    X = np.r_[XA, XB][:, None]
+    y = np.r_[yA, yB]
+    g = np.array(["A"] * 40 + ["B"] * 40)
+    return X, y, g
+
+
+def _rmse_A(est, d=1):
+    xg = np.linspace(0, 1, 19)[:, None] if d == 1 else None
+    m = est.predict(xg, ["A"] * 19)
+    return float(np.sqrt(np.mean((m - np.sin(6 * xg[:, 0])) ** 2)))
+
+
+@pytest.fixture(scope="module")
+def reference(ab):
+    X, y, g = ab
+    return _rmse_A(_fit(X, y, g))
+
+
+@pytest.mark.parametrize("level, spread", [(1e4, 1.0), (-3e6, 1.0), (0.0, 500.0), (50.0, 1e-3)])
+def test_client_on_another_scale_does_not_harm_the_others(ab, reference, level, spread):
+    """The issue's client "C" (three rows at 1e4, 1e4 + 1, 1e4 - 1) and others of its kind."""
+    X, y, g = ab
+    XC = np.array([[0.2], [0.6], [0.9]])
+    yC = level + spread * np.array([0.0, 1.0, -1.0])
+    est = _fit(np.r_[X, XC], np.r_[y, yC], np.r_[g, ["C"] * 3])
+    assert _rmse_A(est) <= 1.2 * reference
+    # client C keeps its own level and is fitted in its own units
+    assert abs(est.client_offsets_["C"] - level) <= 3 * spread + 2.0
+    mC, sC = est.predict(XC, ["C"] * 3, return_std=True)
+    assert np.all(np.abs(mC - yC) <= 3 * sC)
+
+
+@pytest.mark.parametrize("where", [100.0, -40.0])
+def test_client_far_away_in_input_space_does_not_harm_the_others(ab, reference, where):
+    X, y, g = ab
+    rng = np.random.default_rng(1)
+    XD = rng.uniform(where, where + 1, size=(10, 1))
+    est = _fit(np.r_[X, XD], np.r_[y, np.cos(3 * XD[:, 0])], np.r_[g, ["D"] * 10])
+    assert _rmse_A(est) <= 1.2 * reference
+    # the global inducing points follow the clients' inputs, not the joint box
+    Z = est.server_.global_pack.unpack(est.server_.theta_global)["Z_g"]
+    Z = Z * est.server_.x_scale + est.server_.x_offset
+    near_ab = np.sum((Z > -0.5) & (Z < 1.5))
+    assert near_ab >= 0.3 * Z.shape[0]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap: in 2-D a far client of the same function still moves the shared "
+    "hyperparameters enough to raise client A's RMSE to about 1.4x (converged fits, "
+    "0.034 vs 0.024); the 1-D cases above hold"))
+def test_far_client_2d():
+    rng = np.random.default_rng(12)
+    X = rng.uniform(size=(80, 2))
+    f = lambda Z: np.sin(4 * Z[:, 0]) * np.cos(3 * Z[:, 1])  # noqa: E731
+    y = f(X) + 0.05 * rng.normal(size=80)
+    g = np.repeat(["A", "B"], 40)
+    Xt = rng.uniform(size=(200, 2))
+    r0 = np.sqrt(np.mean((_fit(X, y, g).predict(Xt, ["A"] * 200) - f(Xt)) ** 2))
+    XD = rng.uniform(50, 51, size=(15, 2))
+    # same kind of function, far away (only the input range differs)
+    est = _fit(np.r_[X, XD], np.r_[y, f(XD - 50.0)], np.r_[g, ["D"] * 15])
+    m, s = est.predict(Xt, ["A"] * 200, return_std=True)
+    assert np.sqrt(np.mean((m - f(Xt)) ** 2)) <= 1.2 * r0
+    assert np.mean(np.abs(m - f(Xt)) > 3 * s) <= 0.01
+
+
+@pytest.mark.parametrize("level, amp", [(2500.0, 400.0), (-1e5, 3e3), (0.0, 1e-4)])
+def test_normalize_y_false_still_fits(level, amp):
+    """The issue's input (2500 + 400 sin(3x), 30 points) and others of its kind."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 2, 30)[:, None]
+    y = level + amp * np.sin(3 * x[:, 0])
+    est = _fit(x, y, normalize_y=False)
+    assert est.y_offset_ == 0.0
+    m, s = est.predict(x, return_std=True)
+    assert np.max(np.abs(m - y) / s) <= 3.0
+    assert np.max(np.abs(m - y)) <= 0.05 * amp
+    xt = np.linspace(0.05, 1.95, 40)[:, None]
+    mt, st = est.predict(xt, return_std=True)
+    ft = level + amp * np.sin(3 * xt[:, 0])
+    assert np.max(np.abs(mt - ft) / st) <= 3.0
