@@ -1432,7 +1432,8 @@ class StructuredClient:
         own = float(np.var(self._y)) if self.n_samples >= 2 else 0.0
         self.noise_floor = NOISE_FLOOR * (own if own > 1e-12 else 1.0)
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
-        check_in_bounds("noise_variance", s2, config.noise_variance is not None)
+        if config.noise_variance is not None and s2 > LOG_BOUNDS["noise_variance"][1]:
+            check_in_bounds("noise_variance", s2, True)  # raises: above the range
         values["noise_variance"] = float(np.clip(max(s2, 2.0 * self.noise_floor),
                                                  self.noise_floor * 1.01,
                                                  LOG_BOUNDS["noise_variance"][1] * 0.99))
