@@ -190,6 +190,7 @@ def simulate_stream(
     delay_per_point=0.005,
     delay_spread=0.5,
     decision_time=0.0,
+    return_jobs=False,
     random_state=None,
 ):
     """Stream ``(X, y)`` through a simulated asynchronous network of experts.
@@ -235,6 +236,8 @@ def simulate_stream(
         Time, in iterations after ``x_t`` arrives, at which the centre
         aggregates.  0 is GPgym's server loop (send ``x_t``, then read the
         sockets at once): no prediction at ``x_t`` can be used at ``t``.
+    return_jobs : bool, default=False
+        Also return the experts' job log.
     random_state : int, RandomState or None
         Seed of the delays and speed factors.
 
@@ -244,11 +247,12 @@ def simulate_stream(
         Long format, one row per (iteration, aggregation): ``iteration``,
         ``aggregation``, ``prediction``, ``target``, ``smse`` (running mean of
         the squared errors up to this iteration divided by the variance of
-        all targets ``y``, as in GPgym's post-processing).  ``df.attrs["jobs"]``
-        is a DataFrame of the experts' jobs: ``expert``, ``input`` (iteration
-        of the input predicted at), ``start``, ``end`` (times, in
-        iterations), ``delivered`` (iteration whose aggregation first used the
-        answer; -1 if never delivered).
+        all targets ``y``, as in GPgym's post-processing).
+    jobs : pandas.DataFrame
+        Only if ``return_jobs``: one row per expert job, ``expert``,
+        ``input`` (iteration of the input predicted at), ``start``, ``end``
+        (times, in iterations), ``delivered`` (iteration whose aggregation
+        first used the answer; -1 if never delivered).
 
     Raises
     ------
@@ -277,7 +281,7 @@ def simulate_stream(
     err2 = (pred - y[:, None]) ** 2
     yvar = y.var() if y.var() > 0 else 1.0
     smse = np.cumsum(err2, axis=0) / np.arange(1, n + 1)[:, None] / yvar
-    return pd.DataFrame(
+    df = pd.DataFrame(
         {
             "iteration": np.repeat(np.arange(n), R),
             "aggregation": np.tile(np.array(aggregations, dtype=object), n),
@@ -285,14 +289,11 @@ def simulate_stream(
             "target": np.repeat(y, R),
             "smse": smse.ravel(),
         }
-    ).pipe(_with_jobs, net)
-
-
-def _with_jobs(df, net):
-    df.attrs["jobs"] = pd.DataFrame(
-        net.log, columns=["expert", "input", "start", "end", "delivered"]
-    ).astype({"expert": int, "input": int, "delivered": int})
-    return df
+    )
+    if not return_jobs:
+        return df
+    jobs = pd.DataFrame(net.log, columns=["expert", "input", "start", "end", "delivered"])
+    return df, jobs.astype({"expert": int, "input": int, "delivered": int})
 
 
 def reference_dynamics(x):

@@ -107,8 +107,10 @@ def test_reference_dynamics_value():
     assert reference_dynamics(x) == pytest.approx(want)
 
 
-def _jobs(df):
-    return df.attrs["jobs"]
+def _jobs(out):
+    df, jobs = out
+    assert len(df) > 0
+    return jobs
 
 
 def test_fast_jobs_are_delivered_in_the_same_iteration(rng):
@@ -117,8 +119,8 @@ def test_fast_jobs_are_delivered_in_the_same_iteration(rng):
     X, y = _stream(rng, n=40)
     kw = dict(lengthscale=0.5, noise_variance=0.01, base_delay=0.1, delay_per_point=0.0,
               delay_spread=0.0, random_state=0)
-    df = simulate_stream(X, y, n_experts=1, aggregations=("moe",), decision_time=0.5, **kw)
-    jobs = _jobs(df)
+    df, jobs = simulate_stream(X, y, n_experts=1, aggregations=("moe",), decision_time=0.5,
+                               return_jobs=True, **kw)
     # speed factors are in [0.5, 2], so every job lasts at most 0.2 < 0.5 iteration
     assert len(jobs) == len(y)
     np.testing.assert_array_equal(jobs["input"], np.arange(len(y)))
@@ -134,8 +136,7 @@ def test_fast_jobs_are_delivered_in_the_same_iteration(rng):
         want.append(e.predict(X[t][None, :], 0.0)[0][0])
     np.testing.assert_allclose(df["prediction"].to_numpy(), want, rtol=1e-10, atol=1e-12)
     # GPgym's loop (decision_time 0): never on time, the same job is used one step later
-    df0 = simulate_stream(X, y, n_experts=1, aggregations=("moe",), **kw)
-    j0 = _jobs(df0)
+    df0, j0 = simulate_stream(X, y, n_experts=1, aggregations=("moe",), return_jobs=True, **kw)
     np.testing.assert_array_equal(j0["delivered"][j0.delivered >= 0],
                                   j0["input"][j0.delivered >= 0] + 1)
     np.testing.assert_allclose(df0["prediction"].to_numpy()[1:], want[:-1], rtol=1e-10,
@@ -148,10 +149,9 @@ def test_job_schedule_follows_the_protocol(rng):
     exists, and its length is (base + per_point n) speed with n its data size."""
     X, y = _stream(rng, n=120)
     base, per = 0.7, 0.05
-    df = simulate_stream(X, y, aggregations=("moe",), lengthscale=0.5, noise_variance=0.01,
-                         base_delay=base, delay_per_point=per, delay_spread=0.0,
-                         max_points_per_expert=None, random_state=5)
-    jobs = _jobs(df)
+    _, jobs = simulate_stream(X, y, aggregations=("moe",), lengthscale=0.5, noise_variance=0.01,
+                              base_delay=base, delay_per_point=per, delay_spread=0.0,
+                              max_points_per_expert=None, return_jobs=True, random_state=5)
     assert set(jobs.expert) == {0, 1, 2, 3}
     for _, g in jobs.groupby("expert"):
         s, st, en = g["input"].to_numpy(), g["start"].to_numpy(), g["end"].to_numpy()
@@ -170,7 +170,7 @@ def test_job_schedule_follows_the_protocol(rng):
 
 def test_all_rules_and_conventions_see_identical_deliveries(rng):
     X, y = _stream(rng, n=80)
-    kw = dict(lengthscale=0.5, noise_variance=0.01, random_state=11)
+    kw = dict(lengthscale=0.5, noise_variance=0.01, random_state=11, return_jobs=True)
     a = _jobs(simulate_stream(X, y, aggregations=("async",), convention="gpgym", max_info=3,
                               **kw))
     b = _jobs(simulate_stream(X, y, **kw))
@@ -178,7 +178,8 @@ def test_all_rules_and_conventions_see_identical_deliveries(rng):
     pd_testing = pytest.importorskip("pandas.testing")
     pd_testing.assert_frame_equal(a, b)
     pd_testing.assert_frame_equal(b, c)
-    d = _jobs(simulate_stream(X, y, lengthscale=0.5, noise_variance=0.01, random_state=12))
+    d = _jobs(simulate_stream(X, y, lengthscale=0.5, noise_variance=0.01, random_state=12,
+                              return_jobs=True))
     assert not np.array_equal(d["end"].to_numpy(), b["end"].to_numpy())
 
 
