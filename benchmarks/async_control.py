@@ -2,16 +2,19 @@
 (Yang, Dai & Hirche, AAAI 2025, Fig. 4): Monte-Carlo runs of
 :func:`skfedgp.simulation.simulate_tracking` with every aggregation rule.
 
-Protocol (SPEC section 3; fixed before looking at any result): plant
+Protocol (SPEC section 3 and the authors' GPgym control test, Dai & Yang,
+arXiv 2412.13276; fixed before looking at any result): plant
 ``x1' = x2, x2' = f(x) + u`` with :func:`skfedgp.simulation.reference_dynamics`,
-reference ``sin(t)``, gains ``l1 = 2, l2 = 10``, 4 experts, ``max_info = 20``,
-at most 100 points per expert, an observation every 10 Euler steps of
-0.01 s, 10 s per run, default delay model of ``simulate_tracking`` (seconds
-of compute grow with each expert's data).  Kernel hyperparameters fixed a
-priori from the form of ``f``: lengthscales (0.3, 1.0) (the ``sin(5 x1)``
+reference ``0.5 sin(5 t)`` (GPgym's default), gains ``l1 = 2, l2 = 10``,
+4 experts, ``max_info = 20``, at most 100 points per expert, one iteration
+per control step of 0.02 s for 20 s, a noisy sample of ``f`` streamed at
+every step, ``f_hat`` held over the step (RK4), ``x(0) ~ U(0, 1)^2``, the
+default delay model of ``simulate_tracking`` (steps of compute grow with each
+expert's data; GPgym's ``decision_time = 0``).  Kernel hyperparameters fixed
+a priori from the form of ``f``: lengthscales (0.3, 1.0) (the ``sin(5 x1)``
 term), signal variance 25 (amplitude 10 of that term), noise variance 0.01.
-Errors per run: RMS of ``x1 - x_r`` (tracking) and of ``f_hat - f``
-(prediction) over the run.
+Errors per run: RMS over the run of ``||x - x_d||`` (tracking, GPgym's
+``norm_e_set``) and of ``f_hat - f`` (prediction).
 
 Writes ``docs/async_control.md`` and ``docs/async_control.png`` (violins).
 

@@ -82,11 +82,22 @@ def test_tracking_runs_and_is_seeded():
 
 def test_tracking_with_exact_compensation_tracks():
     """With f = 0 and noise-free observations the experts learn zero, the
-    compensation is exact and the PD loop alone tracks the reference."""
-    df = simulate_tracking(dynamics=lambda x: 0.0, duration=5.0, aggregations=("moe",),
-                           noise_std=0.0, random_state=0)
+    compensation is exact and the error obeys e' = A e (eq. 23): zero from
+    a start on the reference, expm(A t) e0 otherwise."""
+    from scipy.linalg import expm
+
+    kw = dict(dynamics=lambda x: 0.0, duration=5.0, aggregations=("moe",), noise_std=0.0,
+              random_state=0)
+    a, w = 0.5, 5.0  # default reference
+    df = simulate_tracking(initial_state=(0.0, a * w), **kw)
     assert df["prediction_error"].iloc[0] < 1e-6
-    assert df["tracking_error"].iloc[0] < 0.2
+    assert df["tracking_error"].iloc[0] < 1e-4  # RK4 error only
+    e0 = np.array([0.3, -0.4]) - np.array([0.0, a * w])
+    df = simulate_tracking(initial_state=(0.3, -0.4), **kw)
+    A = np.array([[0.0, 1.0], [-2.0, -10.0]])
+    ts = np.arange(250) * 0.02
+    want = np.sqrt(np.mean([np.sum((expm(A * t) @ e0) ** 2) for t in ts]))
+    assert df["tracking_error"].iloc[0] == pytest.approx(want, rel=1e-4)
 
 
 def test_reference_dynamics_value():
@@ -94,3 +105,88 @@ def test_reference_dynamics_value():
     want = (1 + 0.3 * -1.2 / 10 + np.cos(-1.2) / 2 - 10 * np.sin(1.5)
             + 1 / (2 * (1 + np.exp(0.12))))
     assert reference_dynamics(x) == pytest.approx(want)
+
+
+def _jobs(out):
+    df, jobs = out
+    assert len(df) > 0
+    return jobs
+
+
+def test_fast_jobs_are_delivered_in_the_same_iteration(rng):
+    """A job shorter than the decision time is used at its own iteration; the
+    baselines then combine predictions made at x_t itself."""
+    X, y = _stream(rng, n=40)
+    kw = dict(lengthscale=0.5, noise_variance=0.01, base_delay=0.1, delay_per_point=0.0,
+              delay_spread=0.0, random_state=0)
+    df, jobs = simulate_stream(X, y, n_experts=1, aggregations=("moe",), decision_time=0.5,
+                               return_jobs=True, **kw)
+    # speed factors are in [0.5, 2], so every job lasts at most 0.2 < 0.5 iteration
+    assert len(jobs) == len(y)
+    np.testing.assert_array_equal(jobs["input"], np.arange(len(y)))
+    np.testing.assert_array_equal(jobs["delivered"], jobs["input"])
+    # with one expert, MoE = that expert's prediction at x_t from the points before t
+    from skfedgp.async_dgp import _Expert
+
+    e = _Expert(2, np.full(2, 0.5), 1.0, 0.01, 1000)
+    want = []
+    for t in range(len(y)):
+        if t:
+            e.add(X[t - 1], y[t - 1])
+        want.append(e.predict(X[t][None, :], 0.0)[0][0])
+    np.testing.assert_allclose(df["prediction"].to_numpy(), want, rtol=1e-10, atol=1e-12)
+    # GPgym's loop (decision_time 0): never on time, the same job is used one step later
+    df0, j0 = simulate_stream(X, y, n_experts=1, aggregations=("moe",), return_jobs=True, **kw)
+    np.testing.assert_array_equal(j0["delivered"][j0.delivered >= 0],
+                                  j0["input"][j0.delivered >= 0] + 1)
+    np.testing.assert_allclose(df0["prediction"].to_numpy()[1:], want[:-1], rtol=1e-10,
+                               atol=1e-12)
+    assert df0["prediction"].iloc[0] == 0.0
+
+
+def test_job_schedule_follows_the_protocol(rng):
+    """Inputs increase, a job starts when the expert is idle and a newer input
+    exists, and its length is (base + per_point n) speed with n its data size."""
+    X, y = _stream(rng, n=120)
+    base, per = 0.7, 0.05
+    _, jobs = simulate_stream(X, y, aggregations=("moe",), lengthscale=0.5, noise_variance=0.01,
+                              base_delay=base, delay_per_point=per, delay_spread=0.0,
+                              max_points_per_expert=None, return_jobs=True, random_state=5)
+    assert set(jobs.expert) == {0, 1, 2, 3}
+    for _, g in jobs.groupby("expert"):
+        s, st, en = g["input"].to_numpy(), g["start"].to_numpy(), g["end"].to_numpy()
+        assert np.all(np.diff(s) >= 1)
+        np.testing.assert_allclose(st[1:], np.maximum(en[:-1], s[:-1] + 1.0))
+        np.testing.assert_array_equal(s, np.floor(st).astype(int))
+        n = np.cumsum(s >= 1)  # one streamed point per job (none before the first input)
+        speed = (en - st) / (base + per * n)
+        np.testing.assert_allclose(speed, speed[0], rtol=1e-12)
+        assert 0.5 <= speed[0] <= 2.0
+        d = g["delivered"].to_numpy()
+        done = d >= 0
+        # delivered at the first iteration whose decision time (here t) follows the end
+        np.testing.assert_array_equal(d[done], np.ceil(en[done]).astype(int))
+
+
+def test_all_rules_and_conventions_see_identical_deliveries(rng):
+    X, y = _stream(rng, n=80)
+    kw = dict(lengthscale=0.5, noise_variance=0.01, random_state=11, return_jobs=True)
+    a = _jobs(simulate_stream(X, y, aggregations=("async",), convention="gpgym", max_info=3,
+                              **kw))
+    b = _jobs(simulate_stream(X, y, **kw))
+    c = _jobs(simulate_stream(X, y, **kw))
+    pd_testing = pytest.importorskip("pandas.testing")
+    pd_testing.assert_frame_equal(a, b)
+    pd_testing.assert_frame_equal(b, c)
+    d = _jobs(simulate_stream(X, y, lengthscale=0.5, noise_variance=0.01, random_state=12,
+                              return_jobs=True))
+    assert not np.array_equal(d["end"].to_numpy(), b["end"].to_numpy())
+
+
+def test_bad_decision_time(rng):
+    X, y = _stream(rng, n=10)
+    for bad in (-0.1, 1.0, np.nan):
+        with pytest.raises(ValueError, match="decision_time"):
+            simulate_stream(X, y, decision_time=bad)
+        with pytest.raises(ValueError, match="decision_time"):
+            simulate_tracking(decision_time=bad, duration=0.1)
