@@ -255,6 +255,7 @@ class ModelConfig:
     tol: float = 1e-4
     global_steps: int = 1
     jitter: float = 1e-6
+    noise_prior_scale: object = 1.0
 
 
 #: With ``variational_update="closed_form"``, clients reset their own
@@ -1080,12 +1081,15 @@ class StructuredStatistics:
         ``b_i``.
     constant : float
         ``e_i``.
+    log_prior : float
+        The client's log hyperprior (:meth:`StructuredClient.log_prior`).
     """
 
     round: int
     precision: np.ndarray
     shift: np.ndarray
     constant: float
+    log_prior: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1431,6 +1435,8 @@ class StructuredClient:
         # the others' units
         own = float(np.var(self._y)) if self.n_samples >= 2 else 0.0
         self.noise_floor = NOISE_FLOOR * (own if own > 1e-12 else 1.0)
+        self.prior_noise = float(np.clip(population.noise_variance, 2.0 * self.noise_floor,
+                                         LOG_BOUNDS["noise_variance"][1]))
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
         if config.noise_variance is not None and s2 > LOG_BOUNDS["noise_variance"][1]:
             check_in_bounds("noise_variance", s2, True)  # raises: above the range
@@ -1461,7 +1467,8 @@ class StructuredClient:
                                      B["noise_variance"], G.get("phi", 1.0),
                                      offset=B["offset"], client=self.client_id)
         st = self._state
-        return StructuredStatistics(round_, st.S, st.b, st.e)
+        lp, _ = self.log_prior(self.theta, config)
+        return StructuredStatistics(round_, st.S, st.b, st.e, lp)
 
     @single_threaded_blas()
     def global_gradient(self, post, theta_g, gpack, config):
@@ -1491,7 +1498,33 @@ class StructuredClient:
             value += float(st.b @ mu) - 0.5 * (float(np.sum(st.S * A_inv)) + float(mu @ st.S @ mu))
         g = client_backward(st, self._Xs, self._y, mu, A_inv, want_global=False,
                             want_local=True)
-        return value, self.pack.flat_grad(theta, g)
+        flat = self.pack.flat_grad(theta, g)
+        lp, dlp = self.log_prior(theta, config)
+        return value + lp, flat + dlp
+
+    def log_prior(self, theta, config):
+        """Log hyperprior of the client's noise variance and its gradient (log scale).
+
+        ``log s2_i ~ N(log s2_pop, tau^2)`` with ``s2_pop`` the median of the
+        clients' pilot noise variances (set-up exchange) and
+        ``tau = config.noise_prior_scale`` (None: no prior). A client with
+        few observations cannot then drive its noise variance to zero and
+        interpolate its points; with many observations the prior is
+        negligible. Constant terms are dropped.
+
+        Returns
+        -------
+        value : float
+        grad : ndarray of shape (P_i,)
+        """
+        grad = np.zeros_like(theta)
+        tau = config.noise_prior_scale
+        if tau is None:
+            return 0.0, grad
+        k = self.pack.slices["noise_variance"].start
+        delta = float(theta[k]) - float(np.log(self.prior_noise))
+        grad[k] = -delta / tau**2
+        return -0.5 * (delta / tau) ** 2, grad
 
     @single_threaded_blas()
     def local_phase(self, post, theta_g, gpack, config):
@@ -1693,6 +1726,7 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
             post_s = combine([s.precision for s in stats], [s.shift for s in stats],
                              [s.constant for s in stats], Mg)
             post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
+            log_prior = float(sum(s.log_prior for s in stats))
             out = parallel(delayed(_s_grad)(c, post, tg, gpack, config) for c in sclients)
             sclients = [o[0] for o in out]
             grads = [o[1] for o in out]
@@ -1702,16 +1736,17 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
             counter["down"] += T * (8 * tg.size + message_nbytes(post))
             counter["msgs"] += 2 * T
             counter["evals"] += 1
-            return post_s.elbo, grad, post
+            return post_s.elbo, grad, post, log_prior
 
         history = []
+        objectives = []
         converged = False
         r = 0
         adam = Adam(config.global_learning_rate)
-        elbo, grad, post = evaluate(theta_g, 0)
+        elbo, grad, post, lp = evaluate(theta_g, 0)
         for r in range(1, n_rounds + 1):
             t0 = time.perf_counter()
-            prev = elbo
+            prev = elbo + lp
             # -- local phase: every client, q(v_g) fixed, no communication -----
             sclients = parallel(delayed(_s_local)(c, post, theta_g, gpack, config)
                                 for c in sclients)
@@ -1726,7 +1761,7 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
                         cache[key] = evaluate(tg, r)
                     except (np.linalg.LinAlgError, FloatingPointError):
                         return np.inf, np.zeros_like(tg)
-                e, g, _ = cache[key]
+                e, g, _, _ = cache[key]
                 return -e / N, -g / N
 
             if gpack.size and config.global_steps:
@@ -1743,10 +1778,10 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
                 f_c, _ = fun(cand)
                 if np.isfinite(f_c):
                     theta_g = cand
-            e_new, g_new, p_new = evaluate(theta_g, r) if theta_g.tobytes() not in cache \
+            elbo, grad, post, lp = evaluate(theta_g, r) if theta_g.tobytes() not in cache \
                 else cache[theta_g.tobytes()]
-            elbo, grad, post = e_new, g_new, p_new
             history.append(float(elbo))
+            objectives.append(float(elbo + lp))
             comm.append({"round": r, "bytes_up": int(counter["up"]),
                          "bytes_down": int(counter["down"]), "n_messages": counter["msgs"]})
             counter.update(up=0, down=0, msgs=0)
@@ -1756,7 +1791,7 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
                       f"down {counter['down']} B", flush=True)
             # stop when a whole round (local and global phase) gains less than
             # tol times max(|ELBO|, number of observations)
-            if elbo - prev <= config.tol * max(abs(elbo), N, 1.0):
+            if elbo + lp - prev <= config.tol * max(abs(elbo + lp), N, 1.0):
                 converged = True
                 break
         # -- final exchange: fresh statistics and posterior moments at the final
@@ -1777,13 +1812,17 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
                      "bytes_down": int(counter["down"] + T * (8 * theta_g.size
                                                               + message_nbytes(post))),
                      "n_messages": counter["msgs"] + 2 * T})
+        lp = float(sum(s.log_prior for s in stats))
         if history:
             history[-1] = float(post_s.elbo)  # the ELBO of exactly the returned model
+            objectives[-1] = float(post_s.elbo + lp)
         else:
             history.append(float(post_s.elbo))
+            objectives.append(float(post_s.elbo + lp))
     population = _population_from(finals, config.components)
     return sclients, {
-        "elbo_history": history, "communication": comm, "n_iter": len(history),
+        "elbo_history": history, "objective_history": objectives,
+        "communication": comm, "n_iter": len(history),
         "converged": converged, "posterior": post, "theta_global": theta_g,
         "global_pack": gpack, "population": population,
         "n_evaluations": counter["evals"],

@@ -299,6 +299,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         local_steps=None,
         global_steps=None,
         tol=1e-4,
+        noise_prior_scale=1.0,
         learning_rate=0.1,
         global_learning_rate=0.1,
         variational_update="closed_form",
@@ -323,6 +324,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.local_steps = local_steps
         self.global_steps = global_steps
         self.tol = tol
+        self.noise_prior_scale = noise_prior_scale
         self.learning_rate = learning_rate
         self.global_learning_rate = global_learning_rate
         self.variational_update = variational_update
@@ -407,6 +409,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             optimizer=optimizer,
             tol=_nonneg_float(self.tol, "tol"),
             global_steps=_int("global_steps", 0, default=20 if lbfgs else 1),
+            noise_prior_scale=_pos_float("noise_prior_scale"),
         )
         if config.learning_rate is None or config.global_learning_rate is None:
             raise ValueError("learning_rate and global_learning_rate must be positive numbers")
@@ -570,6 +573,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.clients_ = {c.client_id: c for c in sclients}
         self.global_posterior_ = {"mean": post.mean, "covariance": post.covariance}
         self.elbo_history_ = res["elbo_history"]
+        self.objective_history_ = res["objective_history"]
         self.communication_ = res["communication"]
         self.n_iter_ = res["n_iter"]
         self.n_evaluations_ = res["n_evaluations"]

@@ -22,8 +22,7 @@ def _table_rows(text):
 
 def test_main_job_prints_table_and_saves_png(tmp_path, capsys):
     out_png = tmp_path / "x.png"
-    status = main(["--rounds", "2", "--local-steps", "5", "--seed", "1",
-                   "--output", str(out_png), "--quiet"])
+    status = main(["--rounds", "2", "--seed", "1", "--output", str(out_png), "--quiet"])
     assert status == 0
     with open(out_png, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -44,17 +43,18 @@ def test_main_job_prints_table_and_saves_png(tmp_path, capsys):
 
 
 def test_main_job_verbose_prints_rounds(tmp_path, capsys):
-    main(["--rounds", "2", "--local-steps", "1", "--output", str(tmp_path / "v.png")])
+    main(["--rounds", "2", "--output", str(tmp_path / "v.png")])
     text = capsys.readouterr().out
-    # two rounds for each of the three models
-    assert len(re.findall(r"^\[skfedgp\] round", text, flags=re.MULTILINE)) == 2 * len(MODELS)
+    # at most two rounds for each of the three models (each stops earlier once converged)
+    n = len(re.findall(r"^\[skfedgp\] round", text, flags=re.MULTILINE))
+    assert len(MODELS) <= n <= 2 * len(MODELS)
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--rounds", "0"], "--rounds"),
-        (["--local-steps", "-1"], "--local-steps"),
+        (["--local-steps", "5"], "unrecognized arguments"),
         (["--output", "figure.pdf"], ".png"),
         (["--output", "/nonexistent-skfedgp-dir/x.png"], "does not exist"),
     ],
@@ -78,3 +78,13 @@ def test_client_averaged_metrics_is_mean_over_clients():
     assert got["RMSE"] == pytest.approx(np.mean(per_client))
     assert got["RMSE"] != pytest.approx(rmse(y, mean))
     assert set(got) == set(METRICS)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_main_job_full_model_beats_ablations_on_held_out_nll(seed, tmp_path, capsys):
+    """The embedded problem is one where sharing matters (issue: seeds 0-4 all hold;
+    two are checked here, all five in the benchmark note of the README)."""
+    main(["--seed", str(seed), "--output", str(tmp_path / "s.png"), "--quiet"])
+    rows = _table_rows(capsys.readouterr().out)
+    nll = {name: dict(zip(METRICS, values))["NLL"] for name, values in rows.items()}
+    assert nll["pFedHGP"] < nll["Local-only"] and nll["pFedHGP"] < nll["Global-only"]
