@@ -131,78 +131,137 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     Client ``i``'s function is a shared global GP, plus a client deviation on
     the same inducing basis with kernel ``phi * k_g``, plus a local sparse GP
-    with its own kernel (``docs/maths.md``, section 1; Yan 2026, sections 3.2–3.4)::
+    with its own kernel (``docs/maths.md``, section 1; Yan 2026, sections
+    3.2–3.4), plus the client's own constant mean ``c_i``::
 
-        y_i(x) = f_g(x) + f_delta_i(x) + f_i(x) + eps,  eps ~ N(0, s2_i)
+        y_i(x) = c_i + f_g(x) + f_delta_i(x) + f_i(x) + eps,  eps ~ N(0, s2_i)
 
-    Each part is a whitened variational sparse GP (Titsias VFE); the ELBO
-    is maximised federatedly (Algorithm 1 of the paper): clients run Adam
-    steps on their local blocks with their private data and upload only the
-    gradient with respect to the global block and, with the default
-    ``variational_update="closed_form"``, the statistics ``W_g^T W_g / s2_i``
-    and ``W_g^T r_i / s2_i`` for the exact global factor — arrays whose sizes
-    depend on ``n_inducing`` and the input dimension, never on how many
-    observations a client holds.
+    Each part is a whitened sparse GP on inducing points (Titsias VFE).
+    Training is federated: clients keep their data and send only summaries
+    whose sizes depend on ``n_inducing`` and the input dimension, never on
+    how many observations they hold (every message is counted in
+    ``communication_``).
+
+    **Default training (structured family, L-BFGS).** For a Gaussian
+    likelihood the optimal joint variational posterior over all inducing
+    variables is available in closed form: each client eliminates its own
+    deviation and local variables and uploads a Gaussian message on the
+    global ones (an ``M x M`` precision ``S_i``, an ``M``-vector ``b_i`` and a
+    scalar); the server sums them and obtains ``q(v_g)`` exactly
+    (``docs/maths.md``, section 9). The bound is the collapsed bound of the
+    whole hierarchy — the exact log marginal likelihood when the inducing
+    inputs are the training inputs — and its gradients are analytic. Each
+    round, every client first maximises its own part of the bound over its
+    own hyperparameters with ``q(v_g)`` fixed (L-BFGS-B, no communication;
+    every such step increases the bound), then the server takes L-BFGS-B
+    steps on the global hyperparameters (two exchanges per evaluation).
+    Training stops when a round gains less than ``tol`` (relative) or after
+    ``n_rounds`` rounds (:class:`~sklearn.exceptions.ConvergenceWarning`),
+    and ends with a fresh exchange, so every factor of the returned model is
+    exact for its final hyperparameters and ``elbo_history_[-1]`` is its
+    ELBO. The paper's mean-field family and Adam (its Algorithm 1) remain
+    available (``variational_family="mean_field", optimizer="adam"``).
+
+    **Data-derived defaults.** Each client fits a quick exact GP
+    (scikit-learn's ``GaussianProcessRegressor``) on at most 256 of its own
+    points and reports only the fitted hyperparameters; the server takes
+    medians for the initial global kernel, each client starts its local
+    kernel and noise from its own pilot. ``n_inducing="auto"`` sizes the
+    inducing set from the lengthscales and the region the clients' inputs
+    cover; the global inducing points are placed in the union of the
+    clients' input boxes. Targets are divided by the median of the clients'
+    own standard deviations and every client learns its own constant mean,
+    so a client on another level or scale does not change the others' units.
 
     Parameters
     ----------
-    n_inducing : int, default=25
+    n_inducing : int or "auto", default="auto"
         Number ``M`` of global inducing points (shared by the global and the
-        deviation parts).
-    n_inducing_local : int, default=25
+        deviation parts). "auto": about 2.5 per global lengthscale along each
+        input dimension over the region covered by the clients' inputs,
+        between 10 and 256 and at most the number of observations
+        (``federated.auto_inducing``); the mean-field family uses 25.
+    n_inducing_local : int or "auto", default="auto"
         Number ``M_i`` of inducing points of each client's local part.
+        "auto": sized per client from its own lengthscales and input box, at
+        most 64 and at most ``n_i``; a client with at most that many distinct
+        inputs uses them all (its local part is then exact). The mean-field
+        family uses 25.
     components : tuple of str, default=("global", "deviation", "local")
         Which parts to use: a non-empty subset. ``("local",)`` is Local-only
-        (independent per-client SGPRs), ``("global",)`` is Global-only, and
-        ``("global", "local")`` is No-deviation (paper section 4.4).
+        (independent per-client sparse GPs), ``("global",)`` is Global-only,
+        and ``("global", "local")`` is No-deviation (paper section 4.4).
     lengthscale : float or array-like of shape (n_features,), default=None
-        Initial global lengthscale(s), in input units; None means 0.2 times
-        each feature's range over all clients (from the client-reported
-        bounding box).
+        Initial global lengthscale(s), in input units; None: the median of
+        the clients' pilot lengthscales (mean-field family: 0.2 times each
+        feature's range).
     local_lengthscale : float or array-like of shape (n_features,), default=None
-        Initial local lengthscale(s); None means 0.05 times the range.
-    variance : float, default=1.0
-        Initial global kernel variance (standardised target units).
-    local_variance : float, default=1.0
-        Initial local kernel variance (standardised target units).
+        Initial local lengthscale(s); None: each client's own pilot
+        lengthscales (mean-field family: 0.05 times the range).
+    variance : float, default=None
+        Initial global kernel variance (standardised target units); None: the
+        median pilot signal variance (mean-field family: 1.0).
+    local_variance : float, default=None
+        Initial local kernel variance (standardised target units); None: 0.1
+        times the client's pilot signal variance (mean-field family: 1.0).
     noise_variance : float, default=None
         Initial noise variance of every client, in squared target units;
-        None means 0.1 in standardised units. The noise variance is kept
-        above 1e-6 in standardised units (``_hierarchy.NOISE_FLOOR``); a
-        smaller initial value starts at twice that floor.
-    phi : float, default=1.0
-        Initial deviation scale ``phi`` (deviation kernel ``phi * k_g``).
-    n_rounds : int, default=20
-        Number of communication rounds.
-    local_steps : int, default=80
-        Adam steps each client takes per round on its local block.
+        None: each client's pilot noise variance (mean-field: 0.1 in
+        standardised units). Each client's noise variance stays above its
+        own floor, ``1e-6`` times its own target variance (mean-field: 1e-6
+        in standardised units); a smaller given value starts just above it.
+    phi : float, default=None
+        Initial deviation scale ``phi`` (deviation kernel ``phi * k_g``);
+        None: 0.1 (mean-field family: 1.0).
+    variational_family : {"structured", "mean_field"}, default="structured"
+        ``"structured"``: the exact joint posterior over the inducing
+        variables (collapsed bound; beyond the paper). ``"mean_field"``: the
+        paper's factorised ``q(v_g) q(w_i) q(v_i)``, kept as the reference;
+        it needs ``optimizer="adam"`` and ends with a closed-form polish of
+        every factor at the final hyperparameters.
+    optimizer : {"lbfgs", "adam"}, default="lbfgs"
+        Hyperparameter optimiser: SciPy's L-BFGS-B on the deterministic
+        collapsed bound (structured family only), or Adam (the paper's
+        Algorithm 1).
+    n_rounds : int, default=None
+        Maximum number of communication rounds; None: 100 with L-BFGS, 20
+        (the paper's value) with Adam.
+    local_steps : int, default=None
+        Per round, the L-BFGS-B iterations (or Adam steps) each client takes
+        on its own hyperparameters; None: 20 with L-BFGS, 80 with Adam.
+    global_steps : int, default=None
+        Per round, the server's L-BFGS-B iterations (or Adam steps) on the
+        global hyperparameters; None: 20 with L-BFGS, 1 with Adam.
+    tol : float, default=1e-4
+        Structured family: stop when a round increases the objective by less
+        than ``tol * max(|objective|, n_samples)``.
+    noise_prior_scale : float or None, default=1.0
+        Structured family: standard deviation of a log-normal hyperprior on
+        each client's noise variance, centred at the median of the clients'
+        pilot noise variances (empirical Bayes). It keeps a data-poor client
+        from driving its noise to zero and interpolating its few points; it
+        is negligible for clients with many observations. None: no prior
+        (maximum likelihood).
     learning_rate : float, default=0.1
-        Adam step size of the clients' local steps.
+        Adam step size of the clients' local steps (``optimizer="adam"``).
     global_learning_rate : float, default=0.1
-        Adam step size of the server's global step.
+        Adam step size of the server's global step (``optimizer="adam"``).
     variational_update : {"closed_form", "adam"}, default="closed_form"
-        How the Gaussian variational factors are updated.
+        Mean-field family only: how its Gaussian factors are updated.
         ``"adam"`` is the paper's Algorithm 1: every parameter, the factors
-        ``q(v_g)``, ``q(w_i)``, ``q(v_i)`` included, moves by Adam steps (one
-        server step per round for the global block).  ``"closed_form"``
-        (beyond the paper, ``docs/maths.md`` section 7) uses that the likelihood is
-        Gaussian: each round starts with an extra exchange in which every
-        client uploads ``W_g^T W_g / s2_i`` (M x M) and
-        ``W_g^T r_i / s2_i`` (M) at the current global block
-        (:class:`skfedgp.federated.ClientStatistics`, sizes independent of
-        ``n_i``) and the server sets ``q(v_g)`` to its exact optimum; clients
-        set their own ``q(w_i)``, ``q(v_i)`` to their exact optima every 5
-        local steps; Adam moves only the hyperparameters (kernel
-        parameters, ``phi``, inducing points, noise). It is the default
-        because on the synthetic benchmark
-        (``python benchmarks/bench_variational_update.py``, 5 seeds) it gave
-        the higher final ELBO on 4 of 5 seeds (mean -170.0 against -182.9)
-        and the better held-out NLL on 4 of 5 (mean 0.393 against 0.528), at
-        about twice the communication per round.
+        included, moves by Adam steps. ``"closed_form"`` (``docs/maths.md``
+        section 7) sets ``q(v_g)`` exactly each round from the clients'
+        ``W_g^T W_g / s2_i`` and ``W_g^T r_i / s2_i`` and the clients' own
+        factors every 5 local steps; Adam moves only the hyperparameters.
     normalize_y : bool, default=True
-        Standardise the targets with the pooled mean and standard deviation,
-        computed by the server from each client's count, sum and centred
-        sum of squares only.
+        Subtract the pooled mean of the targets (computed by the server from
+        each client's count and sum). With the structured family targets are
+        always divided by the median of the clients' own standard deviations
+        (so initial values, bounds and floors follow the data's scale
+        whatever this flag), and every client's constant mean is learned, so
+        the flag only changes where those means start. Mean-field family:
+        standardise with the pooled mean and standard deviation, or not at
+        all.
     client_column : int or str, default=None
         If given, this column of ``X`` holds each row's client label and is
         not used as a feature (so the estimator works inside a Pipeline or
@@ -213,28 +272,47 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         so it may hold strings (``client_column="station"`` with
         ``df[["station", "temp", "hum"]]``). Overrides ``groups``.
     n_jobs : int, default=None
-        Number of parallel jobs for the clients' local steps
-        (:class:`joblib.Parallel`; any joblib backend, e.g. dask, applies).
+        Number of parallel jobs for the clients (:class:`joblib.Parallel`,
+        threads by default; any joblib backend, e.g. dask, applies).
     random_state : int, RandomState instance or None, default=None
-        Seeds the initial inducing points (Sobol design, k-means).
+        Seeds the pilot subsets, the initial inducing points (Sobol design,
+        k-means) and nothing else.
     verbose : int, default=0
         If > 0, print one line per round (ELBO, time, bytes exchanged).
 
     Attributes
     ----------
     clients_ : dict
-        Client label to :class:`skfedgp.federated.Client` (holds that client's
-        data and local block; in a real deployment it lives on the client).
+        Client label to that client's model object (its local
+        hyperparameters, inducing inputs and, for the structured family, the
+        posterior moments of its own variables): what a deployed client would
+        keep. No observation is kept after fit.
     server_ : skfedgp.federated.Server
-        The server, with the global block.
+        The server, with the global hyperparameters.
+    global_posterior_ : dict
+        Structured family: ``{"mean": (M,), "covariance": (M, M)}``, the exact
+        ``q(v_g)`` (whitened, standardised units).
     elbo_history_ : list of float
-        ELBO after each round's local steps (standardised units).
+        ELBO after each round (standardised units); the last entry is the
+        ELBO of the returned model.
+    objective_history_ : list of float
+        Structured family: ELBO plus the clients' log hyperpriors (the
+        objective that every round increases).
+    n_iter_ : int
+        Number of rounds run.
+    n_inducing_ : int
+        Number of global inducing points used.
+    client_offsets_ : dict
+        Structured family: each client's learned constant mean, target units.
     communication_ : list of dict
-        Bytes uploaded and downloaded per round (round 0 = set-up).
+        Bytes uploaded and downloaded per round: round 0 is the set-up
+        (summaries, pilot hyperparameters), the last record the final
+        exchange (structured) or the closed-form polish (mean-field).
     components_ : tuple of str
         Components used, in canonical order.
+    variational_family_ : str
     y_offset_, y_scale_ : float
-        Target standardisation.
+        Target standardisation (``(y - y_offset_) / y_scale_``).
     n_features_in_ : int
         Number of columns of ``X`` seen in fit, *including* the
         ``client_column``: the columns of ``X`` as passed, which is what
@@ -251,22 +329,33 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     never seen in fit (or for ``groups=None`` when several clients were
     fitted, which issues a :class:`ClientLabelWarning`, as does a label that
     only matches a fitted one up to type, white space or case) uses the
-    global posterior plus the *prior*
-    of the deviation and local parts (``m = 0``, ``S = I``, ``docs/maths.md`` section 8),
-    with the local kernel's lengthscales and variance set to the geometric
-    mean over the fitted clients and the noise variance to their mean; its
-    predictive variance is therefore wider.
+    exact posterior of the global part plus the *prior* of the deviation and
+    local parts (``docs/maths.md`` section 8), with the population local
+    hyperparameters (geometric means of the clients', sent in their final
+    messages) and the mean of the clients' constant means; its predictive
+    variance is therefore wider.
+
+    When not to use it: a single client with a few thousand points or less
+    is fitted faster and as well by scikit-learn's exact
+    ``GaussianProcessRegressor``; non-Gaussian noise, non-stationary
+    functions or kernels other than the squared exponential are not
+    covered. To tune: raise ``n_inducing`` if the global function has more
+    detail than the automatic size resolves (the ELBO tells), lower ``tol``
+    or raise ``n_rounds`` when a ``ConvergenceWarning`` says the budget
+    ended first.
 
     References
     ----------
     H. Yan, "Personalized Federated Hierarchical Gaussian Processes for
     Privacy-Preserving Modeling of Heterogeneous Distributed Systems", arXiv
-    preprint arXiv:2609.19337 (2026): sections 3.1–3.7, Algorithm 1, eq. 30
-    (sections 3.8, classification and clustering, and 3.9, the ILMM
-    multi-output form, are not implemented).
+    preprint arXiv:2609.19337 (2026): sections 3.1–3.7, Algorithm 1, eq. 30.
 
     M. Titsias, "Variational learning of inducing variables in sparse
     Gaussian processes", AISTATS 2009.
+
+    Y. Gal, M. van der Wilk, C. E. Rasmussen, "Distributed Variational
+    Inference in Sparse Gaussian Process Regression and Latent Variable
+    Models", NeurIPS 2014 (collapsed bound from summed statistics).
 
     J. Hensman, N. Fusi, N. D. Lawrence, "Gaussian processes for big data",
     UAI 2013.
@@ -276,8 +365,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     >>> from skfedgp import FederatedHierarchicalGPRegressor
     >>> from skfedgp.datasets import make_hierarchical_regression
     >>> X, y, groups = make_hierarchical_regression(n_clients=3, random_state=0)
-    >>> est = FederatedHierarchicalGPRegressor(n_rounds=3, local_steps=10,
-    ...                                        random_state=0).fit(X, y, groups)
+    >>> est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, groups)
     >>> mean, std = est.predict(X[:5], groups[:5], return_std=True)
     """
 
