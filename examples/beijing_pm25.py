@@ -137,28 +137,23 @@ def build_parser():
                    help="seed of the held-out-day draw and of the models (default: %(default)s)")
     p.add_argument("--test-fraction", type=_fraction, default=0.2,
                    help="fraction of each station's days held out (default: %(default)s)")
-    p.add_argument("--n-inducing", type=_positive_int, default=512,
-                   help="global inducing points M (default: %(default)s)")
-    p.add_argument("--n-inducing-local", type=_positive_int, default=16,
-                   help="local inducing points per station M_i (default: %(default)s)")
-    p.add_argument("--lengthscale", type=_positive_float, default=0.6,
-                   help="initial global lengthscale, days (default: %(default)s)")
-    p.add_argument("--local-lengthscale", type=_positive_float, default=30.0,
-                   help="initial local lengthscale, days (default: %(default)s)")
-    p.add_argument("--phi", type=_positive_float, default=0.02,
-                   help="initial deviation scale phi (default: %(default)s)")
-    p.add_argument("--local-variance", type=_positive_float, default=0.05,
+    p.add_argument("--n-inducing", type=_positive_int, default=None,
+                   help="global inducing points M (default: the estimator's, data-derived)")
+    p.add_argument("--n-inducing-local", type=_positive_int, default=None,
+                   help="local inducing points per station M_i (default: the estimator's, data-derived)")
+    p.add_argument("--lengthscale", type=_positive_float, default=None,
+                   help="initial global lengthscale, days (default: the estimator's, data-derived)")
+    p.add_argument("--local-lengthscale", type=_positive_float, default=None,
+                   help="initial local lengthscale, days (default: the estimator's, data-derived)")
+    p.add_argument("--phi", type=_positive_float, default=None,
+                   help="initial deviation scale phi (default: the estimator's, data-derived)")
+    p.add_argument("--local-variance", type=_positive_float, default=None,
                    help="initial local kernel variance, standardised units "
-                   "(default: %(default)s)")
-    p.add_argument("--rounds", type=_positive_int, default=12,
-                   help="communication rounds (default: %(default)s)")
-    p.add_argument("--local-steps", type=_nonnegative_int, default=5,
-                   help="local Adam steps per round (default: %(default)s)")
-    p.add_argument("--global-learning-rate", type=_positive_float, default=0.1,
-                   help="Adam step size of the server's global step (default: %(default)s)")
-    p.add_argument("--variational-update", choices=("closed_form", "adam"),
-                   default="closed_form",
-                   help="update of the variational distributions (default: %(default)s)")
+                   "(default: the estimator's, data-derived)")
+    p.add_argument("--rounds", type=_positive_int, default=None,
+                   help="maximum communication rounds (default: the estimator's)")
+    p.add_argument("--local-steps", type=_nonnegative_int, default=None,
+                   help="local optimiser iterations per round (default: the estimator's)")
     p.add_argument("--gpr-restarts", type=_nonnegative_int, default=3,
                    help="optimizer restarts of each exact GP (default: %(default)s)")
     p.add_argument("--n-jobs", type=int, default=None,
@@ -253,21 +248,19 @@ def station_metrics(y, mean, std):
 def _federated(components, args):
     from skfedgp import FederatedHierarchicalGPRegressor
 
+    # every setting not given on the command line keeps the estimator's default
+    given = {
+        "n_inducing": args.n_inducing, "n_inducing_local": args.n_inducing_local,
+        "lengthscale": args.lengthscale, "local_lengthscale": args.local_lengthscale,
+        "phi": args.phi, "local_variance": args.local_variance, "n_rounds": args.rounds,
+        "local_steps": args.local_steps,
+    }
     return FederatedHierarchicalGPRegressor(
         components=components,
-        n_inducing=args.n_inducing,
-        n_inducing_local=args.n_inducing_local,
-        lengthscale=args.lengthscale,
-        local_lengthscale=args.local_lengthscale,
-        phi=args.phi,
-        local_variance=args.local_variance,
-        global_learning_rate=args.global_learning_rate,
-        n_rounds=args.rounds,
-        local_steps=args.local_steps,
-        variational_update=args.variational_update,
         n_jobs=args.n_jobs,
         random_state=args.seed,
         verbose=int(args.verbose),
+        **{k: v for k, v in given.items() if v is not None},
     )
 
 
@@ -440,12 +433,10 @@ def main(argv=None):
           f"(natural log of ug/m3), readings at 02:00 and 14:00, 2013-03-01..2014-02-28")
     print(f"train {result['n_train']} readings, test {result['n_test']} readings "
           f"({args.test_fraction:.0%} of each station's days held out, seed {args.seed})")
-    print(f"settings: M={args.n_inducing} global, M_i={args.n_inducing_local} local inducing "
-          f"points; initial lengthscales {args.lengthscale:g} d (global), "
-          f"{args.local_lengthscale:g} d (local); phi {args.phi:g}, local variance "
-          f"{args.local_variance:g}; {args.rounds} rounds x {args.local_steps} local steps; "
-          f"global learning rate {args.global_learning_rate:g}; "
-          f"variational_update={args.variational_update}")
+    est = result["models"].get("pFedHGP")
+    if est is not None:
+        print(f"settings: estimator defaults except those given on the command line; "
+              f"fitted M={est.n_inducing_} global inducing points, {est.n_iter_} rounds")
     print()
     print("Held-out metrics on the log scale, averaged over stations "
           "(NLL in nats per reading; fit_s = fit time in seconds):")

@@ -122,6 +122,40 @@ class _Layout:
             E[self.Mg + il, col + il] = 1.0
         return E
 
+    def apply_E(self, phi, U):
+        """``E @ U`` for ``U`` with ``N_u`` rows, by slicing (``E`` is a selection)."""
+        out = np.zeros((self.Mf,) + U.shape[1:])
+        row = 0
+        if self.has_global:
+            out[: self.Mg] += U[row:row + self.Mg]
+            row += self.Mg
+        if self.has_dev:
+            out[: self.Mg] += np.sqrt(phi) * U[row:row + self.Mg]
+            row += self.Mg
+        if self.has_local:
+            out[self.Mg:] = U[row:row + self.Ml]
+        return out
+
+    def EgT(self, U):
+        """``E_g^T @ U``: the global-feature rows of ``U`` (empty without ``v_g``)."""
+        return U[: self.Mg] if self.has_global else U[:0]
+
+    def EcT(self, phi, U):
+        """``E_c^T @ U``: ``sqrt(phi)`` times the global-feature rows (for ``w``), then
+        the local-feature rows (for ``v``)."""
+        parts = []
+        if self.has_dev:
+            parts.append(np.sqrt(phi) * U[: self.Mg])
+        if self.has_local:
+            parts.append(U[self.Mg:])
+        if not parts:
+            return U[:0]
+        return np.concatenate(parts, axis=0)
+
+    def w_rows(self):
+        """Slice of ``u`` holding the deviation variables ``w``."""
+        return slice(self.n_vg, self.n_vg + (self.Mg if self.has_dev else 0))
+
     def dE_dsqrtphi(self):
         """Derivative of ``E`` with respect to ``sqrt(phi)``."""
         Nu = self.n_vg + self.n_c
@@ -310,17 +344,17 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0,
     else:
         Wf, wf, wk = Phi, psi, kap
     E = lay.E(phi)
-    Eg, Ec = E[:, : lay.n_vg], E[:, lay.n_vg:]
-    WEc = Wf @ Ec
-    P = np.eye(lay.n_c) + Ec.T @ WEc / s2
+    # E_g^T and E_c^T select (and scale) rows: slicing, never dense products
+    WEc = lay.EcT(phi, Wf).T  # W_f E_c
+    P = np.eye(lay.n_c) + lay.EcT(phi, WEc) / s2
     Lp = _chol(P, "P (client posterior precision)", client)
-    Gm = Eg.T @ WEc / s2
-    r = Ec.T @ wf / s2
+    Gm = lay.EgT(WEc) / s2
+    r = lay.EcT(phi, wf) / s2
     PiGt = _chol_solve(Lp, Gm.T)
     Pir = _chol_solve(Lp, r)
-    S = Eg.T @ Wf @ Eg / s2 - Gm @ PiGt
+    S = lay.EgT(lay.EgT(Wf).T) / s2 - Gm @ PiGt
     S = 0.5 * (S + S.T)
-    b = Eg.T @ wf / s2 - Gm @ Pir
+    b = lay.EgT(wf) / s2 - Gm @ Pir
     gam = lay.residual_coef(phi)
     var_f = np.concatenate([np.full(Z.shape[0], var) for _, Z, _, var, _ in blocks]) \
         if blocks else np.zeros(0)
@@ -482,10 +516,10 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     lay = state.layout
     s2, n, phi = state.s2, state.n, state.phi
     mu_u, Sigma_u, _ = client_posterior(state, mu, A_inv)
-    E = state.E
-    mu_z = E @ mu_u
-    ES = E @ Sigma_u
-    Sigma_z = ES @ E.T
+    # E is a selection and scaling: E @ M by slicing, never a dense product
+    mu_z = lay.apply_E(phi, mu_u)
+    ES = lay.apply_E(phi, Sigma_u)  # E Sigma_u, (M_f, N_u)
+    Sigma_z = lay.apply_E(phi, ES.T).T
     Xi = Sigma_z + np.outer(mu_z, mu_z)
     gam = lay.residual_coef(phi)
     Wf, wf = state.Wf, state.wf
@@ -498,9 +532,12 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     if want_global and lay.has_dev:
         Mg = lay.Mg
         var_g = state.blocks[0][3]
-        dE = lay.dE_dsqrtphi()
+        # E' = dE/dsqrt(phi) maps w onto the global features (identity block)
+        w = lay.w_rows()
         resid = wf - Wf @ mu_z
-        d_sqrt = (float((dE @ mu_u) @ resid) - float(np.sum((Wf @ ES) * dE))) / s2
+        # tr(W_f E Sigma_u E'^T) = sum_k (W_f[:Mg] @ ES[:, w])_kk
+        d_sqrt = (float(mu_u[w] @ resid[:Mg])
+                  - float(np.sum(Wf[:Mg] * ES[:, w].T))) / s2
         grads["phi"] = d_sqrt / (2.0 * np.sqrt(phi)) - (n * var_g - np.trace(Wf[:Mg, :Mg])) / (2.0 * s2)
     # adjoints of the whitened statistics
     Wbar = -(Xi - np.diag(gam)) / (2.0 * s2)

@@ -1784,11 +1784,11 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
             objectives.append(float(elbo + lp))
             comm.append({"round": r, "bytes_up": int(counter["up"]),
                          "bytes_down": int(counter["down"]), "n_messages": counter["msgs"]})
-            counter.update(up=0, down=0, msgs=0)
             if verbose:
                 print(f"[skfedgp] round {r:3d}/{n_rounds}  ELBO {elbo: .6e}  "
                       f"time {time.perf_counter() - t0:6.2f}s  up {counter['up']} B  "
                       f"down {counter['down']} B", flush=True)
+            counter.update(up=0, down=0, msgs=0)
             # stop when a whole round (local and global phase) gains less than
             # tol times max(|ELBO|, number of observations)
             if elbo + lp - prev <= config.tol * max(abs(elbo + lp), N, 1.0):
