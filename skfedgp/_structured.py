@@ -268,8 +268,53 @@ class ClientState:
     wk: np.ndarray = None  # F^T 1 (whitened)
 
 
+#: Below this many kernel entries, the structured family's kernel matrices and
+#: their gradient contractions use the plain NumPy forms below instead of
+#: :mod:`skfedgp.kernels` (whose row-group scheduling costs tens of
+#: microseconds per call, which dominates for the many small clients of a
+#: federation; same values to round-off).
+SMALL_KERNEL = 1 << 16
+
+
+def _se(X, Z, ell, var):
+    """SE-ARD ``k(X, Z)`` (plain NumPy for small sizes, else :func:`se_ard`)."""
+    if X.shape[0] * Z.shape[0] > SMALL_KERNEL:
+        return se_ard(X, Z, ell, var)
+    Xs = X / ell
+    Zs = Z / ell
+    c = Zs.mean(axis=0) if Zs.shape[0] else 0.0  # centred expansion: less cancellation
+    Xs = Xs - c
+    Zs = Zs - c
+    d2 = (np.sum(Xs**2, axis=1)[:, None] + np.sum(Zs**2, axis=1)[None, :]
+          - 2.0 * (Xs @ Zs.T))
+    np.maximum(d2, 0.0, out=d2)
+    return var * np.exp(-0.5 * d2)
+
+
+def _se_grad(X, Z, K, Kbar, ell, var):
+    """``(dZ, dlengthscale, dvariance)`` of ``sum(Kbar * K(X, Z))`` (see :func:`se_ard_grad`)."""
+    if X.shape[0] * Z.shape[0] > SMALL_KERNEL:
+        return se_ard_grad(X, Z, K, Kbar, ell, var)
+    A = Kbar * K
+    a_n = A.sum(axis=1)
+    a_m = A.sum(axis=0)
+    AZ = A @ Z  # (n, d)
+    dZ = (A.T @ X - a_m[:, None] * Z) / ell**2
+    # sum_nm A_nm (x_nd - z_md)^2 = a_n . x_d^2 - 2 sum_n x_nd (A Z)_nd + a_m . z_d^2
+    sq = a_n @ X**2 - 2.0 * np.sum(X * AZ, axis=0) + a_m @ Z**2
+    return dZ, sq / ell**3, float(A.sum()) / var
+
+
+def _se_grad_sym(Z, K, Kbar, ell, var):
+    """Symmetric version (both arguments are ``Z``): see :func:`se_ard_grad_sym`."""
+    if Z.shape[0] ** 2 > SMALL_KERNEL:
+        return se_ard_grad_sym(Z, K, Kbar, ell, var)
+    dz, dl, dv = _se_grad(Z, Z, K, Kbar, ell, var)
+    return 2.0 * dz, dl, dv
+
+
 def _kernel_rows(Xc, blocks):
-    return np.hstack([se_ard(Xc, Z, ell, var) for _, Z, ell, var, _ in blocks])
+    return np.hstack([_se(Xc, Z, ell, var) for _, Z, ell, var, _ in blocks])
 
 
 def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0, client=None):
@@ -311,7 +356,7 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0,
     lay = _layout(blocks, components)
     Kzz, Ls, eps = [], [], []
     for name, Z, ell, var, jit in blocks:
-        K = se_ard(Z, Z, ell, var)
+        K = _se(Z, Z, ell, var)
         L, e_ = jittered_cholesky(K, scale=var, jitter=jit,
                                   name=f"K_zz ({'global' if name == 'g' else 'local'})",
                                   client=client)
@@ -563,7 +608,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         a, b_ = offs[name]
         Lbar = np.tril(Lambar[a:b_, a:b_])
         Kbar_zz = cholesky_backward(state.Ls[k], Lbar)
-        dZ, dell, dvar = se_ard_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, var)
+        dZ, dell, dvar = _se_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, var)
         dvar += (state.eps[k] / var) * float(np.trace(Kbar_zz))
         # explicit n var_b in tr_R
         dvar += -float(gam[a]) * n / (2.0 * s2)
@@ -579,7 +624,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
                 if name not in acc:
                     continue
                 a, b_ = offs[name]
-                dZ, dell, dvar = se_ard_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, var)
+                dZ, dell, dvar = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, var)
                 acc[name][0] += dZ
                 acc[name][1] += dell
                 acc[name][2] += dvar
