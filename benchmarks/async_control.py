@@ -2,7 +2,7 @@
 (Yang, Dai & Hirche, AAAI 2025, Fig. 4): Monte-Carlo runs of
 :func:`skfedgp.simulation.simulate_tracking` with every aggregation rule.
 
-Protocol (SPEC section 3 and the authors' GPgym control test, Dai & Yang,
+Protocol (docs/async_dgp.md and the authors' GPgym control test, Dai & Yang,
 arXiv 2412.13276; fixed before looking at any result): plant
 ``x1' = x2, x2' = f(x) + u`` with :func:`skfedgp.simulation.reference_dynamics`,
 reference ``0.5 sin(5 t)`` (GPgym's default), gains ``l1 = 2, l2 = 10``,

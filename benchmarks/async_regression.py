@@ -27,7 +27,7 @@ Protocol (fixed before looking at any result):
 
 Writes ``docs/async_regression.md`` (table) and ``docs/async_regression.png``.
 
-Run:  python benchmarks/async_regression.py [--data-dir ../shared/data] [--n-stream N]
+Run:  python benchmarks/async_regression.py [--data-dir DATA_DIR] [--n-stream N]
 """
 
 import argparse

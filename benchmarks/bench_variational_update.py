@@ -2,7 +2,7 @@
 
 ``variational_update="adam"`` is the paper's Algorithm 1 (every parameter,
 variational factors included, moves by Adam steps); ``"closed_form"`` sets the
-Gaussian factors to their exact optima (SPEC section 1, "Beyond the paper").
+Gaussian factors to their exact optima (docs/maths.md, "Beyond the paper").
 For several seeds of the synthetic hierarchical benchmark (6 clients x 50
 points, 150-point test grid per client; `skfedgp.datasets`), the script fits
 the full model with the estimator's defaults under each option and prints

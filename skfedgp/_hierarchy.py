@@ -2,7 +2,7 @@
 
 The server owns the global block ``G = (m_g, C_g, ell_g, var_g, phi, Z_g)``;
 client ``i`` owns ``B_i = (m_d_i, C_d_i, m_u_i, C_u_i, ell_i, var_i, Z_i,
-s2_i)`` (SPEC section 1, "Federated training").  Both live as flat vectors of
+s2_i)`` (docs/maths.md, "Federated training").  Both live as flat vectors of
 *unconstrained* parameters:
 
 * positive scalars (lengthscales, variances, ``phi``, noise variance) go
@@ -16,7 +16,7 @@ s2_i)`` (SPEC section 1, "Federated training").  Both live as flat vectors of
 :func:`client_objective` assembles the blocks of one client from the two
 vectors, evaluates ``E_i - KL(q(w_i)) - KL(q(v_i))`` with
 :func:`skfedgp._sparse.client_term`, and maps the gradients back to both flat
-vectors.  The ILMM extension (SPEC section 1, multi-output) adds loadings as
+vectors.  The ILMM extension (docs/maths.md, multi-output) adds loadings as
 further entries of the same specs.
 """
 
@@ -353,7 +353,7 @@ def client_objective(theta_g, theta_l, X, y, gpack, lpack, components, *,
 
     Notes
     -----
-    SPEC section 1, "Client ELBO term" and step 2–3 of "Federated training".
+    docs/maths.md, "Client ELBO term" and step 2–3 of "Federated training".
     """
     G = gpack.unpack(theta_g)
     B = lpack.unpack(theta_l)
@@ -431,7 +431,7 @@ def predict_client(Xs, G, B, components, *, full_cov=False, per_component=False,
     -------
     mean : ndarray of shape (n*,)
     cov : ndarray of shape (n*,) or (n*, n*)
-        Latent covariance, without the noise variance (SPEC section 1,
+        Latent covariance, without the noise variance (docs/maths.md,
         "Prediction for client i", eq. 30 of the paper).
     """
     blocks = build_blocks(G, B, components)
@@ -536,7 +536,7 @@ def global_statistics(theta_g, theta_l, X, y, gpack, lpack, components, *, clien
     """Sufficient statistics of one client for the closed-form ``q(v_g)``.
 
     Given everything else, the Gaussian likelihood makes the optimal
-    whitened global factor closed form (SPEC section 1, "Beyond the paper")::
+    whitened global factor closed form (docs/maths.md, "Beyond the paper")::
 
         S_g^{-1} = I + sum_i W_i^T W_i / s2_i
         m_g      = S_g sum_i W_i^T (y_i - sqrt(phi) W_i m_d_i - W_l m_u_i) / s2_i
@@ -621,7 +621,7 @@ def optimal_local_factors(theta_g, theta_l, X, y, gpack, lpack, components, *,
     """Coordinate ascent on the client's own factors ``q(w_i)``, ``q(v_i)``.
 
     Each factor is set to its exact optimum given the others (Gaussian
-    likelihood; SPEC section 1, "The same holds for each client's own
+    likelihood; docs/maths.md, "The same holds for each client's own
     q(w_i), q(v_i) given the rest"), in turn, ``sweeps`` times; every update
     increases the ELBO.  Works on the whitened Gram matrices (one streamed
     pass over the data, memory ``O(chunk x M)``); the sweeps are ``M``-sized.

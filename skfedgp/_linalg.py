@@ -26,7 +26,7 @@ the per-group partial sums are added in group order.  Why (measured with
   identical whatever the number of threads (``NUMBA_NUM_THREADS``,
   ``numba.set_num_threads``, joblib / loky limits).
 
-SPEC section 1 ("Kernels", "Client ELBO term"); Murray (2016),
+docs/maths.md ("Kernels", "Client ELBO term"); Murray (2016),
 "Differentiation of the Cholesky decomposition", arXiv:1602.07527.
 """
 
@@ -113,7 +113,7 @@ def jittered_cholesky(
         Symmetric matrix (only the lower triangle is read).
     scale : float, default=1.0
         Scale of the jitter, normally the kernel variance, so that the jitter
-        is relative (SPEC section 1: ``1e-6 * var``).
+        is relative (docs/maths.md: ``1e-6 * var``).
     jitter : float, default=1e-6
         First relative jitter; multiplied by 10 after each failure.
     max_tries : int, default=6
@@ -237,7 +237,7 @@ def cholesky_backward(L, Lbar):
     -----
     ``P = Phi(L^T Lbar)`` (lower triangle, halved diagonal),
     ``S = L^{-T} P L^{-1}``, ``Kbar = (S + S^T) / 2`` (Murray 2016;
-    SPEC section 1).
+    docs/maths.md).
     """
     P = np.tril(L.T @ np.tril(Lbar))
     P.flat[:: P.shape[0] + 1] *= 0.5

@@ -10,7 +10,7 @@ function with a coefficient ``c_k``::
     f_block(x) = sum_k c_k  w(x)^T v_k ,   prior  v_k ~ N(0, I)
 
 so the block's prior kernel is ``gamma * k`` with ``gamma = sum_k c_k^2``.
-In pFedHGP (SPEC section 1) the *global* block of client ``i`` has the
+In pFedHGP (docs/maths.md) the *global* block of client ``i`` has the
 components ``(m_g, C_g, 1)`` and ``(m_d_i, C_d_i, sqrt(phi))`` on the shared
 kernel ``k_g`` and inducing set ``Z_g``; the *local* block has the single
 component ``(m_u_i, C_u_i, 1)`` on ``k_i``, ``Z_i``.  A block with one
@@ -22,7 +22,7 @@ With ``a = sum_k c_k m_k``, ``Sigma = sum_k c_k^2 C_k C_k^T`` and
     E = -n/2 log(2 pi s2) - (||r||^2 + sum_b [tr(Sigma_b W_b^T W_b)
                                              + gamma_b (n var_b - ||W_b||_F^2)]) / (2 s2)
 
-(SPEC section 1, "Client ELBO term"; pFedHGP paper, Theorem 1 /
+(docs/maths.md, "Client ELBO term"; pFedHGP paper, Theorem 1 /
 Proposition 5).  Every product with an ``n``-sized dimension is a BLAS call
 on ``K_xz`` itself (``W`` is never formed): the Gram matrix ``K_xz^T K_xz``,
 two matrix-vector products, one ``n x M`` by ``M x M`` product for the
@@ -170,7 +170,7 @@ def kl_whitened(mean, chol):
     Returns
     -------
     kl : float
-        ``0.5 (||C||_F^2 + ||m||^2 - M - 2 sum log diag C)`` (SPEC section 1).
+        ``0.5 (||C||_F^2 + ||m||^2 - M - 2 sum log diag C)`` (docs/maths.md).
     dmean : ndarray of shape (M,)
         ``m``.
     dchol : ndarray of shape (M, M)
@@ -249,7 +249,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, kernel_grad=Non
     Returns
     -------
     value : float
-        ``E_i`` of SPEC section 1 (no KL terms).
+        ``E_i`` of docs/maths.md (no KL terms).
     grads : list of BlockGrad or None
         One per block, in order.
     dnoise : float or None
@@ -268,7 +268,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, kernel_grad=Non
 
     Notes
     -----
-    SPEC section 1, "Client ELBO term" and "Gradients of one client term";
+    docs/maths.md, "Client ELBO term" and "Gradients of one client term";
     Titsias (2009) VFE bound in the whitened SVGP form of Hensman et al.
     (2013).
 
@@ -473,7 +473,7 @@ def block_predict(Xs, block, *, full_cov=False, client=None):
         ``W* a``.
     cov : ndarray of shape (n*,) or (n*, n*)
         ``W* Sigma W*^T + gamma (K** - W* W*^T)`` (or its diagonal), the
-        latent covariance without noise (SPEC section 1, eq. 30 of the paper).
+        latent covariance without noise (docs/maths.md, eq. 30 of the paper).
     """
     Kzz = se_ard(block.Z, block.Z, block.lengthscale, block.variance)
     L, _ = jittered_cholesky(

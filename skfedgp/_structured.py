@@ -8,7 +8,7 @@ Gaussian message on ``v_g``; the server sums them and obtains ``q(v_g)``
 exactly.  The bound is the collapsed (Titsias-type) bound of the whole
 hierarchy, which equals the exact log marginal likelihood when the inducing
 inputs are the training inputs.  Full derivation: ``docs/maths.md``,
-"Structured posterior"; SPEC section 1 of this project, "Structured
+"Structured posterior"; docs/maths.md, section 9, "Structured
 (collapsed) posterior".  One-level precedent: Gal, van der Wilk and
 Rasmussen, "Distributed Variational Inference in Sparse Gaussian Process
 Regression and Latent Variable Models", NeurIPS 2014.

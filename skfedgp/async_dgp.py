@@ -4,7 +4,7 @@
 with a shared squared-exponential ARD kernel and combines their predictions
 with one of six rules: the asynchronous information-set rule of Yang, Dai
 and Hirche ("async"), and the baselines MoE, PoE, gPoE, BCM and rBCM
-(Deisenroth & Ng 2015; Liu et al. 2018).  SPEC section 3.
+(Deisenroth & Ng 2015; Liu et al. 2018).  docs/async_dgp.md.
 
 Sources
 -------
@@ -57,7 +57,7 @@ __all__ = [
 #: Aggregation rules understood by :class:`AsyncDGPRegressor`.
 AGGREGATIONS = ("async", "moe", "poe", "gpoe", "bcm", "rbcm")
 
-#: Conventions of the "async" rule (SPEC section 3).
+#: Conventions of the "async" rule (docs/async_dgp.md).
 CONVENTIONS = ("paper", "gpgym")
 
 _LOG_BOUNDS = (-11.5, 11.5)  # bounds of every log-hyperparameter (about 1e-5 .. 1e5)
@@ -544,7 +544,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     ``n_experts`` exact GPs share one SE-ARD kernel ``k(x, z) = variance *
     exp(-0.5 sum_d (x_d - z_d)^2 / ell_d^2)`` and Gaussian noise; the data are
     split among them and their predictions are combined by ``aggregation``
-    (SPEC section 3).
+    (docs/async_dgp.md).
 
     Parameters
     ----------

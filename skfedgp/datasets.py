@@ -481,7 +481,7 @@ def fetch_beijing_air_quality(
 # ---------------------------------------------------------------------------
 # synthetic hierarchical data
 # ---------------------------------------------------------------------------
-_JITTER = 1e-6  # relative to the kernel variance, as in SPEC section 1
+_JITTER = 1e-6  # relative to the kernel variance, as in docs/maths.md
 _MAX_JITTER_TRIES = 6  # 1e-6 ... 1e-1
 
 
@@ -1043,7 +1043,7 @@ def make_hierarchical_regression(
     **Single output**
 
     For clients ``i = 0..T-1`` (``T = n_clients``), scalar output
-    (pFedHGP section 4.1 / SPEC section 1)::
+    (pFedHGP section 4.1 / docs/maths.md)::
 
         y_i(x) = f_g(x) + f_delta_i(x) + f_i(x) + eps,   eps ~ N(0, noise^2)
         f_g       ~ GP(0, k_g)         one function shared by all clients

@@ -5,7 +5,7 @@ Raw observations and each client's local block stay inside its
 whose arrays have sizes fixed by the model (``M``, ``d``), never by a
 client's number of observations ``n_i``.
 
-One communication round (SPEC section 1, "Federated training"; pFedHGP paper,
+One communication round (docs/maths.md, "Federated training"; pFedHGP paper,
 Algorithm 1):
 
 1. the server broadcasts the global vector (:class:`GlobalBroadcast`);
@@ -787,7 +787,7 @@ class Server:
         """Set ``q(v_g)`` to its exact optimum from the clients' statistics.
 
         ``S_g = (I + sum_i W_i^T W_i / s2_i)^{-1}``,
-        ``m_g = S_g sum_i W_i^T r_i / s2_i`` (SPEC section 1, "Beyond the
+        ``m_g = S_g sum_i W_i^T r_i / s2_i`` (docs/maths.md, "Beyond the
         paper"); the statistics were computed at the current global block,
         so the update is an exact coordinate-ascent step on the ELBO.
 
@@ -1006,7 +1006,7 @@ class ClientUpdateValue:
 # structured (collapsed) variational family
 # ==========================================================================
 #
-# SPEC section 1, "Structured (collapsed) posterior"; skfedgp._structured.
+# docs/maths.md, "Structured (collapsed) posterior"; skfedgp._structured.
 # Each *evaluation* of the collapsed ELBO at a global vector is two
 # exchanges: (1) the server broadcasts the global vector, each client uploads
 # StructuredStatistics (S_i, b_i, e_i); (2) the server broadcasts
@@ -1076,7 +1076,7 @@ class StructuredStatistics:
     ----------
     round : int
     precision : ndarray of shape (M, M)
-        ``S_i`` (the client's Gaussian message on ``v_g``; SPEC section 1).
+        ``S_i`` (the client's Gaussian message on ``v_g``; docs/maths.md).
     shift : ndarray of shape (M,)
         ``b_i``.
     constant : float

@@ -1,6 +1,6 @@
 """Squared-exponential ARD kernel with analytic gradients.
 
-The kernel (SPEC section 1; pFedHGP paper, section 3.1) is
+The kernel (docs/maths.md; pFedHGP paper, section 3.1) is
 
 .. math::
 
@@ -359,7 +359,7 @@ def se_ard(X, Z, lengthscale, variance, *, backend=None):
 
     Notes
     -----
-    SPEC section 1, "Kernels"; pFedHGP paper section 3.1.  Rows are computed
+    docs/maths.md, "Kernels"; pFedHGP paper section 3.1.  Rows are computed
     in parallel threads over a fixed partition (bitwise identical results
     for any thread count).
     """
@@ -401,7 +401,7 @@ def se_ard_diag(X, variance):
 
     Notes
     -----
-    SPEC section 1, "Kernels".
+    docs/maths.md, "Kernels".
     """
     X = np.asarray(X)
     return np.full(X.shape[0], float(variance))
@@ -438,7 +438,7 @@ def se_ard_grad(X, Z, K, Kbar, lengthscale, variance, *, backend=None):
 
     Notes
     -----
-    Formulas of SPEC section 1, "Gradients of one client term". Neither back
+    Formulas of docs/maths.md, "Gradients of one client term". Neither back
     end builds an ``n x m x d`` array.  Row groups are contracted in
     parallel threads and their partial sums added in a fixed order, so the
     result is bitwise identical for any thread count.
@@ -492,7 +492,7 @@ def se_ard_grad_sym(Z, K, Kbar, lengthscale, variance, *, backend=None):
 
     Notes
     -----
-    SPEC section 1, last formula of "Gradients of one client term".
+    docs/maths.md, last formula of "Gradients of one client term".
     """
     dz, dl, dv = se_ard_grad(Z, Z, K, Kbar, lengthscale, variance, backend=backend)
     # se_ard_grad returns the derivative through the second argument only;

@@ -1,7 +1,7 @@
 """Adam on flat parameter vectors (Kingma & Ba, 2015).
 
 Used by the clients for their local steps and by the server for the global
-step of pFedHGP (SPEC section 1, "Federated training"; pFedHGP paper,
+step of pFedHGP (docs/maths.md, "Federated training"; pFedHGP paper,
 Algorithm 1).
 """
 

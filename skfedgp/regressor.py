@@ -843,7 +843,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """Blocks, ``mu_u``, ``Sigma_u``, ``H``, ``E`` and noise variance of one label.
 
         A label not seen in fit gets the exact posterior of the global part and
-        the *prior* of its deviation and local parts (SPEC section 1), with the
+        the *prior* of its deviation and local parts (docs/maths.md), with the
         population local hyperparameters (geometric means of the clients'); any
         inducing set gives the exact prior, so one point at the centre of the
         box is used (no client's inducing inputs are kept).

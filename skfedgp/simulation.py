@@ -209,7 +209,7 @@ def simulate_stream(
     aggregations : sequence of str, default=all six rules
         Rules to evaluate on the same deliveries.  Baselines combine the
         latest prediction each expert has delivered (made at a past input)
-        as if it were made at ``x_t`` (SPEC section 3); "async" uses the
+        as if it were made at ``x_t`` (docs/async_dgp.md); "async" uses the
         information set (:class:`skfedgp.async_dgp.InformationSet`).
     max_info : int, default=10
         Capacity of the information set.
@@ -297,7 +297,7 @@ def simulate_stream(
 
 
 def reference_dynamics(x):
-    """Unknown part ``f(x)`` of the control task (SPEC section 3).
+    """Unknown part ``f(x)`` of the control task (docs/async_dgp.md).
 
     ``f(x) = 1 + x1 x2 / 10 + cos(x2) / 2 - 10 sin(5 x1) + 1 / (2 (1 +
     exp(-x2 / 10)))`` for ``x`` of shape (2,) or (n, 2); our reading of the
@@ -337,7 +337,7 @@ def simulate_tracking(
     n_runs=1,
     random_state=None,
 ):
-    """Tracking control with a learned compensation (SPEC section 3).
+    """Tracking control with a learned compensation (docs/async_dgp.md).
 
     Plant ``x1' = x2, x2' = f(x) + u``, reference ``x_r = a sin(w t)``,
     control ``u = x_r'' - f_hat - l1 (x1 - x_r) - l2 (x2 - x_r')`` (eq. 21).
