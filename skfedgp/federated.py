@@ -68,6 +68,14 @@ __all__ = [
     "Client",
     "Server",
     "run_federated_training",
+    "PilotSummary",
+    "StructuredStatistics",
+    "PosteriorBroadcast",
+    "GlobalGradient",
+    "LocalHyperparameters",
+    "ClientUpdateValue",
+    "StructuredClient",
+    "run_structured_training",
 ]
 
 
