@@ -154,9 +154,16 @@ def fit_timed(est, *args):
         t0 = time.perf_counter()
         est.fit(*args)
         dt = time.perf_counter() - t0
-    msgs = [str(w.message).split(";")[0][:90] for w in caught
+    msgs = [_short(str(w.message)) for w in caught
             if "Convergence" in type(w.message).__name__]
     return est, dt, msgs
+
+
+def _short(msg):
+    """One-line summary of a ConvergenceWarning (which values sat at a bound)."""
+    if msg.startswith("hyperparameters ended at a bound") and "): " in msg:
+        return "at a bound of their range: " + msg.split("): ", 1)[1][:150]
+    return msg.split(";")[0][:150]
 
 
 def ours(seed, **kw):
