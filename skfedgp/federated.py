@@ -173,8 +173,9 @@ class ClientStatistics:
     Attributes
     ----------
     round : int
-    precision : ndarray of shape (M, M)
-        ``W_g^T W_g / s2_i``.
+    precision : ndarray of shape (M, M) or None
+        ``W_g^T W_g / s2_i`` (None in the later sweeps of the final polish,
+        where it does not change).
     shift : ndarray of shape (M,)
         ``W_g^T (y_i - deviation and local means) / s2_i``.
     """
@@ -791,7 +792,7 @@ class Server:
             self.theta_global = self._adam.step(self.theta_global, grad)
         return float(elbo)
 
-    def set_global_factor(self, statistics):
+    def set_global_factor(self, statistics, precision_sum=None):
         """Set ``q(v_g)`` to its exact optimum from the clients' statistics.
 
         ``S_g = (I + sum_i W_i^T W_i / s2_i)^{-1}``,
@@ -802,11 +803,15 @@ class Server:
         Parameters
         ----------
         statistics : list of ClientStatistics
+        precision_sum : ndarray of shape (M, M), optional
+            ``sum_i W_i^T W_i / s2_i`` when the messages carry only the shift
+            (the final polish, where the hyperparameters are fixed and the
+            precision was sent in its first sweep).
         """
+        if precision_sum is None:
+            precision_sum = np.sum([s.precision for s in statistics], axis=0)
         m, C = optimal_global_factor(
-            np.sum([s.precision for s in statistics], axis=0),
-            np.sum([s.shift for s in statistics], axis=0),
-        )
+            precision_sum, np.sum([s.shift for s in statistics], axis=0))
         values = self.global_pack.unpack(self.theta_global)
         values.update(m_g=m, C_g=C)
         self.theta_global = self.global_pack.pack(values)
@@ -911,11 +916,17 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
         has_g = "m_g" in gpack.slices
         # the sweeps are M-sized work on each client's cached Gram matrices: a
         # plain loop (dispatching them through joblib would cost far more)
+        precision_sum = None
         for sweep in range(POLISH_MAX_SWEEPS):
             if has_g:
-                stats = [_client_polish_stats(c, bc, config, gpack) for c in clients]
+                # the hyperparameters are fixed, so W_g^T W_g / s2_i is sent once;
+                # later sweeps send only the M-vector
+                stats = [_client_polish_stats(c, bc, config, gpack, sweep > 0)
+                         for c in clients]
+                if precision_sum is None:
+                    precision_sum = np.sum([m.precision for m in stats], axis=0)
                 old_g = server.theta_global.copy()
-                server.set_global_factor(stats)
+                server.set_global_factor(stats, precision_sum=precision_sum)
                 up += sum(message_nbytes(m) for m in stats)
                 n_msg += T
                 bc = server.broadcast(n_rounds + 1)
@@ -960,12 +971,12 @@ def _client_polish_start(client, bc, config, gpack):
     return client, None
 
 
-def _client_polish_stats(client, bc, config, gpack):
+def _client_polish_stats(client, bc, config, gpack, shift_only=False):
     from ._hierarchy import global_statistics_from_grams
 
     p, sh = global_statistics_from_grams(bc.theta_global, client.theta_local, client._grams,
                                          gpack, client.local_pack, config.components)
-    return ClientStatistics(round=bc.round, precision=p, shift=sh)
+    return ClientStatistics(round=bc.round, precision=None if shift_only else p, shift=sh)
 
 
 def _client_polish_local(client, bc, config, gpack):

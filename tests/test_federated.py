@@ -40,9 +40,9 @@ def spy(monkeypatch):
     initialise, apply, broadcast = Server.initialise, Server.apply, Server.broadcast
     set_global_factor = Server.set_global_factor
 
-    def _set_global_factor(self, statistics):
+    def _set_global_factor(self, statistics, **kwargs):
         log["statistics"].append(list(statistics))
-        return set_global_factor(self, statistics)
+        return set_global_factor(self, statistics, **kwargs)
 
     def _initialise(self, summaries):
         log["summaries"].append(list(summaries))
