@@ -8,7 +8,8 @@ import numbers
 
 import numpy as np
 from joblib import Parallel, delayed
-from scipy.linalg import cho_factor, solve_triangular
+from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.optimize import minimize
 from scipy.special import softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.utils import get_tags
@@ -18,10 +19,11 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._linalg import CholeskyError, single_threaded_blas
 from .regressor import FederatedHierarchicalGPRegressor
 
-__all__ = ["MaxEvidenceClassifier", "default_curve_regressor"]
+__all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "fit_curve_variation"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 _CHANNEL_MODES = ("concatenate", "multioutput")
+_VARIATIONS = ("gp", "none")
 #: Jitter tries (relative to the mean diagonal) if a predictive covariance
 #: is numerically singular: 1e-10, 1e-9, ..., 1e-6.
 _JITTERS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6)
@@ -78,6 +80,99 @@ def _gaussian_loglik(mean, cov, R, what):
     Zs = solve_triangular(c, (R - mean).T, lower=True, check_finite=False)  # (p, n)
     logdet = 2.0 * np.sum(np.log(np.diag(c)))
     return -0.5 * (np.einsum("ij,ij->j", Zs, Zs) + logdet + p * _LOG_2PI)
+
+
+# ----------------------------------------------------------------------
+# within-class (curve-to-curve) variation
+# ----------------------------------------------------------------------
+#: Largest number of grid points per channel used to fit the within-class
+#: kernel (an evenly spaced subset of the grid); the fitted kernel is then
+#: evaluated on the whole grid.
+MAX_VARIATION_POINTS = 256
+
+
+def _replicate_nll(log_theta, d2, Rt):
+    """Negative log-likelihood of ``n`` independent curves ``r ~ N(0, K)``.
+
+    ``K = v exp(-d2 / (2 l^2)) + s2 I`` with ``log_theta = (log v, log l,
+    log s2)``; ``Rt`` (p, n) holds the residual curves as columns.
+    Returns the value and its analytic gradient with respect to
+    ``log_theta``.
+    """
+    v, ell, s2 = np.exp(log_theta)
+    p, n = Rt.shape
+    E = np.exp(-0.5 * d2 / ell**2)
+    K = v * E
+    K[np.diag_indices(p)] += s2
+    try:
+        c = cho_factor(K, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return np.inf, np.zeros(3)
+    A = cho_solve(c, np.eye(p), check_finite=False)
+    AR = A @ Rt
+    logdet = 2.0 * np.sum(np.log(np.diag(c[0])))
+    nll = 0.5 * (n * logdet + np.sum(Rt * AR) + n * p * _LOG_2PI)
+    G = n * A - AR @ AR.T  # d nll / dK = G / 2
+    dv = v * E
+    grad = 0.5 * np.array([np.sum(G * dv), np.sum(G * dv * d2) / ell**2, s2 * np.trace(G)])
+    return nll, grad
+
+
+def fit_curve_variation(t, R):
+    """Fit a squared-exponential-plus-white kernel to replicate residual curves.
+
+    Every row of ``R`` is one curve's deviation from its class mean, taken as
+    an independent draw of a zero-mean GP with kernel
+    ``v exp(-(t - t')^2 / (2 l^2)) + s2 [t = t']``; the three
+    hyperparameters, shared by all curves, maximise the sum of the curves'
+    log marginal likelihoods (L-BFGS-B on the logs, analytic gradient, two
+    starting lengthscales; Rasmussen and Williams (2006), *Gaussian
+    Processes for Machine Learning*, MIT Press, section 5.4.1, eq. 5.8 and
+    5.9, summed over independent curves).
+
+    Parameters
+    ----------
+    t : ndarray of shape (p,)
+        Grid (input units), strictly increasing, ``p >= 2``.
+    R : ndarray of shape (n, p)
+        Residual curves, finite, ``n >= 1``.
+
+    Returns
+    -------
+    variance : float
+        ``v``, squared target units.
+    lengthscale : float
+        ``l``, input units.
+    noise_variance : float
+        ``s2``, squared target units.
+
+    Notes
+    -----
+    ``v`` and ``s2`` are kept in ``[1e-8, 10] * mean(R**2)``; ``l`` between
+    the smallest grid spacing and the grid's span.
+    """
+    n, p = R.shape
+    m2 = float(np.mean(R**2))
+    if not m2 > 0:
+        tiny = 1e-12
+        return tiny, float(t[-1] - t[0]), tiny
+    step = float(np.min(np.diff(t)))
+    span = float(t[-1] - t[0])
+    d2 = (t[:, None] - t[None, :]) ** 2
+    Rt = np.ascontiguousarray(R.T)
+    bounds = [(np.log(1e-8 * m2), np.log(10 * m2)), (np.log(step), np.log(span)),
+              (np.log(1e-8 * m2), np.log(10 * m2))]
+    best = None
+    for ell0 in (max(step, span / 50.0), max(step, span / 8.0)):
+        x0 = np.array([np.log(0.5 * m2), np.log(ell0), np.log(0.5 * m2)])
+        res = minimize(_replicate_nll, x0, args=(d2, Rt), jac=True, method="L-BFGS-B",
+                       bounds=bounds)
+        if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+            best = res
+    if best is None:
+        raise FloatingPointError("the within-class kernel fit failed at every start")
+    v, ell, s2 = np.exp(best.x)
+    return float(v), float(ell), float(s2)
 
 
 class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
@@ -192,11 +287,13 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         n_channels=1,
         channel_mode="concatenate",
         class_prior="uniform",
+        curve_variation="gp",
         n_jobs=None,
         random_state=None,
         verbose=0,
     ):
         self.estimator = estimator
+        self.curve_variation = curve_variation
         self.grid = grid
         self.n_channels = n_channels
         self.channel_mode = channel_mode
@@ -212,6 +309,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         nc = self.n_channels
         if not isinstance(nc, numbers.Integral) or isinstance(nc, bool) or nc < 1:
             raise ValueError(f"n_channels must be an integer >= 1, got {nc!r}")
+        if self.curve_variation not in _VARIATIONS:
+            raise ValueError(
+                f"curve_variation must be one of {_VARIATIONS}, got {self.curve_variation!r}"
+            )
         if self.channel_mode not in _CHANNEL_MODES:
             raise ValueError(
                 f"channel_mode must be one of {_CHANNEL_MODES}, got {self.channel_mode!r}"
@@ -347,15 +448,87 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         self.class_log_prior_ = log_prior
         self.grid_ = grid
         self.n_points_ = n_points
+        if self.curve_variation == "gp":
+            with single_threaded_blas():
+                self.curve_variation_ = [
+                    self._fit_variation(k, X[y_idx == k]) for k in range(classes.shape[0])
+                ]
+        else:
+            self.curve_variation_ = None
         return self
+
+    def _fit_variation(self, k, Xk):
+        """Within-class variation of class ``k`` from its training curves.
+
+        The residuals ``r_n = x_n - mu_k`` (``mu_k``: the regressor's
+        predictive mean of the class) give the gain variance (moment
+        estimate of the projection coefficient ``a_n`` of ``r_n`` on
+        ``mu_k``) and, after ``a_n mu_k`` is taken off, one
+        :func:`fit_curve_variation` per channel on an evenly spaced subset of
+        at most :data:`MAX_VARIATION_POINTS` grid points, using the curves
+        observed there.
+        """
+        mean, _ = self._class_mean_and_cov(k, with_cov=False)
+        R = Xk - mean
+        obs = ~np.isnan(R)
+        R0 = np.where(obs, R, 0.0)
+        norm2 = (obs * mean**2).sum(axis=1)
+        a = np.divide((R0 * mean).sum(axis=1), norm2, out=np.zeros(R.shape[0]),
+                      where=norm2 > 0)
+        gain_var = float(np.mean(a**2)) if R.shape[0] > 1 else 0.0
+        R = R - a[:, None] * mean
+        n_points = self.n_points_
+        sub = np.unique(np.linspace(0, n_points - 1, min(n_points, MAX_VARIATION_POINTS))
+                        .round().astype(int))
+        out = {"gain_variance": gain_var, "variance": [], "lengthscale": [],
+               "noise_variance": []}
+        for j in range(self.n_channels):
+            Rj = R[:, j * n_points + sub]
+            full = ~np.isnan(Rj).any(axis=1)
+            if full.any():
+                v, ell, s2 = fit_curve_variation(self.grid_[sub], Rj[full])
+            else:  # no curve observed on the whole subset: white variation only
+                v, ell = 0.0, 1.0
+                s2 = float(np.nanmean(R[:, j * n_points:(j + 1) * n_points] ** 2))
+            out["variance"].append(v)
+            out["lengthscale"].append(ell)
+            out["noise_variance"].append(s2)
+        return {key: np.asarray(val) for key, val in out.items()}
 
     # ------------------------------------------------------------------
     # scoring
     # ------------------------------------------------------------------
     def _class_predictive(self, k):
-        """Predictive mean and covariance of a whole curve for class ``k``."""
+        """Predictive mean and covariance of a new whole curve of class ``k``."""
+        mean, cov = self._class_mean_and_cov(k)
+        var = getattr(self, "curve_variation_", None)
+        if var is None:
+            return mean, cov
+        # regressor: latent class function + white noise; replace the white
+        # noise by the fitted within-class law of a new curve
+        cov[np.diag_indices_from(cov)] -= self._regressor_noise(k)
+        V = var[k]
+        cov += V["gain_variance"] * np.outer(mean, mean)
+        n_points, g = self.n_points_, self.grid_
+        d2 = (g[:, None] - g[None, :]) ** 2
+        for j in range(self.n_channels):
+            blk = slice(j * n_points, (j + 1) * n_points)
+            cov[blk, blk] += V["variance"][j] * np.exp(-0.5 * d2 / V["lengthscale"][j] ** 2)
+            cov[blk, blk][np.diag_indices(n_points)] += V["noise_variance"][j]
+        return mean, cov
+
+    def _regressor_noise(self, k):
+        """Noise variance of the regressor's client ``k`` (target units)."""
+        reg = self.estimator_
+        B = reg.clients_[k].local_values()  # client k is class classes_[k]
+        return float(B["noise_variance"]) * float(reg.y_scale_) ** 2
+
+    def _class_mean_and_cov(self, k, with_cov=True):
+        """The regressor's predictive mean (and noisy covariance) on the curve grid."""
         inputs = self.inputs_
         p = inputs.shape[0]
+        if not with_cov:
+            return self.estimator_.predict(inputs[:, None], [k] * p), None
         mean, cov = self.estimator_.predict(inputs[:, None], [k] * p, return_cov=True)
         if self.channel_mode == "multioutput":
             mean = np.asarray(mean)

@@ -36,15 +36,71 @@ def fitted():
     return clf, X, y, Xt, yt
 
 
+def _reference_cov(clf, k):
+    """Predictive law of a new curve of class k, built by hand from the parts."""
+    p = clf.inputs_.shape[0]
+    mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+    if clf.curve_variation_ is None:
+        return mean, cov
+    reg = clf.estimator_
+    s2 = reg.clients_[k].local_values()["noise_variance"] * reg.y_scale_**2
+    V = clf.curve_variation_[k]
+    n = clf.n_points_
+    W = np.zeros((p, p))
+    for j in range(clf.n_channels):
+        for a in range(n):
+            for b in range(n):
+                d = clf.grid_[a] - clf.grid_[b]
+                W[j * n + a, j * n + b] = (V["variance"][j] * np.exp(-0.5 * d**2 / V["lengthscale"][j] ** 2)
+                                           + V["noise_variance"][j] * (a == b))
+    return mean, cov - s2 * np.eye(p) + V["gain_variance"] * np.outer(mean, mean) + W
+
+
 def test_log_evidence_matches_scipy(fitted):
     clf, _, _, Xt, _ = fitted
     ll = clf.log_evidence(Xt)
     assert ll.shape == (Xt.shape[0], 3)
     for k in range(3):
-        p = clf.inputs_.shape[0]
-        mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+        mean, cov = _reference_cov(clf, k)
         ref = multivariate_normal(mean, cov).logpdf(Xt)
         np.testing.assert_allclose(ll[:, k], ref, rtol=1e-9, atol=1e-8)
+
+
+def test_curve_variation_none_is_the_regressor_law(fitted):
+    clf, X, y, Xt, _ = fitted
+    clf0 = MaxEvidenceClassifier(_reg(), grid=clf.grid_, n_channels=2, curve_variation="none",
+                                 random_state=0).fit(X, y)
+    assert clf0.curve_variation_ is None
+    ll = clf0.log_evidence(Xt)
+    for k in range(3):
+        p = clf0.inputs_.shape[0]
+        mean, cov = clf0.estimator_.predict(clf0.inputs_[:, None], [k] * p, return_cov=True)
+        np.testing.assert_allclose(ll[:, k], multivariate_normal(mean, cov).logpdf(Xt),
+                                   rtol=1e-9, atol=1e-8)
+    with pytest.raises(ValueError, match="curve_variation"):
+        MaxEvidenceClassifier(_reg(), curve_variation="white").fit(X, y)
+
+
+def test_fit_curve_variation_gradient_and_recovery():
+    from scipy.optimize import approx_fprime
+
+    from skfedgp.classifier import _replicate_nll, fit_curve_variation
+
+    rng = np.random.default_rng(0)
+    t = np.arange(120.0)
+    d2 = (t[:, None] - t[None, :]) ** 2
+    K = 2.0 * np.exp(-0.5 * d2 / 12.0**2) + 0.1 * np.eye(120)
+    R = rng.multivariate_normal(np.zeros(120), K, size=25)
+    x = np.log([1.0, 8.0, 0.3])
+    f, g = _replicate_nll(x, d2, R.T.copy())
+    fd = approx_fprime(x, lambda z: _replicate_nll(z, d2, R.T.copy())[0], 1e-6)
+    np.testing.assert_allclose(g, fd, rtol=1e-4, atol=1e-3)
+    # the value is the sum of the curves' log densities
+    ref = -multivariate_normal(np.zeros(120), np.exp(x[0]) * np.exp(-0.5 * d2 / np.exp(x[1]) ** 2)
+                               + np.exp(x[2]) * np.eye(120)).logpdf(R).sum()
+    np.testing.assert_allclose(f, ref, rtol=1e-10)
+    v, ell, s2 = fit_curve_variation(t, R)
+    assert 1.2 < v < 3.0 and 9.0 < ell < 16.0 and 0.08 < s2 < 0.12
 
 
 def test_nan_points_scored_on_observed_subset(fitted):
@@ -57,8 +113,7 @@ def test_nan_points_scored_on_observed_subset(fitted):
     for i in range(6):
         o = ~np.isnan(Xn[i])
         for k in range(3):
-            p = clf.inputs_.shape[0]
-            mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+            mean, cov = _reference_cov(clf, k)
             ref = multivariate_normal(mean[o], cov[np.ix_(o, o)]).logpdf(Xn[i, o])
             np.testing.assert_allclose(ll[i, k], ref, rtol=1e-9, atol=1e-8)
     with pytest.raises(ValueError, match="no observed"):
