@@ -8,8 +8,7 @@ import numbers
 
 import numpy as np
 from joblib import Parallel, delayed
-from scipy.linalg import cho_factor, cho_solve, solve_triangular
-from scipy.optimize import minimize
+from scipy.linalg import cho_factor, solve_triangular
 from scipy.special import softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.utils import get_tags
@@ -19,7 +18,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._linalg import CholeskyError, single_threaded_blas
 from .regressor import FederatedHierarchicalGPRegressor
 
-__all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "fit_curve_variation"]
+__all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "ppca_fit", "ppca_loglik",
+           "select_ppca_rank"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 _CHANNEL_MODES = ("concatenate", "multioutput")
@@ -83,96 +83,104 @@ def _gaussian_loglik(mean, cov, R, what):
 
 
 # ----------------------------------------------------------------------
-# within-class (curve-to-curve) variation
+# within-class (curve-to-curve) variation: probabilistic PCA of residuals
 # ----------------------------------------------------------------------
-#: Largest number of grid points per channel used to fit the within-class
-#: kernel (an evenly spaced subset of the grid); the fitted kernel is then
-#: evaluated on the whole grid.
-MAX_VARIATION_POINTS = 256
+#: Folds of the cross-validation that picks the rank of the within-class
+#: covariance (fewer if a class has fewer curves).
+N_RANK_FOLDS = 5
 
 
-def _replicate_nll(log_theta, d2, Rt):
-    """Negative log-likelihood of ``n`` independent curves ``r ~ N(0, K)``.
+def ppca_fit(R, rank):
+    """Maximum-likelihood probabilistic PCA of zero-mean residual curves.
 
-    ``K = v exp(-d2 / (2 l^2)) + s2 I`` with ``log_theta = (log v, log l,
-    log s2)``; ``Rt`` (p, n) holds the residual curves as columns.
-    Returns the value and its analytic gradient with respect to
-    ``log_theta``.
-    """
-    v, ell, s2 = np.exp(log_theta)
-    p, n = Rt.shape
-    E = np.exp(-0.5 * d2 / ell**2)
-    K = v * E
-    K[np.diag_indices(p)] += s2
-    try:
-        c = cho_factor(K, lower=True, check_finite=False)
-    except np.linalg.LinAlgError:
-        return np.inf, np.zeros(3)
-    A = cho_solve(c, np.eye(p), check_finite=False)
-    AR = A @ Rt
-    logdet = 2.0 * np.sum(np.log(np.diag(c[0])))
-    nll = 0.5 * (n * logdet + np.sum(Rt * AR) + n * p * _LOG_2PI)
-    G = n * A - AR @ AR.T  # d nll / dK = G / 2
-    dv = v * E
-    grad = 0.5 * np.array([np.sum(G * dv), np.sum(G * dv * d2) / ell**2, s2 * np.trace(G)])
-    return nll, grad
-
-
-def fit_curve_variation(t, R):
-    """Fit a squared-exponential-plus-white kernel to replicate residual curves.
-
-    Every row of ``R`` is one curve's deviation from its class mean, taken as
-    an independent draw of a zero-mean GP with kernel
-    ``v exp(-(t - t')^2 / (2 l^2)) + s2 [t = t']``; the three
-    hyperparameters, shared by all curves, maximise the sum of the curves'
-    log marginal likelihoods (L-BFGS-B on the logs, analytic gradient, two
-    starting lengthscales; Rasmussen and Williams (2006), *Gaussian
-    Processes for Machine Learning*, MIT Press, section 5.4.1, eq. 5.8 and
-    5.9, summed over independent curves).
+    ``r ~ N(0, W W^T + s2 I)`` with ``W`` of rank ``rank``: the leading
+    eigenvectors of ``S = R^T R / n`` scaled by ``sqrt(lambda_j - s2)`` and
+    ``s2`` the mean of the other ``p - rank`` eigenvalues (Tipping and
+    Bishop (1999), "Probabilistic principal component analysis", J. R.
+    Statist. Soc. B 61(3), eq. 7 and 8, with the mean given, not estimated).
 
     Parameters
     ----------
-    t : ndarray of shape (p,)
-        Grid (input units), strictly increasing, ``p >= 2``.
     R : ndarray of shape (n, p)
-        Residual curves, finite, ``n >= 1``.
+        Residual curves (finite).
+    rank : int
+        ``0 <= rank < p``; ranks above ``n`` give zero columns.
 
     Returns
     -------
-    variance : float
-        ``v``, squared target units.
-    lengthscale : float
-        ``l``, input units.
-    noise_variance : float
-        ``s2``, squared target units.
-
-    Notes
-    -----
-    ``v`` and ``s2`` are kept in ``[1e-8, 10] * mean(R**2)``; ``l`` between
-    the smallest grid spacing and the grid's span.
+    W : ndarray of shape (p, rank)
+    s2 : float
+        Isotropic variance, at least ``1e-10`` times the mean of ``S``'s
+        diagonal (and positive).
     """
     n, p = R.shape
-    m2 = float(np.mean(R**2))
-    if not m2 > 0:
-        tiny = 1e-12
-        return tiny, float(t[-1] - t[0]), tiny
-    step = float(np.min(np.diff(t)))
-    span = float(t[-1] - t[0])
-    d2 = (t[:, None] - t[None, :]) ** 2
-    Rt = np.ascontiguousarray(R.T)
-    bounds = [(np.log(1e-8 * m2), np.log(10 * m2)), (np.log(step), np.log(span)),
-              (np.log(1e-8 * m2), np.log(10 * m2))]
-    best = None
-    for ell0 in (max(step, span / 50.0), max(step, span / 8.0)):
-        x0 = np.array([np.log(0.5 * m2), np.log(ell0), np.log(0.5 * m2)])
-        res = minimize(_replicate_nll, x0, args=(d2, Rt), jac=True, method="L-BFGS-B",
-                       bounds=bounds)
-        if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
-            best = res
-    if best is None:
-        raise FloatingPointError("the within-class kernel fit failed at every start")
-    v, ell, s2 = np.exp(best.x)
-    return float(v), float(ell), float(s2)
+    _, sv, Vt = np.linalg.svd(R, full_matrices=False)
+    lam = np.zeros(p)
+    lam[: sv.size] = sv**2 / n
+    total = float(np.sum(R**2)) / n
+    s2 = (total - lam[:rank].sum()) / (p - rank)
+    s2 = max(s2, 1e-10 * total / p, np.finfo(float).tiny)
+    W = np.zeros((p, rank))
+    r = min(rank, Vt.shape[0])
+    W[:, :r] = Vt[:r].T * np.sqrt(np.maximum(lam[:r] - s2, 0.0))
+    return W, s2
+
+
+def ppca_loglik(R, W, s2):
+    """``log N(r; 0, W W^T + s2 I)`` for every row of ``R`` (Woodbury, ``O(p q^2)``).
+
+    Parameters
+    ----------
+    R : ndarray of shape (n, p)
+    W : ndarray of shape (p, q)
+    s2 : float
+
+    Returns
+    -------
+    ndarray of shape (n,)
+    """
+    p, q = W.shape
+    M = np.eye(q) + (W.T @ W) / s2
+    L = np.linalg.cholesky(M)
+    Z = np.linalg.solve(L, W.T @ R.T) / s2 if q else np.zeros((0, R.shape[0]))
+    quad = np.sum(R**2, axis=1) / s2 - np.sum(Z**2, axis=0)
+    logdet = p * np.log(s2) + 2.0 * np.sum(np.log(np.diag(L)))
+    return -0.5 * (quad + logdet + p * _LOG_2PI)
+
+
+def select_ppca_rank(R, n_folds=N_RANK_FOLDS):
+    """Rank of the within-class covariance by cross-validated likelihood.
+
+    Every rank ``0 .. n_train - 1`` (``n_train``: the smallest training fold)
+    is fitted by :func:`ppca_fit` on the training folds and scored by
+    :func:`ppca_loglik` on the held-out curves (contiguous folds); the rank
+    with the largest total held-out log-likelihood wins.
+
+    Parameters
+    ----------
+    R : ndarray of shape (n, p)
+        Residual curves, ``n >= 1``.
+    n_folds : int, default=5
+
+    Returns
+    -------
+    rank : int
+        0 if ``n < 3`` (too few curves to hold any out usefully).
+    """
+    n, p = R.shape
+    if n < 3:
+        return 0
+    k = min(n_folds, n)
+    folds = np.array_split(np.arange(n), k)
+    n_train = n - max(f.size for f in folds)
+    ranks = np.arange(0, min(n_train - 1, p - 1) + 1)
+    score = np.zeros(ranks.size)
+    for f in folds:
+        tr = np.setdiff1d(np.arange(n), f)
+        for i, q in enumerate(ranks):
+            W, s2 = ppca_fit(R[tr], int(q))
+            score[i] += ppca_loglik(R[f], W, s2).sum()
+    return int(ranks[np.argmax(score)])
 
 
 class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
@@ -458,42 +466,24 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _fit_variation(self, k, Xk):
-        """Within-class variation of class ``k`` from its training curves.
+        """Within-class covariance of class ``k`` from its training curves.
 
-        The residuals ``r_n = x_n - mu_k`` (``mu_k``: the regressor's
-        predictive mean of the class) give the gain variance (moment
-        estimate of the projection coefficient ``a_n`` of ``r_n`` on
-        ``mu_k``) and, after ``a_n mu_k`` is taken off, one
-        :func:`fit_curve_variation` per channel on an evenly spaced subset of
-        at most :data:`MAX_VARIATION_POINTS` grid points, using the curves
-        observed there.
+        Residuals ``r_n = x_n - mu_k`` (``mu_k``: the regressor's predictive
+        mean of the class; a NaN point counts as a zero residual), scaled per
+        channel by their root mean square, then :func:`ppca_fit` with the
+        rank chosen by :func:`select_ppca_rank`.
         """
         mean, _ = self._class_mean_and_cov(k, with_cov=False)
-        R = Xk - mean
-        obs = ~np.isnan(R)
-        R0 = np.where(obs, R, 0.0)
-        norm2 = (obs * mean**2).sum(axis=1)
-        a = np.divide((R0 * mean).sum(axis=1), norm2, out=np.zeros(R.shape[0]),
-                      where=norm2 > 0)
-        gain_var = float(np.mean(a**2)) if R.shape[0] > 1 else 0.0
-        R = R - a[:, None] * mean
+        R = np.nan_to_num(Xk - mean, nan=0.0)
         n_points = self.n_points_
-        sub = np.unique(np.linspace(0, n_points - 1, min(n_points, MAX_VARIATION_POINTS))
-                        .round().astype(int))
-        out = {"gain_variance": gain_var, "variance": [], "lengthscale": [],
-               "noise_variance": []}
-        for j in range(self.n_channels):
-            Rj = R[:, j * n_points + sub]
-            full = ~np.isnan(Rj).any(axis=1)
-            if full.any():
-                v, ell, s2 = fit_curve_variation(self.grid_[sub], Rj[full])
-            else:  # no curve observed on the whole subset: white variation only
-                v, ell = 0.0, 1.0
-                s2 = float(np.nanmean(R[:, j * n_points:(j + 1) * n_points] ** 2))
-            out["variance"].append(v)
-            out["lengthscale"].append(ell)
-            out["noise_variance"].append(s2)
-        return {key: np.asarray(val) for key, val in out.items()}
+        rms = np.sqrt(np.mean(R.reshape(R.shape[0], self.n_channels, n_points) ** 2,
+                              axis=(0, 2)))
+        rms = np.where(rms > 0, rms, 1.0)
+        scale = np.repeat(rms, n_points)
+        Rs = R / scale
+        rank = select_ppca_rank(Rs)
+        W, s2 = ppca_fit(Rs, rank)
+        return {"scale": scale, "W": W, "noise_variance": s2, "rank": rank}
 
     # ------------------------------------------------------------------
     # scoring
@@ -508,13 +498,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         # noise by the fitted within-class law of a new curve
         cov[np.diag_indices_from(cov)] -= self._regressor_noise(k)
         V = var[k]
-        cov += V["gain_variance"] * np.outer(mean, mean)
-        n_points, g = self.n_points_, self.grid_
-        d2 = (g[:, None] - g[None, :]) ** 2
-        for j in range(self.n_channels):
-            blk = slice(j * n_points, (j + 1) * n_points)
-            cov[blk, blk] += V["variance"][j] * np.exp(-0.5 * d2 / V["lengthscale"][j] ** 2)
-            cov[blk, blk][np.diag_indices(n_points)] += V["noise_variance"][j]
+        SW = V["scale"][:, None] * V["W"]
+        cov += SW @ SW.T
+        cov[np.diag_indices_from(cov)] += V["noise_variance"] * V["scale"] ** 2
         return mean, cov
 
     def _regressor_noise(self, k):

@@ -45,15 +45,9 @@ def _reference_cov(clf, k):
     reg = clf.estimator_
     s2 = reg.clients_[k].local_values()["noise_variance"] * reg.y_scale_**2
     V = clf.curve_variation_[k]
-    n = clf.n_points_
-    W = np.zeros((p, p))
-    for j in range(clf.n_channels):
-        for a in range(n):
-            for b in range(n):
-                d = clf.grid_[a] - clf.grid_[b]
-                W[j * n + a, j * n + b] = (V["variance"][j] * np.exp(-0.5 * d**2 / V["lengthscale"][j] ** 2)
-                                           + V["noise_variance"][j] * (a == b))
-    return mean, cov - s2 * np.eye(p) + V["gain_variance"] * np.outer(mean, mean) + W
+    D = np.diag(V["scale"])
+    W = D @ (V["W"] @ V["W"].T + V["noise_variance"] * np.eye(p)) @ D
+    return mean, cov - s2 * np.eye(p) + W
 
 
 def test_log_evidence_matches_scipy(fitted):
@@ -81,26 +75,58 @@ def test_curve_variation_none_is_the_regressor_law(fitted):
         MaxEvidenceClassifier(_reg(), curve_variation="white").fit(X, y)
 
 
-def test_fit_curve_variation_gradient_and_recovery():
-    from scipy.optimize import approx_fprime
+def test_curve_variation_widens_the_law_along_within_class_directions():
+    # every class varies by a random gain: the fitted law of a new curve must
+    # carry that direction, so scaled copies of a class mean score far better
+    # than under the regressor's white-noise law
+    rng = np.random.default_rng(4)
+    t = np.linspace(0, 1, 30)
+    shapes = [np.sin(2 * np.pi * t) + 1.5, np.cos(2 * np.pi * t) + 1.5]
+    X = np.vstack([s * (1 + 0.3 * rng.standard_normal((15, 1)))
+                   + 0.02 * rng.standard_normal((15, 30)) for s in shapes])
+    y = np.repeat([0, 1], 15)
+    clf = MaxEvidenceClassifier(_reg(), grid=t, random_state=0).fit(X, y)
+    assert all(v["rank"] >= 1 for v in clf.curve_variation_)
+    Xt = np.vstack([s * (1 + 0.6 * rng.standard_normal((10, 1))) for s in shapes])
+    yt = np.repeat([0, 1], 10)
+    ll = clf.log_evidence(Xt)
+    ll0 = _without_variation(clf).log_evidence(Xt)
+    own = ll[np.arange(20), yt]
+    own0 = ll0[np.arange(20), yt]
+    assert np.all(own > own0)
+    assert clf.score(Xt, yt) >= _without_variation(clf).score(Xt, yt)
 
-    from skfedgp.classifier import _replicate_nll, fit_curve_variation
+
+def _without_variation(clf):
+    import copy
+
+    c = copy.copy(clf)
+    c.curve_variation_ = None
+    return c
+
+
+def test_ppca_fit_loglik_and_rank():
+    from skfedgp.classifier import ppca_fit, ppca_loglik, select_ppca_rank
 
     rng = np.random.default_rng(0)
-    t = np.arange(120.0)
-    d2 = (t[:, None] - t[None, :]) ** 2
-    K = 2.0 * np.exp(-0.5 * d2 / 12.0**2) + 0.1 * np.eye(120)
-    R = rng.multivariate_normal(np.zeros(120), K, size=25)
-    x = np.log([1.0, 8.0, 0.3])
-    f, g = _replicate_nll(x, d2, R.T.copy())
-    fd = approx_fprime(x, lambda z: _replicate_nll(z, d2, R.T.copy())[0], 1e-6)
-    np.testing.assert_allclose(g, fd, rtol=1e-4, atol=1e-3)
-    # the value is the sum of the curves' log densities
-    ref = -multivariate_normal(np.zeros(120), np.exp(x[0]) * np.exp(-0.5 * d2 / np.exp(x[1]) ** 2)
-                               + np.exp(x[2]) * np.eye(120)).logpdf(R).sum()
-    np.testing.assert_allclose(f, ref, rtol=1e-10)
-    v, ell, s2 = fit_curve_variation(t, R)
-    assert 1.2 < v < 3.0 and 9.0 < ell < 16.0 and 0.08 < s2 < 0.12
+    p, n = 40, 60
+    B = rng.standard_normal((p, 3)) * [3.0, 2.0, 1.5]
+    R = rng.standard_normal((n, 3)) @ B.T + 0.3 * rng.standard_normal((n, p))
+    W, s2 = ppca_fit(R, 3)
+    S = R.T @ R / n
+    lam = np.sort(np.linalg.eigvalsh(S))[::-1]
+    # Tipping and Bishop eq. 7-8: s2 = mean of the discarded eigenvalues,
+    # W W^T + s2 I has the top eigenvalues of S
+    np.testing.assert_allclose(s2, lam[3:].mean(), rtol=1e-10)
+    np.testing.assert_allclose(np.sort(np.linalg.eigvalsh(W @ W.T + s2 * np.eye(p)))[::-1][:3],
+                               lam[:3], rtol=1e-8)
+    ref = multivariate_normal(np.zeros(p), W @ W.T + s2 * np.eye(p)).logpdf(R[:5])
+    np.testing.assert_allclose(ppca_loglik(R[:5], W, s2), ref, rtol=1e-10)
+    W0, s20 = ppca_fit(R, 0)
+    np.testing.assert_allclose(ppca_loglik(R[:5], W0, s20),
+                               multivariate_normal(np.zeros(p), s20 * np.eye(p)).logpdf(R[:5]))
+    assert select_ppca_rank(R) == 3  # three latent directions plus white noise
+    assert select_ppca_rank(R[:2]) == 0
 
 
 def test_nan_points_scored_on_observed_subset(fitted):
@@ -172,8 +198,7 @@ def test_default_estimator_is_tonnage_setting():
     from skfedgp.classifier import default_curve_regressor
 
     p = default_curve_regressor().get_params()
-    assert (p["n_inducing"], p["n_inducing_local"], p["n_rounds"], p["local_steps"]) == (
-        81, 41, 10, 100)
+    assert (p["n_inducing"], p["n_inducing_local"]) == (81, 41)
     assert (p["lengthscale"], p["local_lengthscale"], p["variance"], p["local_variance"]) == (
         50.0, 10.0, 1.0, 0.5)
 
