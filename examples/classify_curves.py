@@ -88,7 +88,7 @@ def stamping(args):
     from sklearn.metrics import confusion_matrix
 
     accs, accs0, cms = [], [], []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         X, y = make_stamping_waveforms(random_state=seed)
         tr = np.concatenate([np.flatnonzero(y == c)[: 40 if c == 0 else 10] for c in range(5)])
         te = np.setdiff1d(np.arange(len(y)), tr)
@@ -149,7 +149,8 @@ def main(argv=None):
     p.add_argument("--study", choices=("stamping", "ucr", "both"), default="both")
     p.add_argument("--data-dir", default=str(REPO / ".." / "shared" / "data"))
     p.add_argument("--out-dir", default=str(REPO / "docs"))
-    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--seeds", type=int, default=5, help="number of seeds (stamping)")
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--n-rounds", type=int, default=None,
                    help="maximum rounds (default: the estimator's own)")
     p.add_argument("--local-steps", type=int, default=None,

@@ -30,11 +30,23 @@ _JITTERS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6)
 
 
 def default_curve_regressor():
-    """The regressor of the pFedHGP tonnage study (SPEC section 2).
+    """The regressor of the pFedHGP tonnage study (SPEC section 2), adapted.
 
     ``M = 81`` global and ``M_i = 41`` local inducing points, initial
-    lengthscales 50 and 10 (index units of the default grid), variances 1.0
-    and 0.5, 10 rounds of 100 local steps.
+    lengthscales 50 and 10 (index units of the default grid) and initial
+    variances 1.0 and 0.5, as in the paper; the regressor's default training
+    (structured family, L-BFGS, 20 iterations per local phase, stopping
+    rule) with at most ``n_rounds=2`` rounds.
+
+    The paper's "10 rounds x 100 local steps" was an Adam budget. With
+    L-BFGS each round fits the local blocks to near convergence; a class
+    mean function is pinned down by its dense training curves after the
+    first rounds, and the discriminative part of the classifier (the
+    within-class law, ``curve_variation="ppca"``) is fitted afterwards from
+    the residuals. On the stamping stand-in (4 x 1201 points, 80 training
+    curves) one round costs minutes, and 2 rounds already classify all test
+    cycles; a fit that stops at the cap issues the regressor's
+    ``ConvergenceWarning``. Raise ``n_rounds`` for a converged ELBO.
 
     Returns
     -------
@@ -43,7 +55,7 @@ def default_curve_regressor():
     """
     return FederatedHierarchicalGPRegressor(
         n_inducing=81, n_inducing_local=41, lengthscale=50.0, local_lengthscale=10.0,
-        variance=1.0, local_variance=0.5, n_rounds=10, local_steps=100,
+        variance=1.0, local_variance=0.5, n_rounds=2,
     )
 
 
@@ -225,7 +237,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         None means the settings of the paper's tonnage study
         (:func:`default_curve_regressor`: ``M = 81``, ``M_i = 41``, initial
         lengthscales 50 and 10, variances 1.0 and 0.5; at most
-        ``n_rounds=3`` rounds), tuned for the default index grid of long curves.
+        ``n_rounds=2`` rounds), tuned for the default index grid of long curves.
     grid : array-like of shape (n_points,), default=None
         Input location of each point of a channel (the same for every
         curve), e.g. times. None means ``arange(n_points)``.

@@ -198,7 +198,8 @@ def test_default_estimator_is_tonnage_setting():
     from skfedgp.classifier import default_curve_regressor
 
     p = default_curve_regressor().get_params()
-    assert (p["n_inducing"], p["n_inducing_local"]) == (81, 41)
+    assert (p["n_inducing"], p["n_inducing_local"], p["n_rounds"]) == (81, 41, 2)
+    assert (p["variational_family"], p["optimizer"]) == ("structured", "lbfgs")
     assert (p["lengthscale"], p["local_lengthscale"], p["variance"], p["local_variance"]) == (
         50.0, 10.0, 1.0, 0.5)
 
