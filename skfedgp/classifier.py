@@ -160,19 +160,23 @@ def ppca_loglik(R, W, s2):
     return -0.5 * (quad + logdet + p * _LOG_2PI)
 
 
-def select_ppca_rank(R, n_folds=N_RANK_FOLDS):
+def select_ppca_rank(R, n_folds=N_RANK_FOLDS, center=False):
     """Rank of the within-class covariance by cross-validated likelihood.
 
-    Every rank ``0 .. n_train - 1`` (``n_train``: the smallest training fold)
-    is fitted by :func:`ppca_fit` on the training folds and scored by
-    :func:`ppca_loglik` on the held-out curves (contiguous folds); the rank
-    with the largest total held-out log-likelihood wins.
+    Every rank ``0 .. n_train - 1`` (``n_train``: the smallest training fold;
+    ``n_train - 2`` with ``center``) is fitted by :func:`ppca_fit` on the
+    training folds and scored by :func:`ppca_loglik` on the held-out curves
+    (contiguous folds); the rank with the largest total held-out
+    log-likelihood wins.
 
     Parameters
     ----------
     R : ndarray of shape (n, p)
         Residual curves, ``n >= 1``.
     n_folds : int, default=5
+    center : bool, default=False
+        Estimate the mean too: the training folds' mean is taken off both
+        the training and the held-out curves.
 
     Returns
     -------
@@ -185,13 +189,14 @@ def select_ppca_rank(R, n_folds=N_RANK_FOLDS):
     k = min(n_folds, n)
     folds = np.array_split(np.arange(n), k)
     n_train = n - max(f.size for f in folds)
-    ranks = np.arange(0, min(n_train - 1, p - 1) + 1)
+    ranks = np.arange(0, max(0, min(n_train - 1 - int(center), p - 1)) + 1)
     score = np.zeros(ranks.size)
     for f in folds:
         tr = np.setdiff1d(np.arange(n), f)
+        m = R[tr].mean(axis=0) if center else 0.0
         for i, q in enumerate(ranks):
-            W, s2 = ppca_fit(R[tr], int(q))
-            score[i] += ppca_loglik(R[f], W, s2).sum()
+            W, s2 = ppca_fit(R[tr] - m, int(q))
+            score[i] += ppca_loglik(R[f] - m, W, s2).sum()
     return int(ranks[np.argmax(score)])
 
 
@@ -512,24 +517,29 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _fit_variation(self, k, Xk):
-        """Within-class covariance of class ``k`` from its training curves.
+        """Within-class law of class ``k`` from its training curves.
 
         Residuals ``r_n = x_n - mu_k`` (``mu_k``: the regressor's predictive
         mean of the class; a NaN point counts as a zero residual), scaled per
-        channel by their root mean square, then :func:`ppca_fit` with the
-        rank chosen by :func:`select_ppca_rank`.
+        channel by their root mean square; with at least 3 curves their mean
+        ``m`` is estimated and taken off (standard PPCA), then
+        :func:`ppca_fit` with the rank chosen by :func:`select_ppca_rank`.
         """
         mean, _ = self._class_mean_and_cov(k, with_cov=False)
         R = np.nan_to_num(Xk - mean, nan=0.0)
-        n_points = self.n_points_
-        rms = np.sqrt(np.mean(R.reshape(R.shape[0], self.n_channels, n_points) ** 2,
-                              axis=(0, 2)))
+        n, n_points = R.shape[0], self.n_points_
+        rms = np.sqrt(np.mean(R.reshape(n, self.n_channels, n_points) ** 2, axis=(0, 2)))
         rms = np.where(rms > 0, rms, 1.0)
         scale = np.repeat(rms, n_points)
         Rs = R / scale
-        rank = select_ppca_rank(Rs)
-        W, s2 = ppca_fit(Rs, rank)
-        return {"scale": scale, "W": W, "noise_variance": s2, "rank": rank}
+        center = n >= 3
+        m = Rs.mean(axis=0) if center else np.zeros(Rs.shape[1])
+        rank = select_ppca_rank(Rs, center=center)
+        W, s2 = ppca_fit(Rs - m, rank)
+        # a new curve: within-class spread plus the uncertainty of m (1 / n)
+        inflate = 1.0 + 1.0 / n if center else 1.0
+        return {"scale": scale, "mean": m, "W": W * np.sqrt(inflate),
+                "noise_variance": s2 * inflate, "rank": rank, "n_curves": n}
 
     # ------------------------------------------------------------------
     # scoring
@@ -544,6 +554,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         # noise by the fitted within-class law of a new curve
         cov[np.diag_indices_from(cov)] -= self._regressor_noise(k)
         V = var[k]
+        mean = mean + V["scale"] * V["mean"]
         SW = V["scale"][:, None] * V["W"]
         cov += SW @ SW.T
         cov[np.diag_indices_from(cov)] += V["noise_variance"] * V["scale"] ** 2

@@ -47,7 +47,7 @@ def _reference_cov(clf, k):
     V = clf.curve_variation_[k]
     D = np.diag(V["scale"])
     W = D @ (V["W"] @ V["W"].T + V["noise_variance"] * np.eye(p)) @ D
-    return mean, cov - s2 * np.eye(p) + W
+    return mean + V["scale"] * V["mean"], cov - s2 * np.eye(p) + W
 
 
 def test_log_evidence_matches_scipy(fitted):
@@ -58,6 +58,27 @@ def test_log_evidence_matches_scipy(fitted):
         mean, cov = _reference_cov(clf, k)
         ref = multivariate_normal(mean, cov).logpdf(Xt)
         np.testing.assert_allclose(ll[:, k], ref, rtol=1e-9, atol=1e-8)
+
+
+def test_within_class_fit_by_hand(fitted):
+    from skfedgp.classifier import ppca_fit, select_ppca_rank
+
+    clf, X, y, _, _ = fitted
+    p = clf.inputs_.shape[0]
+    for k in range(3):
+        mean = clf.estimator_.predict(clf.inputs_[:, None], [k] * p)
+        R = X[y == clf.classes_[k]] - mean
+        n = R.shape[0]
+        rms = np.sqrt([np.mean(R[:, j * 12:(j + 1) * 12] ** 2) for j in range(2)])
+        Rs = R / np.repeat(rms, 12)
+        V = clf.curve_variation_[k]
+        np.testing.assert_allclose(V["scale"], np.repeat(rms, 12), rtol=1e-12)
+        np.testing.assert_allclose(V["mean"], Rs.mean(0), rtol=1e-10, atol=1e-12)
+        q = select_ppca_rank(Rs, center=True)
+        W, s2 = ppca_fit(Rs - Rs.mean(0), q)
+        assert V["rank"] == q and V["n_curves"] == n
+        np.testing.assert_allclose(V["noise_variance"], s2 * (1 + 1 / n), rtol=1e-10)
+        np.testing.assert_allclose(V["W"] @ V["W"].T, (1 + 1 / n) * W @ W.T, atol=1e-10)
 
 
 def test_curve_variation_none_is_the_regressor_law(fitted):
