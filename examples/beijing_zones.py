@@ -6,7 +6,9 @@ Each of the 12 stations is a federated client; the target is ``log(PM2.5)``
 :class:`~skfedgp.FederatedHierarchicalGPRegressor` (``M = 30``,
 ``M_i = 12``, the paper's air-quality setting) is fitted federatedly, then
 :class:`~skfedgp.OperatorClustering` groups the stations into 3 clusters
-from per-station operators (``--operator``: any of ``published``, ``posterior``, ``personal``; all three by default, on one fitted regressor per seed).
+from per-station operators (``--operator``: any of ``published``,
+``posterior``, ``personal``; all three by default, on one fitted
+regressor per seed).
 The adjusted Rand index is computed against the paper's zones: west suburb
 {Changping, Dingling}, east suburb {Huairou, Shunyi}, urban core = the other
 eight. Repeated over ``--seeds`` (the regressor's and the clustering's seed).
