@@ -8,6 +8,7 @@ import numbers
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
+from scipy.stats import qmc
 from sklearn.base import BaseEstimator, ClusterMixin, clone
 from sklearn.cluster import SpectralClustering
 from sklearn.exceptions import NotFittedError
@@ -18,7 +19,10 @@ from .regressor import FederatedHierarchicalGPRegressor
 __all__ = ["OperatorClustering", "default_clustering_regressor"]
 
 _AFFINITIES = ("rbf", "inverse")
-_OPERATORS = ("published", "posterior")
+_OPERATORS = ("published", "posterior", "personal")
+#: Evaluation points of ``operator="personal"`` (scrambled Sobol points in the
+#: clients' joint input box).
+N_EVAL_POINTS = 256
 
 
 def default_clustering_regressor():
@@ -158,7 +162,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         ``"rbf"``: ``W_ij = exp(-rho_ij / median(rho))`` (median over the
         off-diagonal pairs; 1 if all are 0). ``"inverse"``: ``W_ij = 1 /
         (1 + rho_ij / median(rho))``.
-    operator : {"published", "posterior"}, default="published"
+    operator : {"published", "posterior", "personal"}, default="published"
         ``"published"``: the operators above. Every client has its own
         local inducing inputs ``Z_i``; they are sorted (lexicographically,
         by input coordinates) before ``A_loc_i`` is formed, so block rows
@@ -172,7 +176,20 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         moment of ``h_i(Z_g)`` up to its off-diagonal posterior
         covariance), trace-normalised the same way. It compares what
         each client's data taught its own model rather than where its
-        inputs lie.
+        inputs lie. ``"personal"`` (beyond the paper): the client's whole
+        personal function ``h_i = c_i + f_delta_i + f_i`` (its learned
+        constant mean, deviation and local part, posterior mean ``mu_i`` and
+        marginal variance ``v_i`` from
+        :meth:`~skfedgp.FederatedHierarchicalGPRegressor.predict_components`)
+        at :data:`N_EVAL_POINTS` shared evaluation points ``T`` (scrambled
+        Sobol points in the bounding box of ``X``, seeded by
+        ``random_state``), and ``rho_ij = mean_T[(mu_i - mu_j)^2 + v_i +
+        v_j]``, the expected mean squared difference of two clients'
+        personal functions under independent posteriors (zero diagonal). No
+        trace normalisation and no outer product: level and sign of a
+        client's departure from the shared function count, which the
+        normalised operators discard. ``operators_`` then holds ``(mu_i,
+        v_i)``.
     woodbury : bool, default=None
         Compute ``A_d_i`` and ``A_loc_i`` with the Woodbury form of
         :func:`projection_operator` (``O(n_i M^2)``). None means when
@@ -276,6 +293,24 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         A = np.outer(mu, mu) + np.diag(var)
         return (A / np.trace(A),)
 
+    def _eval_points(self, X):
+        """``N_EVAL_POINTS`` scrambled Sobol points in the bounding box of ``X``."""
+        lo, hi = X.min(axis=0), X.max(axis=0)
+        seed = self.random_state if isinstance(self.random_state, numbers.Integral) else 0
+        u = qmc.Sobol(X.shape[1], scramble=True, seed=seed).random(N_EVAL_POINTS)
+        return lo + u * (hi - lo)
+
+    def _personal(self, reg, label, T):
+        """Posterior mean and variance of ``h_i = c_i + f_delta_i + f_i`` at ``T``."""
+        parts = reg.predict_components(T, [label] * T.shape[0])
+        names = [c for c in ("offset", "deviation", "local") if c in parts]
+        if not any(c in parts for c in ("offset", "deviation", "local")):
+            raise ValueError("operator='personal' needs a regressor with a client "
+                             "offset, deviation or local component")
+        mu = sum(parts[c][0] for c in names)
+        var = sum(parts[c][1] ** 2 for c in names)
+        return mu, var
+
     def fit(self, X, y=None, groups=None):
         """Fit (or reuse) the regressor and cluster its clients.
 
@@ -327,19 +362,28 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
             raise ValueError(f"client(s) {unknown[:5]} are not clients of the fitted estimator")
 
         ops = {}
+        if self.operator == "personal":
+            pts = self._eval_points(X)
         for k, lab in enumerate(labels):
             if self.operator == "published":
                 ops[lab] = self._published(reg, lab, X[inv == k])
-            else:
+            elif self.operator == "posterior":
                 ops[lab] = self._posterior(reg, lab)
-        # only the M x M (and M_i x M_i) blocks reach this point
+            else:
+                ops[lab] = self._personal(reg, lab, pts)
+        # only the M x M (and M_i x M_i) blocks, or the personal functions at
+        # the shared evaluation points, reach this point
         T = len(labels)
         rho = np.zeros((T, T))
         for i in range(T):
             for j in range(i + 1, T):
-                rho[i, j] = rho[j, i] = sum(
-                    float(np.sum((a - b) ** 2)) for a, b in zip(ops[labels[i]], ops[labels[j]])
-                )
+                a, b = ops[labels[i]], ops[labels[j]]
+                if self.operator == "personal":
+                    # E ||h_i - h_j||^2 / n_eval, independent posteriors
+                    rho[i, j] = float(np.mean((a[0] - b[0]) ** 2 + a[1] + b[1]))
+                else:
+                    rho[i, j] = sum(float(np.sum((u - v) ** 2)) for u, v in zip(a, b))
+                rho[j, i] = rho[i, j]
         off = rho[np.triu_indices(T, 1)]
         med = float(np.median(off))
         med = med if med > 0 else 1.0

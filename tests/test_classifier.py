@@ -36,15 +36,118 @@ def fitted():
     return clf, X, y, Xt, yt
 
 
+def _reference_cov(clf, k):
+    """Predictive law of a new curve of class k, built by hand from the parts."""
+    p = clf.inputs_.shape[0]
+    mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+    if clf.curve_variation_ is None:
+        return mean, cov
+    reg = clf.estimator_
+    s2 = reg.clients_[k].local_values()["noise_variance"] * reg.y_scale_**2
+    V = clf.curve_variation_[k]
+    D = np.diag(V["scale"])
+    W = D @ (V["W"] @ V["W"].T + V["noise_variance"] * np.eye(p)) @ D
+    return mean + V["scale"] * V["mean"], cov - s2 * np.eye(p) + W
+
+
 def test_log_evidence_matches_scipy(fitted):
     clf, _, _, Xt, _ = fitted
     ll = clf.log_evidence(Xt)
     assert ll.shape == (Xt.shape[0], 3)
     for k in range(3):
-        p = clf.inputs_.shape[0]
-        mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+        mean, cov = _reference_cov(clf, k)
         ref = multivariate_normal(mean, cov).logpdf(Xt)
         np.testing.assert_allclose(ll[:, k], ref, rtol=1e-9, atol=1e-8)
+
+
+def test_within_class_fit_by_hand(fitted):
+    from skfedgp.classifier import ppca_fit, select_ppca_rank
+
+    clf, X, y, _, _ = fitted
+    p = clf.inputs_.shape[0]
+    for k in range(3):
+        mean = clf.estimator_.predict(clf.inputs_[:, None], [k] * p)
+        R = X[y == clf.classes_[k]] - mean
+        n = R.shape[0]
+        rms = np.sqrt([np.mean(R[:, j * 12:(j + 1) * 12] ** 2) for j in range(2)])
+        Rs = R / np.repeat(rms, 12)
+        V = clf.curve_variation_[k]
+        np.testing.assert_allclose(V["scale"], np.repeat(rms, 12), rtol=1e-12)
+        np.testing.assert_allclose(V["mean"], Rs.mean(0), rtol=1e-10, atol=1e-12)
+        q = select_ppca_rank(Rs, center=True)
+        W, s2 = ppca_fit(Rs - Rs.mean(0), q)
+        assert V["rank"] == q and V["n_curves"] == n
+        np.testing.assert_allclose(V["noise_variance"], s2 * (1 + 1 / n), rtol=1e-10)
+        np.testing.assert_allclose(V["W"] @ V["W"].T, (1 + 1 / n) * W @ W.T, atol=1e-10)
+
+
+def test_curve_variation_none_is_the_regressor_law(fitted):
+    clf, X, y, Xt, _ = fitted
+    clf0 = MaxEvidenceClassifier(_reg(), grid=clf.grid_, n_channels=2, curve_variation="none",
+                                 random_state=0).fit(X, y)
+    assert clf0.curve_variation_ is None
+    ll = clf0.log_evidence(Xt)
+    for k in range(3):
+        p = clf0.inputs_.shape[0]
+        mean, cov = clf0.estimator_.predict(clf0.inputs_[:, None], [k] * p, return_cov=True)
+        np.testing.assert_allclose(ll[:, k], multivariate_normal(mean, cov).logpdf(Xt),
+                                   rtol=1e-9, atol=1e-8)
+    with pytest.raises(ValueError, match="curve_variation"):
+        MaxEvidenceClassifier(_reg(), curve_variation="white").fit(X, y)
+
+
+def test_curve_variation_widens_the_law_along_within_class_directions():
+    # every class varies by a random gain: the fitted law of a new curve must
+    # carry that direction, so scaled copies of a class mean score far better
+    # than under the regressor's white-noise law
+    rng = np.random.default_rng(4)
+    t = np.linspace(0, 1, 30)
+    shapes = [np.sin(2 * np.pi * t) + 1.5, np.cos(2 * np.pi * t) + 1.5]
+    X = np.vstack([s * (1 + 0.3 * rng.standard_normal((15, 1)))
+                   + 0.02 * rng.standard_normal((15, 30)) for s in shapes])
+    y = np.repeat([0, 1], 15)
+    clf = MaxEvidenceClassifier(_reg(), grid=t, random_state=0).fit(X, y)
+    assert all(v["rank"] >= 1 for v in clf.curve_variation_)
+    Xt = np.vstack([s * (1 + 0.6 * rng.standard_normal((10, 1))) for s in shapes])
+    yt = np.repeat([0, 1], 10)
+    ll = clf.log_evidence(Xt)
+    ll0 = _without_variation(clf).log_evidence(Xt)
+    own = ll[np.arange(20), yt]
+    own0 = ll0[np.arange(20), yt]
+    assert np.all(own > own0)
+    assert clf.score(Xt, yt) >= _without_variation(clf).score(Xt, yt)
+
+
+def _without_variation(clf):
+    import copy
+
+    c = copy.copy(clf)
+    c.curve_variation_ = None
+    return c
+
+
+def test_ppca_fit_loglik_and_rank():
+    from skfedgp.classifier import ppca_fit, ppca_loglik, select_ppca_rank
+
+    rng = np.random.default_rng(0)
+    p, n = 40, 60
+    B = rng.standard_normal((p, 3)) * [3.0, 2.0, 1.5]
+    R = rng.standard_normal((n, 3)) @ B.T + 0.3 * rng.standard_normal((n, p))
+    W, s2 = ppca_fit(R, 3)
+    S = R.T @ R / n
+    lam = np.sort(np.linalg.eigvalsh(S))[::-1]
+    # Tipping and Bishop eq. 7-8: s2 = mean of the discarded eigenvalues,
+    # W W^T + s2 I has the top eigenvalues of S
+    np.testing.assert_allclose(s2, lam[3:].mean(), rtol=1e-10)
+    np.testing.assert_allclose(np.sort(np.linalg.eigvalsh(W @ W.T + s2 * np.eye(p)))[::-1][:3],
+                               lam[:3], rtol=1e-8)
+    ref = multivariate_normal(np.zeros(p), W @ W.T + s2 * np.eye(p)).logpdf(R[:5])
+    np.testing.assert_allclose(ppca_loglik(R[:5], W, s2), ref, rtol=1e-10)
+    W0, s20 = ppca_fit(R, 0)
+    np.testing.assert_allclose(ppca_loglik(R[:5], W0, s20),
+                               multivariate_normal(np.zeros(p), s20 * np.eye(p)).logpdf(R[:5]))
+    assert select_ppca_rank(R) == 3  # three latent directions plus white noise
+    assert select_ppca_rank(R[:2]) == 0
 
 
 def test_nan_points_scored_on_observed_subset(fitted):
@@ -57,8 +160,7 @@ def test_nan_points_scored_on_observed_subset(fitted):
     for i in range(6):
         o = ~np.isnan(Xn[i])
         for k in range(3):
-            p = clf.inputs_.shape[0]
-            mean, cov = clf.estimator_.predict(clf.inputs_[:, None], [k] * p, return_cov=True)
+            mean, cov = _reference_cov(clf, k)
             ref = multivariate_normal(mean[o], cov[np.ix_(o, o)]).logpdf(Xn[i, o])
             np.testing.assert_allclose(ll[i, k], ref, rtol=1e-9, atol=1e-8)
     with pytest.raises(ValueError, match="no observed"):
@@ -117,8 +219,8 @@ def test_default_estimator_is_tonnage_setting():
     from skfedgp.classifier import default_curve_regressor
 
     p = default_curve_regressor().get_params()
-    assert (p["n_inducing"], p["n_inducing_local"], p["n_rounds"], p["local_steps"]) == (
-        81, 41, 10, 100)
+    assert (p["n_inducing"], p["n_inducing_local"], p["n_rounds"]) == (81, 41, 2)
+    assert (p["variational_family"], p["optimizer"]) == ("structured", "lbfgs")
     assert (p["lengthscale"], p["local_lengthscale"], p["variance"], p["local_variance"]) == (
         50.0, 10.0, 1.0, 0.5)
 

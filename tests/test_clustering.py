@@ -144,6 +144,43 @@ def test_posterior_operator(two_regimes):
     np.testing.assert_allclose(A, B / np.trace(B), rtol=1e-10)
 
 
+def test_personal_operator(two_regimes):
+    from skfedgp.clustering import N_EVAL_POINTS
+
+    X, y, g, reg = two_regimes
+    oc = OperatorClustering(2, reg, operator="personal", random_state=0).fit(X, y, groups=g)
+    pts = oc._eval_points(X)
+    assert pts.shape == (N_EVAL_POINTS, 1)
+    assert pts.min() >= X.min() and pts.max() <= X.max()
+    mus, vs = {}, {}
+    for c in ("c1", "c4"):
+        parts = reg.predict_components(pts, [c] * len(pts))
+        mus[c] = parts["offset"][0] + parts["deviation"][0] + parts["local"][0]
+        vs[c] = parts["deviation"][1] ** 2 + parts["local"][1] ** 2
+        np.testing.assert_allclose(oc.operators_[c][0], mus[c], rtol=1e-10)
+        np.testing.assert_allclose(oc.operators_[c][1], vs[c], rtol=1e-10)
+    ref = np.mean((mus["c1"] - mus["c4"]) ** 2 + vs["c1"] + vs["c4"])
+    np.testing.assert_allclose(oc.dissimilarity_[1, 4], ref, rtol=1e-10)
+    np.testing.assert_allclose(oc.dissimilarity_, oc.dissimilarity_.T)
+    np.testing.assert_array_equal(np.diag(oc.dissimilarity_), 0.0)
+
+
+def test_personal_operator_separates_levels():
+    # same inputs for every client (the published operator cannot tell them
+    # apart), two groups of clients at different levels around one function
+    rng = np.random.default_rng(5)
+    X, y, g = [], [], []
+    x = np.linspace(0, 10, 40)
+    for c in range(6):
+        X.append(x[:, None])
+        y.append(np.sin(x) + (1.5 if c >= 3 else -1.5) + 0.1 * rng.standard_normal(40))
+        g += [f"c{c}"] * 40
+    X, y, g = np.vstack(X), np.concatenate(y), np.array(g)
+    reg = FederatedHierarchicalGPRegressor(random_state=0, **_SMALL).fit(X, y, groups=g)
+    oc = OperatorClustering(2, reg, operator="personal", random_state=0).fit(X, y, groups=g)
+    assert adjusted_rand_score([0, 0, 0, 1, 1, 1], oc.client_labels_) == 1.0
+
+
 def test_fits_unfitted_estimator(two_regimes):
     X, y, g, _ = two_regimes
     proto = FederatedHierarchicalGPRegressor(**_SMALL)
