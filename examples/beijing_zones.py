@@ -19,7 +19,7 @@ positions, coloured by cluster) in ``--out-dir``.
 
 Usage::
 
-    python examples/beijing_zones.py --data-dir ../shared/data
+    python examples/beijing_zones.py --data-dir DATA_DIR
 
 Run with ``--help`` for all options.
 """

@@ -19,7 +19,7 @@ Saves a confusion-matrix figure per study in ``--out-dir``.
 Usage::
 
     python examples/classify_curves.py --study stamping --seeds 5
-    python examples/classify_curves.py --study ucr --data-dir ../shared/data
+    python examples/classify_curves.py --study ucr --data-dir DATA_DIR
 
 Run with ``--help`` for all options.
 """

@@ -1,5 +1,5 @@
 """Maximum-evidence curve classifier: every class is a pFedHGP client
-(pFedHGP paper, section 3.8.2 and section 5.1; SPEC section 2).
+(pFedHGP paper, section 3.8.2 and section 5.1; pFedHGP paper, section 3.8).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _JITTERS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6)
 
 
 def default_curve_regressor():
-    """The regressor of the pFedHGP tonnage study (SPEC section 2), adapted.
+    """The regressor of the pFedHGP tonnage study (pFedHGP paper, section 3.8), adapted.
 
     ``M = 81`` global and ``M_i = 41`` local inducing points, initial
     lengthscales 50 and 10 (index units of the default grid) and initial
@@ -207,7 +207,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     (:class:`~skfedgp.FederatedHierarchicalGPRegressor`): the training curves
     of class ``c`` are that client's rows. A test curve ``y*`` on the grid
     is scored by the Gaussian predictive log-likelihood of each class with
-    the *full* predictive covariance (SPEC section 2, paper eq. 31)::
+    the *full* predictive covariance (pFedHGP paper, section 3.8, paper eq. 31)::
 
         score_c(y*) = log N(y*; mu_c(X*), Sigma_c(X*))
 
@@ -255,7 +255,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         ``k * (span + step) + grid[j]`` where ``span = max(grid) -
         min(grid)`` and ``step`` is the median grid spacing (for the default
         grid: ``k * n_points + j``). ``"multioutput"`` (unfinished) would
-        model the channels as the outputs of the ILMM extension (SPEC
+        model the channels as the outputs of the ILMM extension (pFedHGP paper,
         section 1); it needs a regressor whose tags declare multi-output
         support, which :class:`~skfedgp.FederatedHierarchicalGPRegressor`
         does not yet, so ``fit`` raises a ``ValueError`` for it.

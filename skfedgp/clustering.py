@@ -1,5 +1,5 @@
 """Operator clustering of federated clients (pFedHGP paper, section 3.8.3 and
-section 5.2; SPEC section 2).
+section 5.2; pFedHGP paper, section 3.8).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ N_EVAL_POINTS = 256
 
 
 def default_clustering_regressor():
-    """The regressor of the pFedHGP air-quality study (SPEC section 2).
+    """The regressor of the pFedHGP air-quality study (pFedHGP paper, section 3.8).
 
     ``M = 30`` global and ``M_i = 12`` local inducing points; other settings
     are the regressor's defaults.
@@ -88,7 +88,7 @@ def _se(A, B, lengthscale, variance):
 
 
 def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury=None):
-    """``A = k(Z, X) (k(X, X) + s2 I)^{-1} k(X, Z)`` (SPEC section 2).
+    """``A = k(Z, X) (k(X, X) + s2 I)^{-1} k(X, Z)`` (pFedHGP paper, section 3.8).
 
     Parameters
     ----------
@@ -133,12 +133,25 @@ def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury
     return 0.5 * (A + A.T)
 
 
+def _pad_pair(u, v):
+    """Zero-pad two square blocks to the larger size (local sets of different sizes)."""
+    if u.shape == v.shape:
+        return u, v
+    m = max(u.shape[0], v.shape[0])
+    out = []
+    for a in (u, v):
+        p = np.zeros((m, m))
+        p[: a.shape[0], : a.shape[1]] = a
+        out.append(p)
+    return out[0], out[1]
+
+
 class OperatorClustering(ClusterMixin, BaseEstimator):
     """Cluster federated clients by their trace-normalised kernel operators.
 
     For every client ``i`` (using only its own inputs ``X_i`` and the fitted
-    kernels of a :class:`~skfedgp.FederatedHierarchicalGPRegressor`; SPEC
-    section 2, pFedHGP paper section 3.8)::
+    kernels of a :class:`~skfedgp.FederatedHierarchicalGPRegressor`; pFedHGP
+    paper section 3.8)::
 
         A_d_i   = k_g(Z_g, X_i) (k_g(X_i, X_i) + s2_i I)^{-1} k_g(X_i, Z_g)   (M x M)
         A_loc_i = k_i(Z_i, X_i) (k_i(X_i, X_i) + s2_i I)^{-1} k_i(X_i, Z_i)   (M_i x M_i)
@@ -166,9 +179,10 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         ``"published"``: the operators above. Every client has its own
         local inducing inputs ``Z_i``; they are sorted (lexicographically,
         by input coordinates) before ``A_loc_i`` is formed, so block rows
-        of different clients refer to matching positions. All clients have
-        the same ``M_i`` (the regressor's ``n_inducing_local``), so no
-        padding is needed. ``"posterior"`` (beyond the paper): the client's
+        of different clients refer to matching positions. Clients whose
+        ``M_i`` differ (the regressor's ``n_inducing_local="auto"`` sizes
+        each client's own set) have the smaller ``A_loc`` padded with zeros
+        to the larger size before the difference is taken. ``"posterior"`` (beyond the paper): the client's
         fitted personal part ``h_i = f_delta_i + f_i`` at the shared
         inducing inputs ``Z_g``, with posterior mean ``mu_i`` and
         variances ``v_i`` (:meth:`~skfedgp.FederatedHierarchicalGPRegressor.predict_components`),
@@ -382,7 +396,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                     # E ||h_i - h_j||^2 / n_eval, independent posteriors
                     rho[i, j] = float(np.mean((a[0] - b[0]) ** 2 + a[1] + b[1]))
                 else:
-                    rho[i, j] = sum(float(np.sum((u - v) ** 2)) for u, v in zip(a, b))
+                    rho[i, j] = sum(float(np.sum((u - v) ** 2))
+                                    for u, v in (_pad_pair(u, v) for u, v in zip(a, b)))
                 rho[j, i] = rho[i, j]
         off = rho[np.triu_indices(T, 1)]
         med = float(np.median(off))

@@ -259,3 +259,24 @@ _EXPECTED_FAILED = {
 )
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
+
+
+def test_local_blocks_of_different_sizes_are_padded(rng):
+    """With n_inducing_local="auto" clients get local sets of different sizes."""
+    X = rng.uniform(0, 10, size=(90, 1))
+    g = np.repeat(np.arange(3), [20, 30, 40])
+    y = np.sin(X[:, 0]) + 0.3 * (g == 2) + 0.1 * rng.standard_normal(90)
+    est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2).fit(X, y, groups=g)
+    sizes = {c.local_values()["Z_l"].shape[0] for c in est.clients_.values()}
+    assert len(sizes) > 1
+    oc = OperatorClustering(n_clusters=2, estimator=est, random_state=0).fit(X, y, groups=g)
+    rho = oc.dissimilarity_
+    assert rho.shape == (3, 3) and np.all(np.isfinite(rho)) and np.allclose(rho, rho.T)
+    # the zero padding: rho equals the difference with the smaller block embedded
+    a, b = oc.operators_[0], oc.operators_[2]
+    m = max(a[1].shape[0], b[1].shape[0])
+    pa, pb = np.zeros((m, m)), np.zeros((m, m))
+    pa[: a[1].shape[0], : a[1].shape[0]] = a[1]
+    pb[: b[1].shape[0], : b[1].shape[0]] = b[1]
+    expected = np.sum((a[0] - b[0]) ** 2) + np.sum((pa - pb) ** 2)
+    assert rho[0, 2] == pytest.approx(expected, rel=1e-12)
