@@ -494,13 +494,20 @@ def _se_kernel(X, lengthscale, variance):
 
 def _sample_gp(X, lengthscale, variance, rng, name):
     """One draw of GP(0, SE) at the rows of ``X`` (duplicates share a value)."""
+    return _draw_at_unique(X, variance, rng, name,
+                           lambda Xu: _se_kernel(Xu, lengthscale, variance))
+
+
+def _draw_at_unique(X, variance, rng, name, kernel):
+    """One draw of GP(0, kernel) at the rows of ``X``; ``kernel(Xu)`` gives the
+    covariance at the unique rows (duplicates share a value); jittered Cholesky."""
     n = X.shape[0]
     z = rng.standard_normal(n)  # always consumed: keeps the stream aligned
     if n == 0 or variance == 0.0:
         return np.zeros(n)
     Xu, inverse = np.unique(X, axis=0, return_inverse=True)
     inverse = np.asarray(inverse).reshape(-1)
-    K = _se_kernel(Xu, lengthscale, variance)
+    K = kernel(Xu)
     jitter = _JITTER * variance
     for _ in range(_MAX_JITTER_TRIES):
         try:
@@ -574,26 +581,8 @@ def _latent_kernel(X1, X2, lengthscale, variance, periodic=None):
 
 def _draw_latent(X, lengthscale, variance, periodic, rng, name):
     """One draw of a scalar latent GP at the rows of ``X`` (as ``_sample_gp``)."""
-    n = X.shape[0]
-    z = rng.standard_normal(n)  # always consumed: keeps the stream aligned
-    if n == 0 or variance == 0.0:
-        return np.zeros(n)
-    Xu, inverse = np.unique(X, axis=0, return_inverse=True)
-    inverse = np.asarray(inverse).reshape(-1)
-    K = _latent_kernel(Xu, Xu, lengthscale, variance, periodic)
-    jitter = _JITTER * variance
-    for _ in range(_MAX_JITTER_TRIES):
-        try:
-            L = np.linalg.cholesky(K + jitter * np.eye(len(Xu)))
-            break
-        except np.linalg.LinAlgError:
-            jitter *= 10.0
-    else:
-        raise np.linalg.LinAlgError(
-            f"Cholesky of the {name} kernel matrix failed even with jitter "
-            f"{jitter / 10.0:g}"
-        )
-    return (L @ z[: len(Xu)])[inverse]
+    return _draw_at_unique(X, variance, rng, name,
+                           lambda Xu: _latent_kernel(Xu, Xu, lengthscale, variance, periodic))
 
 
 def _per_latent(name, value, default, n_latent):
