@@ -653,6 +653,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             matrix and client).
         FloatingPointError
             If training produces a non-finite ELBO or gradient.
+        skfedgp.federated.TrainingFailedError
+            If every client failed or was excluded (structured family).
 
         Notes
         -----
