@@ -1,0 +1,121 @@
+"""Flower adapter: codec round trips, the ClientApp dispatcher and the full
+training over Flower's in-process simulation against the estimator."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+flwr = pytest.importorskip(
+    "flwr", reason="flwr is not installed (pip install \"skfedgp[flower]\" or \".[test]\")")
+
+from skfedgp import federated as F  # noqa: E402
+from skfedgp import flower as fl  # noqa: E402
+from skfedgp._hierarchy import Packer  # noqa: E402
+
+
+def _assert_same(a, b, path="v"):
+    """Exact equality of decoded values: types, dtypes, shapes and bits."""
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray), path
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), path
+    elif isinstance(a, Packer):
+        assert isinstance(b, Packer), path
+        assert a.spec == b.spec and a.size == b.size and a.slices == b.slices, path
+    elif dataclasses.is_dataclass(a):
+        assert type(a) is type(b), path
+        for f in dataclasses.fields(a):
+            _assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert isinstance(b, float) and (a == b or (np.isnan(a) and np.isnan(b))), path
+        assert np.float64(a).tobytes() == np.float64(b).tobytes(), path
+    else:
+        assert type(a) is type(b) and a == b, path
+
+
+def _examples():
+    rng = np.random.default_rng(0)
+    d, M, P = 3, 4, 17
+    lh = F.LocalHyperparameters(rng.random(d), 0.25, 1e-3 * np.pi, -0.7)
+    return [
+        F.ClientSummary(11, 3.5, 2.25, rng.random(d), rng.random(d) + 1.0),
+        F.InitBroadcast(0.1, 2.0, np.zeros(0), -rng.random(d), rng.random(d)),
+        F.GlobalBroadcast(4, rng.standard_normal(P)),
+        F.ClientUpdate(2, rng.standard_normal(P), -123.456789),
+        F.ClientStatistics(1, rng.standard_normal((M, M)), rng.standard_normal(M)),
+        F.ClientStatistics(1, None, rng.standard_normal(M)),
+        F.PilotSummary(rng.random(d), 1.0 / 3.0, 0.01),
+        F.StructuredStatistics(5, rng.standard_normal((M, M)), rng.standard_normal(M),
+                               1e300, -2.5e-300),
+        F.PosteriorBroadcast(6, rng.standard_normal(M), rng.standard_normal((M, M))),
+        F.GlobalGradient(7, rng.standard_normal(P)),
+        lh,
+        F.LocalHyperparameters(None, None, 0.5),
+        F.ClientUpdateValue(8, -1.0, lh),
+        F._PopulationPilot(rng.random(d), 2.0, 0.1, np.ones(d)),
+        F.ModelConfig(components=("global", "deviation", "local"), n_inducing="auto",
+                      n_inducing_local=7, lengthscale=[1.0, 2.0, 3.0],
+                      local_lengthscale=np.array([0.5]), variance=None, local_variance=1.5,
+                      noise_variance=None, phi=None, local_steps=20, learning_rate=0.1,
+                      global_learning_rate=0.05, normalize_y=True, noise_prior_scale=None),
+        F.structured_global_spec(("global", "deviation", "local"), M, d),
+        F.structured_local_spec(("local",), 0, d),
+        Packer([]),
+        (np.arange(6, dtype=np.int64).reshape(2, 3), 3, None, "train", True, -0.0),
+        None,
+    ]
+
+
+@pytest.mark.parametrize("value", _examples(), ids=lambda v: type(v).__name__)
+def test_codec_round_trip_is_exact(value):
+    rd = fl.encode(value, name="x")
+    assert set(rd.keys()) == {"x.arrays", "x.config"}
+    back = fl.decode(rd, name="x")
+    _assert_same(value, back)
+
+
+def test_codec_puts_arrays_in_array_record_and_scalars_in_config_record():
+    msg = F.StructuredStatistics(3, np.eye(2), np.ones(2), 4.5, -1.0)
+    rd = fl.encode(msg)
+    arrays = rd["v.arrays"]
+    config = dict(rd["v.config"])
+    assert sorted(arrays.keys()) == ["v.precision", "v.shift"]
+    assert config["v.round"] == 3 and config["v.constant"] == 4.5
+    assert config["v#type"] == "StructuredStatistics"
+
+
+def test_codec_payload_bytes_equal_message_nbytes():
+    for value in _examples():
+        if type(value).__name__ in dict.fromkeys(
+                ("ClientSummary", "InitBroadcast", "GlobalBroadcast", "ClientUpdate",
+                 "ClientStatistics", "PilotSummary", "StructuredStatistics",
+                 "PosteriorBroadcast", "GlobalGradient", "LocalHyperparameters",
+                 "ClientUpdateValue")):
+            assert fl.payload_nbytes(value) == F.message_nbytes(value), type(value).__name__
+
+
+def test_codec_refuses_unknown_types():
+    class Foo:
+        pass
+
+    with pytest.raises(TypeError, match="Foo"):
+        fl.encode(Foo())
+
+    @dataclasses.dataclass
+    class Bar:
+        x: int
+
+    with pytest.raises(TypeError, match="Bar"):
+        fl.encode(Bar(1))
+    rd = fl.encode(F.GlobalGradient(1, np.ones(2)))
+    cfg = dict(rd["v.config"])
+    cfg["v#type"] = "os.system"
+    from flwr.app import ConfigRecord
+    rd["v.config"] = ConfigRecord(cfg)
+    with pytest.raises(ValueError, match="unknown message type"):
+        fl.decode(rd)
