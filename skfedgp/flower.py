@@ -246,3 +246,435 @@ def decode(records, name="v"):
     arrays = {k: a.numpy() for k, a in records[name + ".arrays"].items()}
     config = dict(records[name + ".config"])
     return _unflatten("v", arrays, config)
+
+
+# --------------------------------------------------------------------------
+# references: what a client already holds is not sent again
+# --------------------------------------------------------------------------
+
+#: Argument types sent to a client once and then referenced (static
+#: configuration, not model payload: ``communication_`` does not count them).
+STATIC_TYPES = ("ModelConfig", "Packer")
+
+
+def _slot(value, side):
+    """Name under which both ends keep the last value of this kind."""
+    if isinstance(value, np.ndarray):
+        return f"{side}:ndarray"
+    if isinstance(value, Packer) or (dataclasses.is_dataclass(value)
+                                     and not isinstance(value, type)):
+        return f"{side}:{type(value).__name__}"
+    return None
+
+
+def _same(a, b):
+    """Whether ``b`` is ``a`` or bit-identical to it (arrays)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    return False
+
+
+# --------------------------------------------------------------------------
+# client side
+# --------------------------------------------------------------------------
+
+#: Message types: ``"train." + method`` (``train`` so that Flower's
+#: ``secaggplus_mod`` can wrap the handler; see docs/flower.md).
+MESSAGE_CATEGORY = "train"
+#: Client methods a :class:`FlowerTransport` may call, plus ``"hello"``
+#: (client id and number of features, the first exchange).
+METHODS = ("hello", "summary", "prepare", "pilot", "initialise", "statistics",
+           "global_gradient", "local_phase", "finish")
+_STATE_KEY = "skfedgp"
+
+#: Per-process registry: ``(run_id, node_id) -> _Node``. A SuperNode in
+#: subprocess isolation starts a fresh process per message, so the node's
+#: state is also kept in ``context.state`` (on the node, never sent) and the
+#: registry is only a cache.
+_REGISTRY = {}
+
+
+class _Node:
+    """What a ClientApp keeps for its node between messages."""
+
+    def __init__(self, client_id, target):
+        self.client_id = client_id
+        self.target = target  # Client, then StructuredClient
+        self.held = {}        # slot -> last value received or sent
+        self.version = 0
+
+
+def _check_local_data(client_id, X, y):
+    """Validate what ``load_data`` returned on a node (clear errors, no NaN)."""
+    from sklearn.utils import check_array
+
+    from .regressor import MIN_SAMPLES_PER_CLIENT
+
+    if client_id is None or not isinstance(client_id, (str, numbers.Integral)) \
+            or isinstance(client_id, bool):
+        raise TypeError(
+            f"load_data must return a client id that is a str or an int, got {client_id!r}")
+    X = check_array(X, dtype=np.float64, input_name="X")
+    y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or y.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"client {client_id!r}: y must have shape ({X.shape[0]},), got {y.shape}")
+    if X.shape[0] < MIN_SAMPLES_PER_CLIENT:
+        raise ValueError(
+            f"client {client_id!r} has {X.shape[0]} sample(s); at least "
+            f"{MIN_SAMPLES_PER_CLIENT} are needed")
+    cid = int(client_id) if isinstance(client_id, numbers.Integral) else str(client_id)
+    return cid, X, y
+
+
+def _node_for(context, load_data):
+    """The node's :class:`_Node`: from the registry, from ``context.state``, or new."""
+    import pickle
+
+    from flwr.app import ConfigRecord
+
+    key = (getattr(context, "run_id", None), context.node_id)
+    saved = context.state[_STATE_KEY] if _STATE_KEY in context.state else None
+    version = int(saved["version"]) if saved is not None else -1
+    node = _REGISTRY.get(key)
+    if node is not None and node.version == version:
+        return node
+    if saved is not None:  # a fresh process (subprocess isolation, another actor)
+        node = pickle.loads(saved["node"])  # written by this node itself, never sent
+    else:
+        cid, X, y = _check_local_data(*load_data(context))
+        node = _Node(cid, _fed.Client(cid, X, y))
+        context.state[_STATE_KEY] = ConfigRecord({"version": 0, "node": b""})
+    _REGISTRY[key] = node
+    return node
+
+
+def _save_node(node, context):
+    """Keep the node's state in ``context.state`` (stays on the node)."""
+    import pickle
+
+    from flwr.app import ConfigRecord
+
+    node.version += 1
+    context.state[_STATE_KEY] = ConfigRecord(
+        {"version": node.version, "node": pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)})
+
+
+def _run_method(node, method, args):
+    """Call ``method`` on the node's client object; returns the reply value."""
+    if method == "hello":
+        return int(node.target._X.shape[1]) if hasattr(node.target, "_X") \
+            else int(node.target._Xs.shape[1])
+    if method not in METHODS:
+        raise ValueError(f"unknown skfedgp method {method!r}")
+    fn = getattr(node.target, method, None)
+    if fn is None:
+        raise ValueError(
+            f"the client object {type(node.target).__name__} has no method {method!r}")
+    out = fn(*args)
+    if isinstance(out, (_fed.Client, _fed.StructuredClient)):
+        node.target = out  # methods that return the (updated) client reply nothing
+        return None
+    return out
+
+
+def _handle(message, context, load_data, on_finish):
+    """ClientApp handler: decode, call the client method, reply."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    method = message.metadata.message_type.split(".", 1)[-1]
+    node = _node_for(context, load_data)
+    ctl = message.content["ctl"]
+    args = []
+    for i in range(int(ctl["nargs"])):
+        ref = f"ref.{i}"
+        if ref in ctl:
+            if ctl[ref] not in node.held:
+                raise RuntimeError(
+                    f"client {node.client_id!r} was asked for {ctl[ref]!r}, which it does not "
+                    "hold (state lost); the server resends everything after a failure")
+            args.append(node.held[ctl[ref]])
+        else:
+            value = decode(message.content, f"a{i}")
+            slot = _slot(value, "arg")
+            if slot:
+                node.held[slot] = value
+            args.append(value)
+    result = _run_method(node, method, args)
+    slot = _slot(result, "reply")
+    if slot:
+        node.held[slot] = result
+    if method == "finish" and on_finish is not None:
+        on_finish(node.client_id, node.target, context)
+    _save_node(node, context)
+    reply = RecordDict()
+    _encode_into(reply, result, "r")
+    reply["ctl"] = ConfigRecord({"client_id": node.client_id})
+    return Message(reply, reply_to=message)
+
+
+def make_client_app(load_data, *, on_finish=None, mods=None):
+    """A Flower ``ClientApp`` that answers a :class:`FlowerTransport`.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context) -> (client_id, X, y)``: the node's own data, read
+        on the node (e.g. from a path in ``context.node_config``); ``client_id``
+        a str or int unique among the nodes, ``X`` of shape ``(n_i, d)``,
+        ``y`` of shape ``(n_i,)`` in original units. Called once per node
+        (and per process of the node if its state cannot be found).
+    on_finish : callable, optional
+        ``on_finish(client_id, client, context)`` after the final exchange,
+        with the node's :class:`~skfedgp.federated.StructuredClient` (its
+        fitted local vector ``client.theta``, ``client.local_values()`` and
+        posterior moments ``client.posterior``): the place to save the
+        client's personal model on the node.
+    mods : list, optional
+        Flower mods of the handlers (e.g. ``[flwr.clientapp.mod.secaggplus_mod]``).
+
+    Returns
+    -------
+    flwr.clientapp.ClientApp
+        Handlers ``train.<method>`` for every method in :data:`METHODS`.
+
+    Notes
+    -----
+    The node's client object is kept in a per-process registry and, because
+    a SuperNode may start a fresh process per message, pickled into the
+    node's own ``context.state`` (it never leaves the node; raw data
+    included). Incoming records are decoded by :func:`decode` only.
+    """
+    _require_flwr()
+    from flwr.clientapp import ClientApp
+
+    if not callable(load_data):
+        raise TypeError("load_data must be a callable load_data(context) -> (client_id, X, y)")
+    app = ClientApp()
+
+    def handler(message, context):
+        return _handle(message, context, load_data, on_finish)
+
+    for m in METHODS:
+        getattr(app, MESSAGE_CATEGORY)(m, mods=mods)(handler)
+    return app
+
+
+# --------------------------------------------------------------------------
+# server side: the transport
+# --------------------------------------------------------------------------
+
+
+def _arg_payload(value):
+    """Model payload of one argument: static configuration and bare ints
+    (round numbers, seeds, sizes) are control, not payload."""
+    if isinstance(value, numbers.Integral) or _slot(value, "") in {":" + t for t in STATIC_TYPES}:
+        return 0
+    return _count(value)
+
+
+class FlowerTransport:
+    """Transport of the federated training over a Flower ``Grid``.
+
+    ``call(method, args, ids)`` sends one ``Message`` of type
+    ``"train.<method>"`` per called client and waits for the replies
+    (``grid.send_and_receive``).
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid given to the ServerApp's ``main``.
+    min_nodes : int, default=1
+        :meth:`connect` waits until at least this many nodes are connected.
+    timeout : float or None, default=None
+        Seconds to wait for the replies of one call (None: no limit). A
+        client that does not reply in time is reported as failed.
+    connect_timeout : float, default=300.0
+        Seconds :meth:`connect` waits for ``min_nodes`` nodes.
+
+    Attributes
+    ----------
+    client_ids_ : list
+        Client ids of the connected nodes, sorted as
+        :class:`~skfedgp.FederatedHierarchicalGPRegressor` sorts its labels.
+    node_ids_ : dict
+        Client id to Flower node id.
+    n_features_ : int
+        Number of input features (the same on every node).
+    payload_log_ : list of dict
+        One entry per call: ``method``, ``bytes_down``, ``bytes_up`` (model
+        payload: arrays' ``nbytes`` and 8 bytes per number of the message
+        dataclasses, as ``communication_`` counts), ``n_messages``.
+    wire_log_ : list of dict
+        The same calls measured as serialised Flower records (``bytes_down``,
+        ``bytes_up``): NumPy headers, keys and references included.
+    """
+
+    def __init__(self, grid, *, min_nodes=1, timeout=None, connect_timeout=300.0):
+        _require_flwr()
+        if not isinstance(min_nodes, numbers.Integral) or min_nodes < 1:
+            raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
+        self.grid = grid
+        self.min_nodes = int(min_nodes)
+        self.timeout = timeout
+        self.connect_timeout = float(connect_timeout)
+        self.payload_log_ = []
+        self.wire_log_ = []
+        self._held = {}
+
+    # -- set-up ----------------------------------------------------------------
+    def connect(self):
+        """Wait for the nodes and learn their client ids (one ``hello`` each).
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        TimeoutError
+            If fewer than ``min_nodes`` nodes connect within ``connect_timeout``.
+        ValueError
+            If two nodes report the same client id or different numbers of
+            features.
+        """
+        import time
+
+        from ._validation import unique_labels
+
+        t0 = time.monotonic()
+        nodes = sorted(self.grid.get_node_ids())
+        while len(nodes) < self.min_nodes:
+            if time.monotonic() - t0 > self.connect_timeout:
+                raise TimeoutError(
+                    f"only {len(nodes)} of min_nodes={self.min_nodes} Flower nodes connected "
+                    f"within {self.connect_timeout:g} s")
+            time.sleep(0.1)
+            nodes = sorted(self.grid.get_node_ids())
+        self.node_ids_ = {}
+        replies = self._exchange("hello", {n: () for n in nodes}, by_node=True)
+        dims = {}
+        for node, (cid, value) in replies.items():
+            if isinstance(value, BaseException):
+                raise RuntimeError(f"Flower node {node} failed at set-up: {value}") from value
+            if cid in self.node_ids_:
+                raise ValueError(
+                    f"Flower nodes {self.node_ids_[cid]} and {node} both report client id {cid!r}")
+            self.node_ids_[cid] = node
+            dims[cid] = value
+        if len(set(dims.values())) != 1:
+            raise ValueError(f"the nodes' data have different numbers of features: {dims}")
+        self.n_features_ = int(next(iter(dims.values())))
+        self.client_ids_, _ = unique_labels(list(self.node_ids_))
+        self._held = {cid: {} for cid in self.client_ids_}
+        return self
+
+    # -- one call ----------------------------------------------------------------
+    def call(self, method, args, ids=None):
+        """Run ``method`` on the clients ``ids`` (default: all) over Flower.
+
+        Parameters
+        ----------
+        method : str
+            One of :data:`METHODS`.
+        args : tuple or dict
+            Arguments common to all called clients, or ``{client_id: tuple}``.
+        ids : list, optional
+
+        Returns
+        -------
+        dict
+            ``{client_id: result}``; a client whose reply is an error or
+            missing maps to a failure (``ClientFailure`` when
+            :mod:`skfedgp.federated` defines it, else the exception).
+        """
+        if method not in METHODS or method == "hello":
+            raise ValueError(f"unknown client method {method!r}; expected one of {METHODS[1:]}")
+        ids = list(self.client_ids_) if ids is None else list(ids)
+        per = {cid: (args[cid] if isinstance(args, dict) else args) for cid in ids}
+        replies = self._exchange(method, {self.node_ids_[c]: per[c] for c in ids})
+        out = {}
+        failure = getattr(_fed, "ClientFailure", None)
+        for node, (cid, value) in replies.items():
+            cid = next(c for c, n in self.node_ids_.items() if n == node) if cid is None else cid
+            if isinstance(value, BaseException):
+                self._held[cid] = {}  # resend everything to this client next time
+                out[cid] = failure(cid, method, value) if failure is not None else value
+            else:
+                out[cid] = value
+        return {cid: out[cid] for cid in ids}
+
+    def _exchange(self, method, per_node, by_node=False):
+        """Send one message per node, collect ``{node: (client_id, value)}``."""
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        node_to_cid = {n: c for c, n in getattr(self, "node_ids_", {}).items()}
+        messages, down, wire_down = [], 0, 0
+        for node, args in per_node.items():
+            held = self._held.setdefault(node_to_cid.get(node), {})
+            content = RecordDict()
+            ctl = {"nargs": len(args)}
+            for i, value in enumerate(args):
+                slot = _slot(value, "arg")
+                if slot and slot in held and _same(held[slot], value):
+                    ctl[f"ref.{i}"] = slot
+                    continue
+                _encode_into(content, value, f"a{i}")
+                down += _arg_payload(value)
+                if slot:
+                    held[slot] = value
+            content["ctl"] = ConfigRecord(ctl)
+            wire_down += _wire_nbytes(content)
+            messages.append(Message(content, dst_node_id=int(node),
+                                    message_type=f"{MESSAGE_CATEGORY}.{method}"))
+        replies = self.grid.send_and_receive(messages, timeout=self.timeout)
+        out, up, wire_up = {}, 0, 0
+        for rep in replies:
+            node = rep.metadata.src_node_id
+            if rep.has_error():
+                err = rep.error
+                out[node] = (None, RuntimeError(
+                    f"client on Flower node {node} failed in {method!r}: "
+                    f"[{err.code}] {err.reason}"))
+                continue
+            cid = rep.content["ctl"]["client_id"]
+            value = decode(rep.content, "r")
+            slot = _slot(value, "reply")
+            if slot:
+                self._held.setdefault(node_to_cid.get(node, cid), {})[slot] = value
+            if method != "hello":
+                up += _count(value)
+            wire_up += _wire_nbytes(rep.content)
+            out[node] = (cid, value)
+        for node in per_node:
+            if node not in out:
+                out[node] = (None, TimeoutError(
+                    f"no reply from Flower node {node} to {method!r} within {self.timeout} s"))
+        if method != "hello":
+            self.payload_log_.append({"method": method, "bytes_down": int(down),
+                                      "bytes_up": int(up), "n_messages": 2 * len(per_node)})
+            self.wire_log_.append({"method": method, "bytes_down": int(wire_down),
+                                   "bytes_up": int(wire_up)})
+        return out
+
+
+def _wire_nbytes(records):
+    """Bytes of a RecordDict's arrays as serialised (``.npy`` with header) plus
+    its config values (8 per number, the length of strings and bytes)."""
+    total = 0
+    for rec in records.values():
+        for k, v in rec.items():
+            total += len(k)
+            if hasattr(v, "data") and isinstance(getattr(v, "data"), bytes):
+                total += len(v.data)
+            elif isinstance(v, (str, bytes)):
+                total += len(v)
+            elif isinstance(v, list):
+                total += sum(len(x) if isinstance(x, (str, bytes)) else 8 for x in v)
+            else:
+                total += 8
+    return total

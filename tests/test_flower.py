@@ -119,3 +119,64 @@ def test_codec_refuses_unknown_types():
     rd["v.config"] = ConfigRecord(cfg)
     with pytest.raises(ValueError, match="unknown message type"):
         fl.decode(rd)
+
+
+# --------------------------------------------------------------------------
+# in-process simulation
+# --------------------------------------------------------------------------
+
+def _client_data(n_clients=3, n=40, seed=0):
+    from skfedgp.datasets import make_hierarchical_regression
+
+    X, y, groups = make_hierarchical_regression(n_clients=n_clients, n_samples=n,
+                                                random_state=seed)
+    return X, y, groups
+
+
+def _loader(X, y, groups):
+    labels = sorted(set(groups.tolist()))
+
+    def load_data(context):
+        # simulation: partition-id numbers the nodes 0..n-1
+        lab = labels[int(context.node_config["partition-id"])]
+        keep = groups == lab
+        return f"site-{lab}", X[keep], y[keep]
+
+    return load_data
+
+
+def _simulate(server_main, client_app, n_nodes):
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    app = ServerApp()
+    app.main()(server_main)
+    run_simulation(app, client_app, num_supernodes=n_nodes,
+                   backend_config={"init_args": {"num_cpus": 1},
+                                   "client_resources": {"num_cpus": 1}})
+
+
+def test_simulation_summary_exchange_matches_local_clients():
+    X, y, groups = _client_data()
+    got = {}
+
+    def main(grid, context):
+        tr = fl.FlowerTransport(grid, min_nodes=3, timeout=120).connect()
+        got["ids"] = tr.client_ids_
+        got["d"] = tr.n_features_
+        got["summaries"] = tr.call("summary", ())
+        got["log"] = tr.payload_log_
+
+    _simulate(main, fl.make_client_app(_loader(X, y, groups)), 3)
+    labels = sorted(set(groups.tolist()))
+    assert got["ids"] == [f"site-{lab}" for lab in labels]
+    assert got["d"] == X.shape[1]
+    total = 0
+    for lab in labels:
+        keep = groups == lab
+        ref = F.Client(lab, X[keep], y[keep]).summary()
+        s = got["summaries"][f"site-{lab}"]
+        _assert_same(ref, s)
+        total += F.message_nbytes(ref)
+    assert got["log"] == [{"method": "summary", "bytes_down": 0, "bytes_up": total,
+                           "n_messages": 6}]
