@@ -678,3 +678,143 @@ def _wire_nbytes(records):
             else:
                 total += 8
     return total
+
+
+# --------------------------------------------------------------------------
+# server side: the ServerApp
+# --------------------------------------------------------------------------
+
+
+def _check_server_params(estimator_params):
+    """Validate the estimator parameters now (not when the run starts)."""
+    from .regressor import FederatedHierarchicalGPRegressor
+
+    est = FederatedHierarchicalGPRegressor(**estimator_params)
+    config, n_rounds = est._check_params()
+    if config.variational_family != "structured":
+        raise ValueError(
+            "skfedgp.flower trains the structured family only (variational_family="
+            f"'structured', the estimator's default), got {config.variational_family!r}")
+    return est, config, n_rounds
+
+
+def fit_over_transport(transport, est, config, n_rounds):
+    """Run the estimator's structured training through a connected transport.
+
+    Seeds are drawn exactly as :meth:`FederatedHierarchicalGPRegressor.fit`
+    draws them (one per client in sorted client-id order, then the
+    server's), so the same ``random_state`` gives the same model.
+
+    Parameters
+    ----------
+    transport : FlowerTransport
+        After :meth:`FlowerTransport.connect`.
+    est : FederatedHierarchicalGPRegressor
+        Unfitted; its parameters are used.
+    config : ModelConfig
+    n_rounds : int
+
+    Returns
+    -------
+    dict
+        The fitted global state; see :func:`make_server_app`.
+    """
+    from sklearn.utils import check_random_state
+
+    ids = list(transport.client_ids_)
+    rng = check_random_state(est.random_state)
+    seeds = rng.randint(0, 2**31 - 1, size=len(ids) + 1)
+    server = _fed.Server(config, transport.n_features_, int(seeds[-1]))
+    client_seeds = [int(s) for s in seeds[:-1]]
+    _, res = _fed.run_structured_training(
+        ids, server, config, n_rounds=n_rounds, seeds=client_seeds, verbose=est.verbose,
+        transport=transport)
+    post = res["posterior"]
+    return {
+        "client_ids": ids,
+        "theta_global": res["theta_global"],
+        "global_values": res["global_pack"].unpack(res["theta_global"]),
+        "global_pack": res["global_pack"],
+        "global_posterior": {"mean": post.mean, "covariance": post.covariance},
+        "elbo_history": res["elbo_history"],
+        "objective_history": res["objective_history"],
+        "communication": res["communication"],
+        "n_iter": res["n_iter"],
+        "converged": res["converged"],
+        "n_evaluations": res["n_evaluations"],
+        "population": res["population"],
+        "y_offset": server.y_offset,
+        "y_scale": server.y_scale,
+        "x_offset": server.x_offset,
+        "x_scale": server.x_scale,
+        "n_inducing": server.n_inducing_,
+        "config": config,
+        "payload_log": list(transport.payload_log_),
+        "wire_log": list(transport.wire_log_),
+    }
+
+
+def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_path=None,
+                    **estimator_params):
+    """A Flower ``ServerApp`` that trains the estimator's model over the grid.
+
+    Parameters
+    ----------
+    min_nodes : int, default=1
+        Wait for at least this many SuperNodes (clients) before training;
+        every node connected at that moment takes part.
+    timeout : float or None, default=None
+        Seconds to wait for the replies of one exchange (None: no limit).
+    connect_timeout : float, default=300.0
+        Seconds to wait for ``min_nodes`` nodes.
+    output_path : str or path-like, optional
+        Where the ServerApp saves the fitted global state (``joblib.dump``
+        of the dict below). A run config entry ``output-path``
+        (``flwr run --run-config "output-path='fit.joblib'"``) takes
+        precedence. In a deployment the ServerApp runs in its own process:
+        this file is how the result leaves it.
+    **estimator_params
+        Parameters of :class:`~skfedgp.FederatedHierarchicalGPRegressor`
+        (same names, same defaults; ``n_jobs`` is ignored). Validated here.
+
+    Returns
+    -------
+    flwr.serverapp.ServerApp
+        After a run, ``app.result_`` (same process, e.g. Flower's
+        simulation) holds a dict with ``client_ids``, ``theta_global``,
+        ``global_values`` (constrained global block: inputs in the scaled
+        unit-box coordinates, variances in standardised units),
+        ``global_pack``, ``global_posterior`` (``mean``, ``covariance`` of
+        ``q(v_g)``), ``elbo_history``, ``objective_history``,
+        ``communication`` (as the estimator's ``communication_``), ``n_iter``,
+        ``converged``, ``n_evaluations``, ``population``, ``y_offset``,
+        ``y_scale``, ``x_offset``, ``x_scale``, ``n_inducing``, ``config``,
+        ``payload_log`` and ``wire_log`` (per exchange,
+        :class:`FlowerTransport`). The clients' local blocks and posterior
+        moments stay on the clients (``make_client_app(on_finish=...)``).
+
+    Raises
+    ------
+    ValueError
+        For bad estimator parameters or ``variational_family="mean_field"``.
+    """
+    _require_flwr()
+    from flwr.serverapp import ServerApp
+
+    est, config, n_rounds = _check_server_params(estimator_params)
+    app = ServerApp()
+    app.result_ = None
+
+    @app.main()
+    def main(grid, context):
+        transport = FlowerTransport(grid, min_nodes=min_nodes, timeout=timeout,
+                                    connect_timeout=connect_timeout).connect()
+        result = fit_over_transport(transport, est, config, n_rounds)
+        app.result_ = result
+        path = (context.run_config or {}).get("output-path", output_path)
+        if path:
+            import joblib
+
+            joblib.dump(result, path)
+
+    return app
