@@ -34,6 +34,7 @@ Sobol design, :mod:`scipy.stats.qmc`) and broadcasts an
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 import warnings
@@ -76,6 +77,12 @@ __all__ = [
     "ClientUpdateValue",
     "StructuredClient",
     "run_structured_training",
+    "ClientFailure",
+    "ClientState",
+    "JoblibTransport",
+    "TrainingState",
+    "TrainingFailedError",
+    "RoundSkippedWarning",
 ]
 
 
@@ -1398,13 +1405,58 @@ class StructuredClient:
     def __init__(self, client):
         self.client_id = client.client_id
         self.n_samples = client.n_samples
+        self.theta = None
+        self.pack = None
+        self.posterior = None
+        self._state = None
+        if getattr(client, "_Xs", None) is not None:  # already prepared
+            self._take(client)
+            self._client = None
+        else:  # prepared by the server's InitBroadcast (:meth:`prepare`)
+            self._client = client
+            self._Xs = self._y = None
+
+    def _take(self, client):
         self._Xs = client._Xs
         self._y = client._y_std
         self._y_scale = client._y_scale
         self._x_scale = client._x_scale
-        self.theta = None
-        self.pack = None
-        self.posterior = None
+
+    # -- set-up -------------------------------------------------------------
+    def summary(self):
+        """Set-up upload (:class:`ClientSummary`) of the wrapped :class:`Client`."""
+        if self._client is None:
+            raise RuntimeError(f"client {self.client_id!r} holds no raw data any more")
+        return self._client.summary()
+
+    def prepare(self, init):
+        """Standardise and scale the private data with the server's :class:`InitBroadcast`.
+
+        Keeps only the scaled inputs and standardised targets (the raw data
+        are dropped). Returns None.
+        """
+        if self._client is None:
+            raise RuntimeError(f"client {self.client_id!r} holds no raw data any more")
+        self._client.prepare(init)
+        self._take(self._client)
+        self._client = None
+
+    def close(self):
+        """Forget the private data (end of training). Returns None."""
+        self._Xs = self._y = self._state = self._client = None
+
+    def get_state(self):
+        """This client's own checkpoint (:class:`ClientState`): its vector and optimiser state."""
+        return ClientState(self.theta.copy(), self.pack, float(self.noise_floor),
+                           float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)))
+
+    def set_state(self, state):
+        """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
+        self.theta = np.array(state.theta, dtype=float, copy=True)
+        self.pack = state.pack
+        self.noise_floor = state.noise_floor
+        self.prior_noise = state.prior_noise
+        self._adam = copy.deepcopy(state.adam)
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -1466,7 +1518,6 @@ class StructuredClient:
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
         self.theta = self.pack.pack(values)
-        return self
 
     # -- one evaluation -------------------------------------------------------
     def _blocks(self, theta_g, gpack, config, theta=None):
@@ -1584,7 +1635,6 @@ class StructuredClient:
                 t = clip_to_bounds(adam.step(t, -g * n), bounds)
             self.theta = t
         self._state = None
-        return self
 
     def bounds(self):
         """L-BFGS-B bounds of the local vector, with this client's own noise floor."""
@@ -1599,7 +1649,7 @@ class StructuredClient:
         return self._adam
 
     def finish(self, post, theta_g, gpack, config):
-        """Posterior moments at the final vectors; forgets the data.
+        """Posterior moments at the final vectors (:meth:`close` then forgets the data).
 
         Returns
         -------
@@ -1612,7 +1662,6 @@ class StructuredClient:
         mu_u, Sigma_u, H = client_posterior(self._state, post.mean, post.covariance)
         self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
         B = self.pack.unpack(self.theta)
-        self._Xs = self._y = self._state = None
         return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
                                     B["noise_variance"], B["offset"])
 
@@ -1626,28 +1675,186 @@ class StructuredClient:
         return state
 
 
-def _s_stats(c, theta_g, gpack, config, r):
-    return c, c.statistics(theta_g, gpack, config, r)
+# --------------------------------------------------------------------------
+# transport: every server -> client interaction of the structured family
+# --------------------------------------------------------------------------
 
 
-def _s_grad(c, post, theta_g, gpack, config):
-    return c, c.global_gradient(post, theta_g, gpack, config)
+@dataclass(frozen=True)
+class ClientState:
+    """A structured client's own checkpoint (:meth:`StructuredClient.get_state`).
+
+    In simulation it is part of a :class:`TrainingState`; in a real
+    deployment each client checkpoints its own part and the server's state
+    holds none of it.
+
+    Attributes
+    ----------
+    theta : ndarray of shape (P_i,)
+        Local log-parametrised vector.
+    pack : Packer
+        Its layout.
+    noise_floor, prior_noise : float
+        The client's noise floor and the centre of its noise hyperprior
+        (standardised units).
+    adam : Adam or None
+        State of the local Adam optimiser (``optimizer="adam"``).
+    """
+
+    theta: np.ndarray
+    pack: object
+    noise_floor: float
+    prior_noise: float
+    adam: object = None
 
 
-def _s_local(c, post, theta_g, gpack, config):
-    return c.local_phase(post, theta_g, gpack, config)
+@dataclass(frozen=True)
+class ClientFailure:
+    """What a transport returns for a client call that did not deliver a message.
+
+    Attributes
+    ----------
+    client_id : hashable
+    method : str
+        The client method called (``"statistics"``, ``"local_phase"``, ...).
+    round : int
+        Round of the call (0: set-up).
+    error : str
+        ``repr`` of the exception (or of the reason, e.g. a non-finite message).
+    numerical : bool
+        Whether the client's own code raised a numerical error
+        (:class:`numpy.linalg.LinAlgError`, :class:`FloatingPointError`) or
+        sent non-finite values: in the server's global phase such a failure
+        at a trial point rejects the point (as an infinite objective) instead
+        of counting against the client.
+    """
+
+    client_id: object
+    method: str
+    round: int
+    error: str
+    numerical: bool = False
 
 
-def _s_pilot(c, seed):
-    return c.pilot(seed)
+def _transport_call(client, method, args):
+    """Run one client method; never raises (a failure comes back as a value)."""
+    try:
+        return client, True, getattr(client, method)(*args)
+    except Exception as exc:  # noqa: BLE001 -- any client error is a client failure
+        numerical = isinstance(exc, (np.linalg.LinAlgError, FloatingPointError))
+        return None, False, (repr(exc), numerical)
 
 
-def _s_init(c, config, M_local, theta_g, gpack, own, population, seed):
-    return c.initialise(config, M_local, theta_g, gpack, own, population, seed)
+class JoblibTransport:
+    """In-process transport: the client objects, called through :class:`joblib.Parallel`.
+
+    The structured training loop (:func:`run_structured_training`) never
+    touches a client object: every server -> client interaction is
+    ``transport.call(method, args, ids)``, and a client method returns only
+    a message dataclass (or None). Another transport (e.g. one sending the
+    calls to remote clients) implements the same three members:
+    ``client_ids``, ``call`` and the context manager (``__enter__`` /
+    ``__exit__``).
+
+    Parameters
+    ----------
+    clients : list of StructuredClient
+        Client objects, in a fixed order (the order of every sum on the
+        server).
+    n_jobs : int or None, default=None
+        Number of parallel jobs; threads by default, any joblib backend
+        through :func:`joblib.parallel_config` (e.g. ``"loky"`` processes or
+        ``"dask"``). With a process-based backend the client objects updated
+        in the workers are stored back after every call.
+    fault_hook : callable or None, default=None
+        ``fault_hook(client_id, method, round) -> None``, called in the
+        server's process before each client call (every protocol method;
+        ``"close"`` and the checkpoint calls excepted), in client order. If
+        it raises, that call is not made and the client's result is a
+        :class:`ClientFailure` with the exception's ``repr``: a way to
+        inject failures, time-outs or dropouts (chaos testing).
+
+    Attributes
+    ----------
+    clients : dict
+        Client id to client object (updated after every call).
+    """
+
+    def __init__(self, clients, n_jobs=None, fault_hook=None):
+        self.clients = {c.client_id: c for c in clients}
+        if len(self.clients) != len(clients):
+            raise ValueError("client ids must be distinct")
+        self.n_jobs = n_jobs
+        self.fault_hook = fault_hook
+        self._parallel = None
+
+    @property
+    def client_ids(self):
+        """Ids of the clients, in their fixed order."""
+        return list(self.clients)
+
+    def __enter__(self):
+        self._parallel = Parallel(n_jobs=self.n_jobs, prefer="threads")
+        self._parallel.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        parallel, self._parallel = self._parallel, None
+        if parallel is not None:
+            parallel.__exit__(*exc)
+        return False
+
+    def call(self, method, args=(), ids=None, *, round_=0):
+        """Call ``method(*args)`` on clients; failures are returned, not raised.
+
+        Parameters
+        ----------
+        method : str
+            Name of a client method.
+        args : tuple or dict
+            Arguments common to all called clients, or ``{client_id: tuple}``.
+        ids : list or None, default=None
+            Clients to call (None: all).
+        round_ : int, default=0
+            Round of the call (for the fault hook and :class:`ClientFailure`).
+
+        Returns
+        -------
+        dict
+            ``{client_id: result}`` in the order of ``ids``; ``result`` is the
+            method's return value or a :class:`ClientFailure`.
+        """
+        ids = self.client_ids if ids is None else list(ids)
+        out = {}
+        todo = []
+        for cid in ids:
+            if self.fault_hook is not None and method not in _UNHOOKED:
+                try:
+                    self.fault_hook(cid, method, round_)
+                except Exception as exc:  # noqa: BLE001 -- an injected failure
+                    out[cid] = ClientFailure(cid, method, round_, repr(exc))
+                    continue
+            todo.append((cid, args[cid] if isinstance(args, dict) else tuple(args)))
+        if todo:
+            parallel = self._parallel or Parallel(n_jobs=self.n_jobs, prefer="threads")
+            res = parallel(delayed(_transport_call)(self.clients[cid], method, a)
+                           for cid, a in todo)
+            for (cid, _), (client, ok, value) in zip(todo, res):
+                if ok:
+                    self.clients[cid] = client  # process backends: the updated copy
+                    out[cid] = value
+                else:
+                    out[cid] = ClientFailure(cid, method, round_, value[0], value[1])
+        return {cid: out[cid] for cid in ids}
+
+    def client_states(self, ids=None):
+        """Checkpoints of the clients' own parts (simulation only): ``{id: ClientState}``."""
+        ids = self.client_ids if ids is None else ids
+        return {cid: self.clients[cid].get_state() for cid in ids}
 
 
-def _s_finish(c, post, theta_g, gpack, config):
-    return c, c.finish(post, theta_g, gpack, config)
+#: Client methods the fault hook is not called for.
+_UNHOOKED = ("close",)
 
 
 def _population_from(hypers, components):
@@ -1671,51 +1878,296 @@ class _PopulationPilot:
     ranges: np.ndarray
 
 
-@single_threaded_blas()
-def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, seeds=None,
-                            verbose=0):
-    """Set-up and rounds of the structured (collapsed) family.
 
-    Parameters
+class TrainingFailedError(RuntimeError):
+    """The server could not form a model (every client failed or was excluded)."""
+
+
+class RoundSkippedWarning(UserWarning):
+    """A round was skipped: fewer than ``min_clients`` clients answered."""
+
+
+class _TooFewClients(Exception):
+    pass
+
+
+class _MembershipChanged(Exception):
+    pass
+
+
+class _TrialRejected(Exception):
+    pass
+
+
+@dataclass
+class TrainingState:
+    """Server state of structured training after a round: enough to resume it.
+
+    Resuming (``run_structured_training(..., state=s)``, or the regressor's
+    ``resume_from``) on the same clients with the same data continues
+    exactly as the uninterrupted run would have: same global and local
+    vectors, same ELBO history. Saved with :meth:`save` (joblib).
+
+    Attributes
     ----------
-    clients : list of Client
-    server : Server
-    config : ModelConfig
-    n_rounds : int
-        Maximum number of rounds.
-    n_jobs : int or None
-    seeds : list of int
-    verbose : int
+    round : int
+        Rounds completed.
+    init : InitBroadcast
+        Target standardisation and input box of the set-up exchange.
+    server : dict
+        The server's set-up results (``y_offset``, ``y_scale``, ``x_offset``,
+        ``x_scale``, ``n_total``, ``n_inducing_``, ``n_inducing_local_``,
+        ``population_pilot``).
+    theta_global : ndarray of shape (P,)
+    global_pack : Packer
+    post : PosteriorBroadcast or None
+        ``q(v_g)`` at the last evaluation.
+    elbo, log_prior : float
+        ELBO and summed log hyperpriors at the last evaluation.
+    messages : dict
+        Client id to the last :class:`StructuredStatistics` received from it
+        (the stale sites of absent clients).
+    fresh : list
+        Ids whose stored message was computed at the current global vector
+        and their current local vector.
+    history, objectives : list of float
+    communication : list of dict
+    n_evaluations : int
+    rng_state : tuple or None
+        State of the participation sampler (:class:`numpy.random.RandomState`).
+    adam : Adam or None
+        The server's Adam state (``optimizer="adam"``).
+    failed_clients : list of tuple
+    excluded_clients : list
+    client_states : dict
+        Client id to :class:`ClientState`. In simulation the clients' own
+        vectors are saved with the server's; in a real deployment each
+        client checkpoints its own part and this is empty.
+    """
+
+    round: int
+    init: object
+    server: dict
+    theta_global: np.ndarray
+    global_pack: object
+    post: object = None
+    elbo: float = np.nan
+    log_prior: float = 0.0
+    messages: dict = dataclasses.field(default_factory=dict)
+    fresh: list = dataclasses.field(default_factory=list)
+    history: list = dataclasses.field(default_factory=list)
+    objectives: list = dataclasses.field(default_factory=list)
+    communication: list = dataclasses.field(default_factory=list)
+    n_evaluations: int = 0
+    rng_state: object = None
+    adam: object = None
+    failed_clients: list = dataclasses.field(default_factory=list)
+    excluded_clients: list = dataclasses.field(default_factory=list)
+    client_states: dict = dataclasses.field(default_factory=dict)
+
+    def save(self, path):
+        """Write the state to ``path`` (:func:`joblib.dump`)."""
+        import joblib
+
+        joblib.dump(self, path)
+
+    @classmethod
+    def load(cls, path):
+        """Read a state written by :meth:`save`.
+
+        Raises
+        ------
+        TypeError
+            If the file holds something else.
+        """
+        import joblib
+
+        obj = joblib.load(path)
+        if not isinstance(obj, cls):
+            raise TypeError(f"{path!r} holds a {type(obj).__name__}, not a TrainingState")
+        return obj
+
+
+_SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_inducing_",
+                  "n_inducing_local_", "population_pilot")
+
+
+def _is_finite_message(msg):
+    """Whether every number in a message dataclass is finite (None: True)."""
+    if msg is None or not dataclasses.is_dataclass(msg):
+        return True
+    for a in message_arrays(msg).values():
+        if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+            return False
+    return True
+
+
+def check_participation(client_fraction, min_clients, max_retries):
+    """Validate the participation and failure policy.
 
     Returns
     -------
-    clients : list of StructuredClient
-        Holding only parameters and posterior moments (no data).
-    result : dict
-        ``elbo_history``, ``communication``, ``n_iter``, ``converged``,
-        ``posterior`` (:class:`PosteriorBroadcast` at the final vectors),
-        ``theta_global``, ``global_pack``, ``population`` (geometric means of
-        the clients' local hyperparameters), ``n_evaluations``.
+    client_fraction : float
+    min_clients, max_retries : int
+
+    Raises
+    ------
+    ValueError
+        ``client_fraction`` outside ``(0, 1]``, ``min_clients < 1`` or
+        ``max_retries < 0``.
     """
-    from scipy.optimize import minimize
+    import numbers
 
-    from ._structured import combine
+    if (not isinstance(client_fraction, numbers.Real) or isinstance(client_fraction, bool)
+            or not (0.0 < client_fraction <= 1.0)):
+        raise ValueError(f"client_fraction must be a number in (0, 1], got {client_fraction!r}")
+    for name, v, lo in (("min_clients", min_clients, 1), ("max_retries", max_retries, 0)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    return float(client_fraction), int(min_clients), int(max_retries)
 
-    T = len(clients)
-    N = sum(c.n_samples for c in clients)
-    summaries = [c.summary() for c in clients]
-    init = server.standardise(summaries)
-    for c in clients:
-        c.prepare(init)
-    comm = [{"round": 0, "bytes_up": int(sum(message_nbytes(s) for s in summaries)),
-             "bytes_down": T * message_nbytes(init), "n_messages": T}]
-    sclients = [StructuredClient(c) for c in clients]
-    d = server.d
-    with Parallel(n_jobs=n_jobs, prefer="threads") as parallel:
-        # -- pilot exact GPs on the clients, medians on the server ---------------
-        pilots = parallel(delayed(_s_pilot)(c, s) for c, s in zip(sclients, seeds))
-        comm[0]["bytes_up"] += int(sum(message_nbytes(p) for p in pilots if p is not None))
-        good = [p for p in pilots if p is not None]
+
+class _StructuredRun:
+    """The server side of structured training (see :func:`run_structured_training`)."""
+
+    def __init__(self, transport, server, config, n_rounds, verbose, client_fraction,
+                 min_clients, max_retries, random_state, callback):
+        self.transport = transport
+        self.server = server
+        self.config = config
+        self.n_rounds = n_rounds
+        self.verbose = verbose
+        self.fraction, self.min_clients, self.max_retries = check_participation(
+            client_fraction, min_clients, max_retries)
+        self.rng = np.random.RandomState(random_state)
+        self.callback = callback
+        self.failures = []
+        self.excluded = []
+        self.active = list(transport.client_ids)
+        self.messages = {}
+        self.fresh = set()
+        self.counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
+
+    # -- calls ------------------------------------------------------------------
+    def call(self, method, args, ids, r, retries=True):
+        """Call clients with the retry policy; returns ({id: message}, n_calls, lost ids)."""
+        ids = list(ids)
+        ok = {}
+        todo, attempt, n_calls = ids, 0, 0
+        while todo:
+            a = {c: args[c] for c in todo} if isinstance(args, dict) else args
+            out = self.transport.call(method, a, todo, round_=r)
+            n_calls += len(todo)
+            failed = []
+            for cid in todo:
+                res = out[cid]
+                if not isinstance(res, ClientFailure) and not _is_finite_message(res):
+                    res = ClientFailure(cid, method, r, "non-finite values in the message",
+                                        True)
+                if isinstance(res, ClientFailure):
+                    failed.append(res)
+                else:
+                    ok[cid] = res
+            if failed and self._trial and any(f.numerical for f in failed):
+                raise _TrialRejected
+            self.failures.extend(failed)
+            attempt += 1
+            todo = [f.client_id for f in failed] if retries and attempt <= self.max_retries \
+                else []
+        return {c: ok[c] for c in ids if c in ok}, n_calls, [c for c in ids if c not in ok]
+
+    _trial = False
+
+    def exclude(self, ids):
+        for c in ids:
+            if c in self.active:
+                self.active.remove(c)
+                self.excluded.append(c)
+            self.messages.pop(c, None)
+            self.fresh.discard(c)
+        if not self.active:
+            raise TrainingFailedError(
+                "no client is left to form a model: every client failed or was excluded "
+                f"({len(self.failures)} failure(s); last: {self._last_failure()})")
+
+    def _last_failure(self):
+        if not self.failures:
+            return "none"
+        f = self.failures[-1]
+        return f"client {f.client_id!r}, {f.method} in round {f.round}: {f.error}"
+
+    def setup_all(self, method, args, r=0):
+        """A set-up call every client must answer: failing ones are excluded."""
+        out, n_calls, lost = self.call(method, args, self.active, r)
+        self.exclude(lost)
+        return out, n_calls
+
+    # -- one evaluation of the (pseudo-)ELBO: two exchanges -------------------------
+    def evaluate(self, tg, r, live, trial=False):
+        """ELBO, its gradient and q(v_g) at ``tg``; ``live`` clients send fresh messages.
+
+        Absent (or failed) clients count with their last stored message. Returns
+        ``(elbo, grad, post, log_prior)`` and the ids lost in this evaluation.
+        """
+        from ._structured import combine
+
+        cfg, gpack = self.config, self.gpack
+        self._trial = trial
+        try:
+            stats, n1, lost1 = self.call("statistics", (tg, gpack, cfg, r), live, r)
+            order = [c for c in self.active if c in self.messages or c in stats]
+            msgs = [stats[c] if c in stats else self.messages[c] for c in order]
+            post_s = combine([m.precision for m in msgs], [m.shift for m in msgs],
+                             [m.constant for m in msgs], self.Mg)
+            post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
+            lp = float(sum(m.log_prior for m in msgs))
+            got = list(stats)
+            grads, n2, lost2 = self.call("global_gradient", (post, tg, gpack, cfg), got, r)
+        finally:
+            self._trial = False
+        self.messages.update(stats)
+        self.fresh = set(stats)
+        grad = (np.sum([g.grad_global for g in grads.values()], axis=0)
+                if gpack.size and grads else np.zeros(gpack.size))
+        c = self.counter
+        c["up"] += sum(message_nbytes(s) for s in stats.values()) + sum(
+            message_nbytes(g) for g in grads.values())
+        c["down"] += n1 * 8 * tg.size + n2 * message_nbytes(post)
+        c["msgs"] += len(stats) + len(grads)
+        c["evals"] += 1
+        return (post_s.elbo, grad, post, lp), set(lost1) | set(lost2)
+
+    def evaluate_all(self, tg, r):
+        """An evaluation every active client must answer (set-up, resume)."""
+        while True:
+            res, lost = self.evaluate(tg, r, list(self.active))
+            if not lost:
+                return res
+            self.exclude(lost)
+
+    # -- participation ------------------------------------------------------------
+    def sample(self):
+        n = len(self.active)
+        k = min(n, max(self.min_clients, int(np.ceil(self.fraction * n - 1e-12))))
+        if k >= n:
+            return list(self.active)
+        pick = np.sort(self.rng.choice(n, k, replace=False))
+        return [self.active[i] for i in pick]
+
+    # -- set-up ---------------------------------------------------------------------
+    def setup(self, seeds):
+        server, cfg = self.server, self.config
+        summaries, _ = self.setup_all("summary", ())
+        init = server.standardise(list(summaries.values()))
+        T = len(summaries)
+        comm = {"round": 0, "bytes_up": int(sum(message_nbytes(s) for s in summaries.values())),
+                "bytes_down": T * message_nbytes(init), "n_messages": T}
+        self.setup_all("prepare", (init,))
+        self.n_samples = {c: summaries[c].n_samples for c in self.active}
+        pilots, _ = self.setup_all("pilot", {c: (seeds[c],) for c in self.active})
+        comm["bytes_up"] += int(sum(message_nbytes(p) for p in pilots.values() if p is not None))
+        good = [p for p in pilots.values() if p is not None]
+        d = server.d
         ranges = np.ones(d)  # scaled inputs live in the unit box
         if good:
             pop = _PopulationPilot(
@@ -1726,123 +2178,396 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
         bc0 = GlobalBroadcast(0, theta_g.copy())
-        comm[0]["bytes_down"] += T * (message_nbytes(bc0) + message_nbytes(
+        comm["bytes_down"] += len(pilots) * (message_nbytes(bc0) + message_nbytes(
             PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance)))
-        sclients = parallel(
-            delayed(_s_init)(c, config, M_local, theta_g, gpack, p, pop, s)
-            for c, p, s in zip(sclients, pilots, seeds))
+        self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
+                                      for c in self.active})
         server.population_pilot = pop
-        gbounds = log_bounds(gpack)
-        Mg = M if "global" in config.components else 0
-        counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
+        self.init, self.gpack, self.theta_g = init, gpack, theta_g
+        self.Mg = M if "global" in cfg.components else 0
+        self.comm = [comm]
+        self.history, self.objectives = [], []
+        self.adam = Adam(cfg.global_learning_rate)
+        self.round0 = 0
+        self.last = self.evaluate_all(theta_g, 0)
 
-        def evaluate(tg, r):
-            """One evaluation (two exchanges): ELBO, its global gradient, q(v_g)."""
-            nonlocal sclients
-            out = parallel(delayed(_s_stats)(c, tg, gpack, config, r) for c in sclients)
-            sclients = [o[0] for o in out]
-            stats = [o[1] for o in out]
-            post_s = combine([s.precision for s in stats], [s.shift for s in stats],
-                             [s.constant for s in stats], Mg)
-            post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
-            log_prior = float(sum(s.log_prior for s in stats))
-            out = parallel(delayed(_s_grad)(c, post, tg, gpack, config) for c in sclients)
-            sclients = [o[0] for o in out]
-            grads = [o[1] for o in out]
-            grad = np.sum([g.grad_global for g in grads], axis=0) if gpack.size else np.zeros(0)
-            counter["up"] += sum(message_nbytes(s) for s in stats) + sum(
-                message_nbytes(g) for g in grads)
-            counter["down"] += T * (8 * tg.size + message_nbytes(post))
-            counter["msgs"] += 2 * T
-            counter["evals"] += 1
-            return post_s.elbo, grad, post, log_prior
+    def resume(self, state, seeds):
+        """Continue from a :class:`TrainingState` (checkpoint or warm start)."""
+        server, cfg = self.server, self.config
+        for name in _SERVER_FIELDS:
+            setattr(server, name, state.server[name])
+        server.global_pack = state.global_pack
+        server.theta_global = state.theta_global.copy()
+        self.init, self.gpack = state.init, state.global_pack
+        d_state = state.init.x_min.shape[0]
+        if d_state != server.d:
+            raise ValueError(
+                f"the saved state was trained on {d_state} input features, the data have "
+                f"{server.d}")
+        self.theta_g = state.theta_global.copy()
+        M = server.n_inducing_
+        self.Mg = M if "global" in cfg.components else 0
+        summaries, n_calls = self.setup_all("summary", ())
+        # the server needs the clients' counts again; the standardisation is kept
+        self.counter["up"] += int(sum(message_nbytes(s) for s in summaries.values()))
+        self.counter["msgs"] += len(summaries)
+        self.setup_all("prepare", (self.init,))
+        self.counter["down"] += len(summaries) * message_nbytes(self.init)
+        self.n_samples = {c: summaries[c].n_samples for c in self.active}
+        known = [c for c in self.active if c in state.client_states]
+        new = [c for c in self.active if c not in state.client_states]
+        self.setup_all("set_state", {c: (state.client_states[c],) for c in known})
+        if new:
+            pop = server.population_pilot
+            pilots, _ = self.call("pilot", {c: (seeds[c],) for c in new}, new, state.round)
+            self.exclude([c for c in new if c not in pilots])
+            new = [c for c in new if c in pilots]
+            self.counter["up"] += int(sum(message_nbytes(p) for p in pilots.values()
+                                          if p is not None))
+            self.setup_all("initialise", {
+                c: (cfg, server.n_inducing_local_, self.theta_g, self.gpack, pilots[c], pop,
+                    seeds[c]) for c in new if c in self.active})
+        self.messages = {c: m for c, m in state.messages.items() if c in known}
+        self.fresh = set(state.fresh) & set(known)
+        self.comm = copy.deepcopy(state.communication)
+        self.history, self.objectives = list(state.history), list(state.objectives)
+        self.counter["evals"] = state.n_evaluations
+        self.failures = list(state.failed_clients)
+        self.excluded = list(state.excluded_clients) + self.excluded
+        self.adam = copy.deepcopy(state.adam) if state.adam is not None else Adam(
+            cfg.global_learning_rate)
+        if state.rng_state is not None:
+            self.rng.set_state(state.rng_state)
+        self.round0 = state.round
+        if new or set(self.messages) != set(self.active) or state.post is None:
+            # new clients or missing messages: every client sends fresh ones
+            self.last = self.evaluate_all(self.theta_g, state.round)
+        else:
+            self.last = (state.elbo, None, state.post, state.log_prior)
 
-        history = []
-        objectives = []
+    def snapshot(self, r):
+        """The :class:`TrainingState` after round ``r``."""
+        states = (self.transport.client_states(self.active)
+                  if hasattr(self.transport, "client_states") else {})
+        elbo, _, post, lp = self.last
+        return TrainingState(
+            round=r, init=self.init,
+            server={name: copy.deepcopy(getattr(self.server, name)) for name in _SERVER_FIELDS},
+            theta_global=self.theta_g.copy(), global_pack=self.gpack, post=post,
+            elbo=float(elbo), log_prior=float(lp), messages=dict(self.messages),
+            fresh=[c for c in self.active if c in self.fresh],
+            history=list(self.history), objectives=list(self.objectives),
+            communication=copy.deepcopy(self.comm), n_evaluations=self.counter["evals"],
+            rng_state=self.rng.get_state(), adam=copy.deepcopy(self.adam),
+            failed_clients=list(self.failures), excluded_clients=list(self.excluded),
+            client_states=states)
+
+    # -- one round ------------------------------------------------------------------
+    def round(self, r):
+        """Local phase of the participants, then the server's global phase.
+
+        Returns whether the round may count for the convergence test, the
+        objective at its start and the number of observations.
+        """
+        cfg, gpack = self.config, self.gpack
+        N = max(sum(self.n_samples[c] for c in self.active), 1)
+        live = self.sample()
+        if not set(live) <= self.fresh:
+            # a participant's stored message is stale: fresh messages from the
+            # participants (the others' stored ones held fixed) first, so the
+            # local phase works against the current q(v_g)
+            self.last, lost = self.evaluate(self.theta_g, r, live)
+            live = [c for c in live if c not in lost]
+        elbo, grad, post, lp = self.last
+        prev = elbo + lp
+        start_theta, start_last = self.theta_g, self.last
+        saved_msgs = dict(self.messages)
+        try:
+            if len(live) < self.min_clients:
+                raise _TooFewClients
+            # -- local phase: participants, q(v_g) fixed, no communication -----
+            _, _, lost = self.call("local_phase", (post, self.theta_g, gpack, cfg), live, r)
+            self.fresh -= set(live)
+            live = [c for c in live if c not in lost]
+            if len(live) < self.min_clients:
+                raise _TooFewClients
+            changed = self.global_phase(r, live, N)
+        except _TooFewClients:
+            warnings.warn(
+                f"round {r}: fewer than min_clients={self.min_clients} clients answered "
+                f"({len(live)}); the round is skipped (global vector unchanged)",
+                RoundSkippedWarning, stacklevel=4)
+            self.theta_g, self.last = start_theta, start_last
+            self.messages = saved_msgs
+            self.fresh = set()
+            return False, prev, N
+        return not changed, prev, N
+
+    def global_phase(self, r, live, N):
+        """The server's L-BFGS-B (or Adam) steps on the global vector."""
+        from scipy.optimize import minimize
+
+        cfg, gpack = self.config, self.gpack
+        live = list(live)
+        cache = {}
+        anchor = {"key": self.theta_g.tobytes()}
+        changed = [False]
+        lbfgs = cfg.optimizer == "lbfgs"
+
+        def fun(tg):
+            key = tg.tobytes()
+            if key not in cache:
+                try:
+                    cache.clear()
+                    res, lost = self.evaluate(tg, r, live, trial=key != anchor["key"])
+                except (np.linalg.LinAlgError, FloatingPointError, _TrialRejected):
+                    return np.inf, np.zeros_like(tg)
+                cache[key] = res
+                if lost:
+                    live[:] = [c for c in live if c not in lost]
+                    changed[0] = True
+                    if len(live) < self.min_clients:
+                        raise _TooFewClients
+                    if lbfgs:
+                        anchor["key"] = key
+                        raise _MembershipChanged
+            e, g, _, _ = cache[key]
+            return -e / N, -g / N
+
+        theta_g = self.theta_g
+        if gpack.size and cfg.global_steps:
+            gbounds = self.gbounds
+            start = theta_g
+            last = [theta_g]
+
+            def record(xk):
+                last[0] = np.array(xk, dtype=float, copy=True)
+
+            while True:
+                try:
+                    if lbfgs:
+                        res = minimize(fun, start, jac=True, method="L-BFGS-B", bounds=gbounds,
+                                       callback=record,
+                                       options={"maxiter": cfg.global_steps, "ftol": 1e-12,
+                                                "gtol": 1e-9})
+                        cand = res.x
+                    else:
+                        cand = theta_g
+                        for _ in range(cfg.global_steps):
+                            _, g = fun(cand)
+                            cand = clip_to_bounds(self.adam.step(cand, -g * N), gbounds)
+                    f_c, _ = fun(cand)
+                    break
+                except _MembershipChanged:
+                    # a participant failed: the objective changed; L-BFGS-B starts
+                    # again from its last accepted iterate
+                    start = last[0]
+                    anchor["key"] = start.tobytes()
+            if np.isfinite(f_c):
+                theta_g = cand
+        key = theta_g.tobytes()
+        if key in cache:
+            self.last = cache[key]
+        else:
+            self.last, lost = self.evaluate(theta_g, r, live)
+            if lost:
+                changed[0] = True
+                live[:] = [c for c in live if c not in lost]
+                if len(live) < self.min_clients:
+                    raise _TooFewClients
+        self.theta_g = theta_g
+        return changed[0]
+
+    # -- the whole run ----------------------------------------------------------------
+    def run(self, seeds, state):
+        cfg = self.config
+        if state is None:
+            self.setup(seeds)
+        else:
+            self.resume(state, seeds)
+        self.gbounds = log_bounds(self.gpack)
         converged = False
-        r = 0
-        adam = Adam(config.global_learning_rate)
-        elbo, grad, post, lp = evaluate(theta_g, 0)
-        for r in range(1, n_rounds + 1):
+        c = self.counter
+        for r in range(self.round0 + 1, self.round0 + self.n_rounds + 1):
             t0 = time.perf_counter()
-            prev = elbo + lp
-            # -- local phase: every client, q(v_g) fixed, no communication -----
-            sclients = parallel(delayed(_s_local)(c, post, theta_g, gpack, config)
-                                for c in sclients)
-            # -- global phase --------------------------------------------------
-            cache = {}
-
-            def fun(tg):
-                key = tg.tobytes()
-                if key not in cache:
-                    try:
-                        cache.clear()
-                        cache[key] = evaluate(tg, r)
-                    except (np.linalg.LinAlgError, FloatingPointError):
-                        return np.inf, np.zeros_like(tg)
-                e, g, _, _ = cache[key]
-                return -e / N, -g / N
-
-            if gpack.size and config.global_steps:
-                if config.optimizer == "lbfgs":
-                    res = minimize(fun, theta_g, jac=True, method="L-BFGS-B", bounds=gbounds,
-                                   options={"maxiter": config.global_steps, "ftol": 1e-12,
-                                            "gtol": 1e-9})
-                    cand = res.x
-                else:
-                    cand = theta_g
-                    for _ in range(config.global_steps):
-                        _, g = fun(cand)
-                        cand = clip_to_bounds(adam.step(cand, -g * N), gbounds)
-                f_c, _ = fun(cand)
-                if np.isfinite(f_c):
-                    theta_g = cand
-            elbo, grad, post, lp = evaluate(theta_g, r) if theta_g.tobytes() not in cache \
-                else cache[theta_g.tobytes()]
-            history.append(float(elbo))
-            objectives.append(float(elbo + lp))
-            comm.append({"round": r, "bytes_up": int(counter["up"]),
-                         "bytes_down": int(counter["down"]), "n_messages": counter["msgs"]})
-            if verbose:
-                print(f"[skfedgp] round {r:3d}/{n_rounds}  ELBO {elbo: .6e}  "
-                      f"time {time.perf_counter() - t0:6.2f}s  up {counter['up']} B  "
-                      f"down {counter['down']} B", flush=True)
-            counter.update(up=0, down=0, msgs=0)
+            ok, prev, N = self.round(r)
+            elbo, _, _, lp = self.last
+            self.history.append(float(elbo))
+            self.objectives.append(float(elbo + lp))
+            self.comm.append({"round": r, "bytes_up": int(c["up"]), "bytes_down": int(c["down"]),
+                              "n_messages": c["msgs"]})
+            if self.verbose:
+                print(f"[skfedgp] round {r:3d}/{self.round0 + self.n_rounds}  ELBO {elbo: .6e}  "
+                      f"time {time.perf_counter() - t0:6.2f}s  up {c['up']} B  "
+                      f"down {c['down']} B", flush=True)
+            c.update(up=0, down=0, msgs=0)
+            if self.callback is not None:
+                self.callback(r, self.snapshot(r))
             # stop when a whole round (local and global phase) gains less than
-            # tol times max(|ELBO|, number of observations)
-            if elbo + lp - prev <= config.tol * max(abs(elbo + lp), N, 1.0):
+            # tol times max(|ELBO|, number of observations); not after a round
+            # whose objective changed (a skipped round, a participant lost)
+            if ok and elbo + lp - prev <= cfg.tol * max(abs(elbo + lp), N, 1.0):
                 converged = True
                 break
-        # -- final exchange: fresh statistics and posterior moments at the final
-        #    vectors, so every factor matches the returned hyperparameters ---------
-        r_final = len(history) + 1
-        out = parallel(delayed(_s_stats)(c, theta_g, gpack, config, r_final) for c in sclients)
-        sclients = [o[0] for o in out]
-        stats = [o[1] for o in out]
-        post_s = combine([s.precision for s in stats], [s.shift for s in stats],
-                         [s.constant for s in stats], Mg)
-        post = PosteriorBroadcast(r_final, post_s.mu, post_s.A_inv)
-        out = parallel(delayed(_s_finish)(c, post, theta_g, gpack, config) for c in sclients)
-        sclients = [o[0] for o in out]
-        finals = [o[1] for o in out]
-        comm.append({"round": r_final,
-                     "bytes_up": int(counter["up"] + sum(message_nbytes(s) for s in stats)
-                                     + sum(message_nbytes(f) for f in finals)),
-                     "bytes_down": int(counter["down"] + T * (8 * theta_g.size
-                                                              + message_nbytes(post))),
-                     "n_messages": counter["msgs"] + 2 * T})
-        lp = float(sum(s.log_prior for s in stats))
+        return self.final(converged)
+
+    def final(self, converged):
+        """Final exchange with every client at the final vectors; failing ones are excluded."""
+        from ._structured import combine
+
+        cfg, gpack, theta_g = self.config, self.gpack, self.theta_g
+        c = self.counter
+        r_final = len(self.history) + 1
+        stats, n1, lost = self.call("statistics", (theta_g, gpack, cfg, r_final), self.active,
+                                    r_final)
+        self.exclude(lost)
+        up = sum(message_nbytes(s) for s in stats.values())
+        down = n1 * 8 * theta_g.size
+        msgs = len(stats)
+        while True:
+            live = list(self.active)
+            post_s = combine([stats[k].precision for k in live], [stats[k].shift for k in live],
+                             [stats[k].constant for k in live], self.Mg)
+            post = PosteriorBroadcast(r_final, post_s.mu, post_s.A_inv)
+            finals, n2, lost = self.call("finish", (post, theta_g, gpack, cfg), live, r_final)
+            down += n2 * message_nbytes(post)
+            if not lost:
+                break
+            # a client lost here is left out of the model: q(v_g) without it
+            self.exclude(lost)
+        up += sum(message_nbytes(f) for f in finals.values())
+        msgs += len(finals)
+        self.comm.append({"round": r_final, "bytes_up": int(c["up"] + up),
+                          "bytes_down": int(c["down"] + down), "n_messages": c["msgs"] + msgs})
+        # every client forgets its data (excluded ones too)
+        self.transport.call("close", (), self.transport.client_ids, round_=r_final)
+        lp = float(sum(stats[k].log_prior for k in live))
+        history, objectives = self.history, self.objectives
         if history:
             history[-1] = float(post_s.elbo)  # the ELBO of exactly the returned model
             objectives[-1] = float(post_s.elbo + lp)
         else:
             history.append(float(post_s.elbo))
             objectives.append(float(post_s.elbo + lp))
-    population = _population_from(finals, config.components)
-    return sclients, {
-        "elbo_history": history, "objective_history": objectives,
-        "communication": comm, "n_iter": len(history),
-        "converged": converged, "posterior": post, "theta_global": theta_g,
-        "global_pack": gpack, "population": population,
-        "n_evaluations": counter["evals"],
-    }
+        population = _population_from([finals[k] for k in live], cfg.components)
+        clients = getattr(self.transport, "clients", None)
+        return ([clients[k] for k in live] if clients is not None else None), {
+            "elbo_history": history, "objective_history": objectives,
+            "communication": self.comm, "n_iter": len(history),
+            "converged": converged, "posterior": post, "theta_global": theta_g,
+            "global_pack": gpack, "population": population,
+            "n_evaluations": c["evals"],
+            "failed_clients": [(f.round, f.client_id, f.method, f.error) for f in self.failures],
+            "excluded_clients": list(self.excluded),
+        }
+
+
+@single_threaded_blas()
+def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, seeds=None,
+                            verbose=0, transport=None, fault_hook=None, client_fraction=1.0,
+                            min_clients=1, max_retries=1, random_state=None, state=None,
+                            callback=None):
+    """Set-up and rounds of the structured (collapsed) family.
+
+    The server never touches a client object: every interaction is a
+    ``transport.call(method, args, ids)`` (:class:`JoblibTransport` by
+    default) returning messages or :class:`ClientFailure` values.
+
+    **Partial participation.** Each round ``max(min_clients,
+    ceil(client_fraction * T))`` of the ``T`` active clients are sampled
+    (seeded by ``random_state``). The server keeps every client's last
+    received Gaussian message ``(S_i, b_i, e_i)`` and uses it, held fixed,
+    for a client absent this round: a stale site, as in expectation
+    propagation and partitioned variational inference (Bui et al.,
+    "Partitioned Variational Inference: A unified framework encompassing
+    federated and continual learning", 2018; Ashman et al., "Partitioned
+    Variational Inference: A Framework for Probabilistic Federated
+    Learning", 2022). Within a round the global phase therefore optimises
+    a deterministic objective: the collapsed bound in which the absent
+    clients' terms are constants (their gradient is zero) while ``A = I +
+    sum_i S_i`` still contains their precision. Absent clients skip their
+    local phase. When a participant's stored message is stale, the round
+    starts with one evaluation in which the participants send fresh
+    messages, so the local phase (which needs ``q(v_g)`` at the current
+    point) stays a monotone step. The ELBO recorded for such a round is
+    this pseudo-ELBO, not the ELBO of the model; the final exchange, in
+    which every client takes part, makes ``elbo_history[-1]`` exact again.
+    With ``client_fraction=1`` and no failure every client is fresh at
+    every round start and the computation is the full-participation one.
+
+    **Failures.** A client call that raises, or returns a message with a
+    NaN/inf (which never reaches ``combine``), is a failure: it is retried
+    ``max_retries`` times, then the client is absent for the rest of the
+    round (its last message held fixed). If a participant is lost inside
+    the server's L-BFGS-B run, the objective has changed, and L-BFGS-B
+    restarts from its last accepted iterate; such a round does not count
+    for the convergence test. A numerical error of the client's own code
+    (Cholesky failure, non-finite values) at a *trial* point of the global
+    phase rejects the point (infinite objective), as in full participation.
+    If fewer than ``min_clients`` clients answer in a round, the round is
+    skipped (:class:`RoundSkippedWarning`): the global vector and the
+    stored messages stay at their round-start values and the ELBO entry
+    repeats the round-start value. The set-up exchanges (summary, prepare,
+    pilot, initialise, the first evaluation) and the final exchange need
+    every client: a client failing there (after its retries) is excluded
+    from the model. :class:`TrainingFailedError` if no client is left.
+
+    Parameters
+    ----------
+    clients : list of Client or None
+        The clients' data holders (ignored when ``transport`` is given).
+    server : Server
+    config : ModelConfig
+    n_rounds : int
+        Maximum number of rounds (run in this call, after ``state``'s).
+    n_jobs : int or None
+    seeds : list of int
+        Per-client seeds, in client order.
+    verbose : int
+    transport : object, optional
+        Default: ``JoblibTransport([StructuredClient(c) for c in clients],
+        n_jobs, fault_hook)``.
+    fault_hook : callable, optional
+        See :class:`JoblibTransport`.
+    client_fraction : float in (0, 1], default=1.0
+    min_clients : int, default=1
+    max_retries : int, default=1
+    random_state : int or None
+        Seed of the participation sampler.
+    state : TrainingState, optional
+        Resume from it (same clients and data: identical to an
+        uninterrupted run). Clients not in it are initialised as in the
+        set-up (pilot fit, population values); clients of the state that
+        are missing are left out. Without stored messages for every client
+        (a warm start), all clients first send fresh ones.
+    callback : callable, optional
+        ``callback(round, state)`` after every round, ``state`` a
+        :class:`TrainingState` (e.g. ``state.save(path)``).
+
+    Returns
+    -------
+    clients : list of StructuredClient or None
+        The transport's client objects (None if it holds none), holding
+        only parameters and posterior moments (no data).
+    result : dict
+        ``elbo_history``, ``communication``, ``n_iter``, ``converged``,
+        ``posterior`` (:class:`PosteriorBroadcast` at the final vectors),
+        ``theta_global``, ``global_pack``, ``population`` (geometric means of
+        the clients' local hyperparameters), ``n_evaluations``,
+        ``failed_clients`` (``(round, client_id, method, error)`` for every
+        failed call), ``excluded_clients``.
+
+    Raises
+    ------
+    TrainingFailedError
+        If no client is left to form a model.
+    """
+    if transport is None:
+        transport = JoblibTransport([StructuredClient(c) for c in clients], n_jobs=n_jobs,
+                                    fault_hook=fault_hook)
+    ids = transport.client_ids
+    seeds = dict(zip(ids, seeds if seeds is not None else range(len(ids))))
+    run = _StructuredRun(transport, server, config, n_rounds, verbose, client_fraction,
+                         min_clients, max_retries, random_state, callback)
+    with transport:
+        return run.run(seeds, state)
