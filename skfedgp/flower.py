@@ -43,6 +43,7 @@ import numpy as np
 
 from . import federated as _fed
 from ._hierarchy import Packer
+from .optim import Adam
 
 __all__ = [
     "CODEC_TYPES",
@@ -76,8 +77,10 @@ CODEC_TYPES = {
         _fed.ClientStatistics, _fed.ModelConfig, _fed.PilotSummary,
         _fed.StructuredStatistics, _fed.PosteriorBroadcast, _fed.GlobalGradient,
         _fed.LocalHyperparameters, _fed.ClientUpdateValue, _fed._PopulationPilot,
+        _fed.ClientState,
     )
 }
+_ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "t", "m", "v")
 
 _TYPE = "#type"
 _NONE = "#none"
@@ -90,6 +93,10 @@ def _flatten(value, key, arrays, config):
     """Write ``value`` under ``key`` into ``arrays`` (name -> ndarray) and ``config``."""
     if value is None:
         config[key + _NONE] = True
+    elif isinstance(value, Adam):
+        config[key + _TYPE] = "Adam"
+        for name in _ADAM_FIELDS:
+            _flatten(getattr(value, name), f"{key}.{name}", arrays, config)
     elif isinstance(value, Packer):
         config[key + _TYPE] = "Packer"
         config[key + ".names"] = [str(n) for n, _, _ in value.spec]
@@ -140,6 +147,11 @@ def _unflatten(key, arrays, config):
                 spec.append((n, tuple(int(x) for x in dims[off:off + nd]), k))
                 off += nd
             return Packer(spec)
+        if name == "Adam":
+            adam = Adam()
+            for f in _ADAM_FIELDS:
+                setattr(adam, f, _unflatten(f"{key}.{f}", arrays, config))
+            return adam
         if name not in CODEC_TYPES:
             raise ValueError(f"skfedgp.flower: unknown message type {name!r} in a record")
         cls = CODEC_TYPES[name]
@@ -159,7 +171,7 @@ def _count(value):
     dataclasses use :func:`skfedgp.federated.message_nbytes` (the same sum);
     strings, booleans, ``None`` and packers count nothing.
     """
-    if value is None or isinstance(value, (str, bytes, bool, np.bool_, Packer)):
+    if value is None or isinstance(value, (str, bytes, bool, np.bool_, Packer, Adam)):
         return 0
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
@@ -252,18 +264,22 @@ def decode(records, name="v"):
 # references: what a client already holds is not sent again
 # --------------------------------------------------------------------------
 
-#: Argument types sent to a client once and then referenced (static
-#: configuration, not model payload: ``communication_`` does not count them).
+#: Argument types that are configuration, not model payload
+#: (``communication_`` does not count them); sent once, then referenced.
 STATIC_TYPES = ("ModelConfig", "Packer")
+#: Methods whose array argument (the global vector) is always sent: the
+#: broadcast that opens an evaluation of the ELBO, as ``communication_``
+#: counts it.
+BROADCAST_METHODS = ("statistics",)
 
 
-def _slot(value, side):
-    """Name under which both ends keep the last value of this kind."""
+def _kind(value):
+    """Type name under which both ends keep the last value of this kind (or None)."""
     if isinstance(value, np.ndarray):
-        return f"{side}:ndarray"
+        return "ndarray"
     if isinstance(value, Packer) or (dataclasses.is_dataclass(value)
                                      and not isinstance(value, type)):
-        return f"{side}:{type(value).__name__}"
+        return type(value).__name__
     return None
 
 
@@ -276,17 +292,28 @@ def _same(a, b):
     return False
 
 
+def _find_held(held, value, method):
+    """Slot of ``held`` holding ``value`` (an argument the client already has), or None."""
+    kind = _kind(value)
+    if kind is None or (kind == "ndarray" and method in BROADCAST_METHODS):
+        return None
+    for slot in (f"arg:{kind}", f"reply:{kind}"):
+        if slot in held and _same(held[slot], value):
+            return slot
+    return None
+
+
 # --------------------------------------------------------------------------
 # client side
 # --------------------------------------------------------------------------
 
-#: Message types: ``"train." + method`` (``train`` so that Flower's
-#: ``secaggplus_mod`` can wrap the handler; see docs/flower.md).
+#: Message types are ``"train.<method>"``.
 MESSAGE_CATEGORY = "train"
-#: Client methods a :class:`FlowerTransport` may call, plus ``"hello"``
-#: (client id and number of features, the first exchange).
+#: Client methods a :class:`FlowerTransport` may call (those of
+#: :class:`~skfedgp.federated.StructuredClient` the training loop uses),
+#: plus ``"hello"`` (client id and number of features, the first exchange).
 METHODS = ("hello", "summary", "prepare", "pilot", "initialise", "statistics",
-           "global_gradient", "local_phase", "finish")
+           "global_gradient", "local_phase", "finish", "close", "get_state", "set_state")
 _STATE_KEY = "skfedgp"
 
 #: Per-process registry: ``(run_id, node_id) -> _Node``. A SuperNode in
@@ -301,7 +328,7 @@ class _Node:
 
     def __init__(self, client_id, target):
         self.client_id = client_id
-        self.target = target  # Client, then StructuredClient
+        self.target = target  # StructuredClient wrapping the node's Client
         self.held = {}        # slot -> last value received or sent
         self.version = 0
 
@@ -335,20 +362,16 @@ def _node_for(context, load_data):
     """The node's :class:`_Node`: from the registry, from ``context.state``, or new."""
     import pickle
 
-    from flwr.app import ConfigRecord
-
     key = (getattr(context, "run_id", None), context.node_id)
     saved = context.state[_STATE_KEY] if _STATE_KEY in context.state else None
-    version = int(saved["version"]) if saved is not None else -1
     node = _REGISTRY.get(key)
-    if node is not None and node.version == version:
+    if node is not None and saved is not None and node.version == int(saved["version"]):
         return node
     if saved is not None:  # a fresh process (subprocess isolation, another actor)
         node = pickle.loads(saved["node"])  # written by this node itself, never sent
     else:
         cid, X, y = _check_local_data(*load_data(context))
-        node = _Node(cid, _fed.Client(cid, X, y))
-        context.state[_STATE_KEY] = ConfigRecord({"version": 0, "node": b""})
+        node = _Node(cid, _fed.StructuredClient(_fed.Client(cid, X, y)))
     _REGISTRY[key] = node
     return node
 
@@ -364,56 +387,59 @@ def _save_node(node, context):
         {"version": node.version, "node": pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)})
 
 
-def _run_method(node, method, args):
-    """Call ``method`` on the node's client object; returns the reply value."""
-    if method == "hello":
-        return int(node.target._X.shape[1]) if hasattr(node.target, "_X") \
-            else int(node.target._Xs.shape[1])
-    if method not in METHODS:
-        raise ValueError(f"unknown skfedgp method {method!r}")
-    fn = getattr(node.target, method, None)
-    if fn is None:
-        raise ValueError(
-            f"the client object {type(node.target).__name__} has no method {method!r}")
-    out = fn(*args)
-    if isinstance(out, (_fed.Client, _fed.StructuredClient)):
-        node.target = out  # methods that return the (updated) client reply nothing
-        return None
-    return out
+def _n_features(client):
+    raw = getattr(client, "_client", None)
+    X = raw._X if raw is not None else client._Xs
+    return int(X.shape[1])
 
 
 def _handle(message, context, load_data, on_finish):
-    """ClientApp handler: decode, call the client method, reply."""
+    """ClientApp handler: decode, call the client method, reply.
+
+    A client method that raises is answered with a failure record
+    (``ctl["failed"]``, ``ctl["numerical"]``), which the transport turns
+    into a :class:`~skfedgp.federated.ClientFailure`.
+    """
     from flwr.app import ConfigRecord, Message, RecordDict
 
     method = message.metadata.message_type.split(".", 1)[-1]
     node = _node_for(context, load_data)
     ctl = message.content["ctl"]
-    args = []
-    for i in range(int(ctl["nargs"])):
-        ref = f"ref.{i}"
-        if ref in ctl:
-            if ctl[ref] not in node.held:
-                raise RuntimeError(
-                    f"client {node.client_id!r} was asked for {ctl[ref]!r}, which it does not "
-                    "hold (state lost); the server resends everything after a failure")
-            args.append(node.held[ctl[ref]])
-        else:
-            value = decode(message.content, f"a{i}")
-            slot = _slot(value, "arg")
-            if slot:
-                node.held[slot] = value
-            args.append(value)
-    result = _run_method(node, method, args)
-    slot = _slot(result, "reply")
-    if slot:
-        node.held[slot] = result
-    if method == "finish" and on_finish is not None:
-        on_finish(node.client_id, node.target, context)
-    _save_node(node, context)
     reply = RecordDict()
-    _encode_into(reply, result, "r")
-    reply["ctl"] = ConfigRecord({"client_id": node.client_id})
+    out = {"client_id": node.client_id}
+    try:
+        if method not in METHODS:
+            raise ValueError(f"unknown skfedgp client method {method!r}")
+        args = []
+        for i in range(int(ctl["nargs"])):
+            ref = f"ref.{i}"
+            if ref in ctl:
+                if ctl[ref] not in node.held:
+                    raise RuntimeError(
+                        f"client {node.client_id!r} was sent a reference to {ctl[ref]!r}, "
+                        "which it does not hold (state lost)")
+                args.append(node.held[ctl[ref]])
+            else:
+                value = decode(message.content, f"a{i}")
+                kind = _kind(value)
+                if kind:
+                    node.held[f"arg:{kind}"] = value
+                args.append(value)
+        if method == "hello":
+            result = _n_features(node.target)
+        else:
+            result = getattr(node.target, method)(*args)
+        kind = _kind(result)
+        if kind:
+            node.held[f"reply:{kind}"] = result
+        if method == "finish" and on_finish is not None:
+            on_finish(node.client_id, node.target, context)
+        _encode_into(reply, result, "r")
+    except Exception as exc:  # noqa: BLE001 -- reported to the server as a ClientFailure
+        out.update(failed=repr(exc),
+                   numerical=isinstance(exc, (np.linalg.LinAlgError, FloatingPointError)))
+    _save_node(node, context)
+    reply["ctl"] = ConfigRecord(out)
     return Message(reply, reply_to=message)
 
 
@@ -426,8 +452,7 @@ def make_client_app(load_data, *, on_finish=None, mods=None):
         ``load_data(context) -> (client_id, X, y)``: the node's own data, read
         on the node (e.g. from a path in ``context.node_config``); ``client_id``
         a str or int unique among the nodes, ``X`` of shape ``(n_i, d)``,
-        ``y`` of shape ``(n_i,)`` in original units. Called once per node
-        (and per process of the node if its state cannot be found).
+        ``y`` of shape ``(n_i,)`` in original units. Called once per node.
     on_finish : callable, optional
         ``on_finish(client_id, client, context)`` after the final exchange,
         with the node's :class:`~skfedgp.federated.StructuredClient` (its
@@ -435,19 +460,26 @@ def make_client_app(load_data, *, on_finish=None, mods=None):
         posterior moments ``client.posterior``): the place to save the
         client's personal model on the node.
     mods : list, optional
-        Flower mods of the handlers (e.g. ``[flwr.clientapp.mod.secaggplus_mod]``).
+        Flower mods applied to every handler.
 
     Returns
     -------
     flwr.clientapp.ClientApp
         Handlers ``train.<method>`` for every method in :data:`METHODS`.
 
+    Raises
+    ------
+    TypeError
+        If ``load_data`` is not callable.
+
     Notes
     -----
     The node's client object is kept in a per-process registry and, because
-    a SuperNode may start a fresh process per message, pickled into the
-    node's own ``context.state`` (it never leaves the node; raw data
-    included). Incoming records are decoded by :func:`decode` only.
+    a SuperNode starts a fresh process per message (its default
+    ``--isolation subprocess``), pickled into the node's own
+    ``context.state``, which the SuperNode keeps on the client machine (it
+    holds the raw data and is never sent). Incoming records are read by
+    :func:`decode` only (no pickle).
     """
     _require_flwr()
     from flwr.clientapp import ClientApp
@@ -470,9 +502,9 @@ def make_client_app(load_data, *, on_finish=None, mods=None):
 
 
 def _arg_payload(value):
-    """Model payload of one argument: static configuration and bare ints
-    (round numbers, seeds, sizes) are control, not payload."""
-    if isinstance(value, numbers.Integral) or _slot(value, "") in {":" + t for t in STATIC_TYPES}:
+    """Model payload of one argument: configuration (:data:`STATIC_TYPES`) and
+    bare ints (round numbers, seeds, sizes) are control, not payload."""
+    if isinstance(value, numbers.Integral) or _kind(value) in STATIC_TYPES:
         return 0
     return _count(value)
 
@@ -480,9 +512,11 @@ def _arg_payload(value):
 class FlowerTransport:
     """Transport of the federated training over a Flower ``Grid``.
 
-    ``call(method, args, ids)`` sends one ``Message`` of type
-    ``"train.<method>"`` per called client and waits for the replies
-    (``grid.send_and_receive``).
+    Implements the transport interface of
+    :func:`skfedgp.federated.run_structured_training` (``client_ids``,
+    ``call``, context manager): ``call(method, args, ids)`` sends one
+    ``Message`` of type ``"train.<method>"`` per called client and waits for
+    the replies (``grid.send_and_receive``).
 
     Parameters
     ----------
@@ -492,39 +526,53 @@ class FlowerTransport:
         :meth:`connect` waits until at least this many nodes are connected.
     timeout : float or None, default=None
         Seconds to wait for the replies of one call (None: no limit). A
-        client that does not reply in time is reported as failed.
+        client that does not reply in time is a
+        :class:`~skfedgp.federated.ClientFailure`.
     connect_timeout : float, default=300.0
         Seconds :meth:`connect` waits for ``min_nodes`` nodes.
 
     Attributes
     ----------
-    client_ids_ : list
+    client_ids : list
         Client ids of the connected nodes, sorted as
-        :class:`~skfedgp.FederatedHierarchicalGPRegressor` sorts its labels.
+        :class:`~skfedgp.FederatedHierarchicalGPRegressor` sorts its labels
+        (after :meth:`connect`).
     node_ids_ : dict
         Client id to Flower node id.
     n_features_ : int
         Number of input features (the same on every node).
     payload_log_ : list of dict
-        One entry per call: ``method``, ``bytes_down``, ``bytes_up`` (model
-        payload: arrays' ``nbytes`` and 8 bytes per number of the message
-        dataclasses, as ``communication_`` counts), ``n_messages``.
+        One entry per call: ``method``, ``round``, ``bytes_down``,
+        ``bytes_up`` (model payload: arrays' ``nbytes`` and 8 bytes per
+        number of the message dataclasses, as ``communication_`` counts),
+        ``n_messages`` (requests and replies).
     wire_log_ : list of dict
-        The same calls measured as serialised Flower records (``bytes_down``,
-        ``bytes_up``): NumPy headers, keys and references included.
+        The same calls measured on the serialised Flower records
+        (``bytes_down``, ``bytes_up``): NumPy headers, keys, references and
+        control fields included.
     """
 
     def __init__(self, grid, *, min_nodes=1, timeout=None, connect_timeout=300.0):
         _require_flwr()
         if not isinstance(min_nodes, numbers.Integral) or min_nodes < 1:
             raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be None or a positive number, got {timeout!r}")
         self.grid = grid
         self.min_nodes = int(min_nodes)
         self.timeout = timeout
         self.connect_timeout = float(connect_timeout)
         self.payload_log_ = []
         self.wire_log_ = []
+        self.client_ids = []
+        self.node_ids_ = {}
         self._held = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
     # -- set-up ----------------------------------------------------------------
     def connect(self):
@@ -538,6 +586,8 @@ class FlowerTransport:
         ------
         TimeoutError
             If fewer than ``min_nodes`` nodes connect within ``connect_timeout``.
+        RuntimeError
+            If a node fails to load its data.
         ValueError
             If two nodes report the same client id or different numbers of
             features.
@@ -555,78 +605,91 @@ class FlowerTransport:
                     f"within {self.connect_timeout:g} s")
             time.sleep(0.1)
             nodes = sorted(self.grid.get_node_ids())
-        self.node_ids_ = {}
-        replies = self._exchange("hello", {n: () for n in nodes}, by_node=True)
-        dims = {}
-        for node, (cid, value) in replies.items():
-            if isinstance(value, BaseException):
-                raise RuntimeError(f"Flower node {node} failed at set-up: {value}") from value
-            if cid in self.node_ids_:
+        replies = self._exchange("hello", {n: () for n in nodes}, {}, 0)
+        cids, dims = {}, {}
+        for node, (cid, value, err) in replies.items():
+            if err is not None:
+                raise RuntimeError(f"Flower node {node} failed at set-up: {err[0]}")
+            if cid in cids:
                 raise ValueError(
-                    f"Flower nodes {self.node_ids_[cid]} and {node} both report client id {cid!r}")
-            self.node_ids_[cid] = node
+                    f"Flower nodes {cids[cid]} and {node} both report client id {cid!r}")
+            cids[cid] = node
             dims[cid] = value
         if len(set(dims.values())) != 1:
             raise ValueError(f"the nodes' data have different numbers of features: {dims}")
         self.n_features_ = int(next(iter(dims.values())))
-        self.client_ids_, _ = unique_labels(list(self.node_ids_))
-        self._held = {cid: {} for cid in self.client_ids_}
+        self.client_ids, _ = unique_labels(list(cids))
+        self.node_ids_ = {c: cids[c] for c in self.client_ids}
+        self._held = {c: {} for c in self.client_ids}
+        self.payload_log_, self.wire_log_ = [], []
         return self
 
     # -- one call ----------------------------------------------------------------
-    def call(self, method, args, ids=None):
+    def call(self, method, args=(), ids=None, *, round_=0):
         """Run ``method`` on the clients ``ids`` (default: all) over Flower.
 
         Parameters
         ----------
         method : str
-            One of :data:`METHODS`.
+            One of :data:`METHODS` (not ``"hello"``).
         args : tuple or dict
             Arguments common to all called clients, or ``{client_id: tuple}``.
         ids : list, optional
+        round_ : int, default=0
+            Round of the call (for the logs and :class:`ClientFailure`).
 
         Returns
         -------
         dict
-            ``{client_id: result}``; a client whose reply is an error or
-            missing maps to a failure (``ClientFailure`` when
-            :mod:`skfedgp.federated` defines it, else the exception).
+            ``{client_id: result}`` in the order of ``ids``; a client whose
+            method raised, whose reply is a Flower error or is missing after
+            ``timeout`` maps to a :class:`~skfedgp.federated.ClientFailure`.
         """
         if method not in METHODS or method == "hello":
             raise ValueError(f"unknown client method {method!r}; expected one of {METHODS[1:]}")
-        ids = list(self.client_ids_) if ids is None else list(ids)
-        per = {cid: (args[cid] if isinstance(args, dict) else args) for cid in ids}
-        replies = self._exchange(method, {self.node_ids_[c]: per[c] for c in ids})
+        ids = list(self.client_ids) if ids is None else list(ids)
+        unknown = [c for c in ids if c not in self.node_ids_]
+        if unknown:
+            raise ValueError(f"unknown client id(s) {unknown}")
+        per = {self.node_ids_[c]: tuple(args[c] if isinstance(args, dict) else args)
+               for c in ids}
+        held = {self.node_ids_[c]: self._held[c] for c in ids}
+        replies = self._exchange(method, per, held, round_)
         out = {}
-        failure = getattr(_fed, "ClientFailure", None)
-        for node, (cid, value) in replies.items():
-            cid = next(c for c, n in self.node_ids_.items() if n == node) if cid is None else cid
-            if isinstance(value, BaseException):
-                self._held[cid] = {}  # resend everything to this client next time
-                out[cid] = failure(cid, method, value) if failure is not None else value
-            else:
+        for cid in ids:
+            _, value, err = replies[self.node_ids_[cid]]
+            if err is None:
                 out[cid] = value
-        return {cid: out[cid] for cid in ids}
+                continue
+            error, numerical, reached = err
+            if not reached:
+                self._held[cid] = {}  # its state is unknown: resend everything next time
+            out[cid] = _fed.ClientFailure(cid, method, round_, error, numerical)
+        return out
 
-    def _exchange(self, method, per_node, by_node=False):
-        """Send one message per node, collect ``{node: (client_id, value)}``."""
+    def _exchange(self, method, per_node, held, round_):
+        """One message per node; returns ``{node: (client_id, value, error)}``.
+
+        ``error`` is None or ``(text, numerical, reached)``, ``reached``
+        telling whether the client handled the message.
+        """
         from flwr.app import ConfigRecord, Message, RecordDict
 
-        node_to_cid = {n: c for c, n in getattr(self, "node_ids_", {}).items()}
         messages, down, wire_down = [], 0, 0
         for node, args in per_node.items():
-            held = self._held.setdefault(node_to_cid.get(node), {})
+            h = held.get(node, {})
             content = RecordDict()
             ctl = {"nargs": len(args)}
             for i, value in enumerate(args):
-                slot = _slot(value, "arg")
-                if slot and slot in held and _same(held[slot], value):
+                slot = _find_held(h, value, method)
+                if slot is not None:
                     ctl[f"ref.{i}"] = slot
                     continue
                 _encode_into(content, value, f"a{i}")
                 down += _arg_payload(value)
-                if slot:
-                    held[slot] = value
+                kind = _kind(value)
+                if kind:
+                    h[f"arg:{kind}"] = value
             content["ctl"] = ConfigRecord(ctl)
             wire_down += _wire_nbytes(content)
             messages.append(Message(content, dst_node_id=int(node),
@@ -635,42 +698,51 @@ class FlowerTransport:
         out, up, wire_up = {}, 0, 0
         for rep in replies:
             node = rep.metadata.src_node_id
-            if rep.has_error():
-                err = rep.error
-                out[node] = (None, RuntimeError(
-                    f"client on Flower node {node} failed in {method!r}: "
-                    f"[{err.code}] {err.reason}"))
+            if node not in per_node:
                 continue
-            cid = rep.content["ctl"]["client_id"]
+            if rep.has_error():
+                out[node] = (None, None, (
+                    f"Flower error from node {node} in {method!r}: "
+                    f"[{rep.error.code}] {rep.error.reason}", False, False))
+                continue
+            ctl = rep.content["ctl"]
+            cid = ctl["client_id"]
+            wire_up += _wire_nbytes(rep.content)
+            if "failed" in ctl:
+                out[node] = (cid, None, (ctl["failed"], bool(ctl["numerical"]), True))
+                continue
             value = decode(rep.content, "r")
-            slot = _slot(value, "reply")
-            if slot:
-                self._held.setdefault(node_to_cid.get(node, cid), {})[slot] = value
+            kind = _kind(value)
+            if kind and node in held:
+                held[node][f"reply:{kind}"] = value
             if method != "hello":
                 up += _count(value)
-            wire_up += _wire_nbytes(rep.content)
-            out[node] = (cid, value)
+            out[node] = (cid, value, None)
         for node in per_node:
             if node not in out:
-                out[node] = (None, TimeoutError(
-                    f"no reply from Flower node {node} to {method!r} within {self.timeout} s"))
+                out[node] = (None, None, (
+                    f"TimeoutError('no reply from Flower node {node} to {method!r} within "
+                    f"{self.timeout} s')", False, False))
         if method != "hello":
-            self.payload_log_.append({"method": method, "bytes_down": int(down),
-                                      "bytes_up": int(up), "n_messages": 2 * len(per_node)})
-            self.wire_log_.append({"method": method, "bytes_down": int(wire_down),
-                                   "bytes_up": int(wire_up)})
+            self.payload_log_.append({"method": method, "round": int(round_),
+                                      "bytes_down": int(down), "bytes_up": int(up),
+                                      "n_messages": 2 * len(per_node)})
+            self.wire_log_.append({"method": method, "round": int(round_),
+                                   "bytes_down": int(wire_down), "bytes_up": int(wire_up)})
         return out
 
 
 def _wire_nbytes(records):
-    """Bytes of a RecordDict's arrays as serialised (``.npy`` with header) plus
-    its config values (8 per number, the length of strings and bytes)."""
+    """Serialised size of a RecordDict's values: each array's ``.npy`` bytes
+    (header included), 8 per number, the length of strings and bytes, plus
+    the keys."""
     total = 0
     for rec in records.values():
         for k, v in rec.items():
             total += len(k)
-            if hasattr(v, "data") and isinstance(getattr(v, "data"), bytes):
-                total += len(v.data)
+            data = getattr(v, "data", None)
+            if isinstance(data, bytes):
+                total += len(data)
             elif isinstance(v, (str, bytes)):
                 total += len(v)
             elif isinstance(v, list):
@@ -708,7 +780,8 @@ def fit_over_transport(transport, est, config, n_rounds):
     Parameters
     ----------
     transport : FlowerTransport
-        After :meth:`FlowerTransport.connect`.
+        After :meth:`FlowerTransport.connect` (any object with the transport
+        interface, ``n_features_`` and sorted ``client_ids`` will do).
     est : FederatedHierarchicalGPRegressor
         Unfitted; its parameters are used.
     config : ModelConfig
@@ -721,13 +794,13 @@ def fit_over_transport(transport, est, config, n_rounds):
     """
     from sklearn.utils import check_random_state
 
-    ids = list(transport.client_ids_)
+    ids = list(transport.client_ids)
     rng = check_random_state(est.random_state)
     seeds = rng.randint(0, 2**31 - 1, size=len(ids) + 1)
     server = _fed.Server(config, transport.n_features_, int(seeds[-1]))
     client_seeds = [int(s) for s in seeds[:-1]]
     _, res = _fed.run_structured_training(
-        ids, server, config, n_rounds=n_rounds, seeds=client_seeds, verbose=est.verbose,
+        None, server, config, n_rounds=n_rounds, seeds=client_seeds, verbose=est.verbose,
         transport=transport)
     post = res["posterior"]
     return {
@@ -743,6 +816,8 @@ def fit_over_transport(transport, est, config, n_rounds):
         "converged": res["converged"],
         "n_evaluations": res["n_evaluations"],
         "population": res["population"],
+        "failed_clients": res.get("failed_clients", []),
+        "excluded_clients": res.get("excluded_clients", []),
         "y_offset": server.y_offset,
         "y_scale": server.y_scale,
         "x_offset": server.x_offset,

@@ -125,11 +125,11 @@ def test_codec_refuses_unknown_types():
 # in-process simulation
 # --------------------------------------------------------------------------
 
-def _client_data(n_clients=3, n=40, seed=0):
+def _client_data(n_clients=3, n=40, seed=0, d=1):
     from skfedgp.datasets import make_hierarchical_regression
 
     X, y, groups = make_hierarchical_regression(n_clients=n_clients, n_samples=n,
-                                                random_state=seed)
+                                                n_features=d, random_state=seed)
     return X, y, groups
 
 
@@ -147,10 +147,15 @@ def _loader(X, y, groups):
 
 def _simulate(server_main, client_app, n_nodes):
     from flwr.serverapp import ServerApp
-    from flwr.simulation import run_simulation
 
     app = ServerApp()
     app.main()(server_main)
+    _simulate_app(app, client_app, n_nodes)
+
+
+def _simulate_app(app, client_app, n_nodes):
+    from flwr.simulation import run_simulation
+
     run_simulation(app, client_app, num_supernodes=n_nodes,
                    backend_config={"init_args": {"num_cpus": 1},
                                    "client_resources": {"num_cpus": 1}})
@@ -162,7 +167,7 @@ def test_simulation_summary_exchange_matches_local_clients():
 
     def main(grid, context):
         tr = fl.FlowerTransport(grid, min_nodes=3, timeout=120).connect()
-        got["ids"] = tr.client_ids_
+        got["ids"] = tr.client_ids
         got["d"] = tr.n_features_
         got["summaries"] = tr.call("summary", ())
         got["log"] = tr.payload_log_
@@ -174,9 +179,85 @@ def test_simulation_summary_exchange_matches_local_clients():
     total = 0
     for lab in labels:
         keep = groups == lab
-        ref = F.Client(lab, X[keep], y[keep]).summary()
+        ref = F.Client(f"site-{lab}", X[keep], y[keep]).summary()
         s = got["summaries"][f"site-{lab}"]
         _assert_same(ref, s)
         total += F.message_nbytes(ref)
-    assert got["log"] == [{"method": "summary", "bytes_down": 0, "bytes_up": total,
-                           "n_messages": 6}]
+    assert got["log"] == [{"method": "summary", "round": 0, "bytes_down": 0,
+                           "bytes_up": total, "n_messages": 6}]
+
+
+#: Set-up exchanges: their bytes are round 0 of ``communication_``.
+SETUP = ("summary", "prepare", "pilot", "initialise")
+
+
+def _bytes_per_round(log, n_rounds_run):
+    """Group the transport's payload log as ``communication_`` groups its rounds:
+    the set-up exchanges are round 0, the first evaluation (round 0 calls after
+    the set-up) counts in round 1."""
+    per = {}
+    for e in log:
+        r = 0 if e["method"] in SETUP else max(e["round"], 1)
+        up, down = per.get(r, (0, 0))
+        per[r] = (up + e["bytes_up"], down + e["bytes_down"])
+    return per
+
+
+def test_flower_training_matches_estimator_fit(tmp_path):
+    import joblib
+
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    X, y, groups = _client_data(n_clients=3, n=40, seed=1, d=2)
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+    params = dict(random_state=0, n_rounds=2)
+    est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+
+    def on_finish(cid, client, context):
+        joblib.dump({"theta": client.theta, "posterior": client.posterior},
+                    tmp_path / f"{cid}.joblib")
+
+    server_app = fl.make_server_app(min_nodes=3, timeout=300, **params)
+    _simulate_app(server_app, fl.make_client_app(_loader(X, y, groups), on_finish=on_finish), 3)
+    res = server_app.result_
+    assert res is not None, "the ServerApp did not finish"
+    assert res["client_ids"] == sorted(est.clients_)
+    np.testing.assert_allclose(res["theta_global"], est.server_.theta_global,
+                               rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-8)
+    np.testing.assert_allclose(res["objective_history"], est.objective_history_, rtol=1e-8)
+    np.testing.assert_allclose(res["global_posterior"]["mean"],
+                               est.global_posterior_["mean"], rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(res["global_posterior"]["covariance"],
+                               est.global_posterior_["covariance"], rtol=1e-8, atol=1e-12)
+    assert res["y_offset"] == est.y_offset_ and res["y_scale"] == est.y_scale_
+    assert res["n_iter"] == est.n_iter_
+    for cid, client in est.clients_.items():
+        local = joblib.load(tmp_path / f"{cid}.joblib")
+        np.testing.assert_allclose(local["theta"], client.theta, rtol=1e-8, atol=1e-12)
+        for k in ("mu_u", "Sigma_u"):
+            np.testing.assert_allclose(local["posterior"][k], client.posterior[k],
+                                       rtol=1e-7, atol=1e-10)
+    for k, v in res["population"].items():
+        np.testing.assert_allclose(v, est._population_local[k], rtol=1e-8)
+
+    # model payload per round equals communication_ for every training round
+    # and the final exchange ...
+    comm = est.communication_
+    assert [c["round"] for c in res["communication"]] == [c["round"] for c in comm]
+    per = _bytes_per_round(res["payload_log"], est.n_iter_)
+    assert sorted(per) == [c["round"] for c in comm]
+    for c in comm[1:]:
+        assert per[c["round"]] == (c["bytes_up"], c["bytes_down"]), c["round"]
+    # ... and at set-up the uploads are equal; the download differs by the
+    # layout of the initialisation message, 8 (d - 1) bytes per client: it
+    # carries the population pilot with its ``ranges`` (d numbers) and no
+    # round number, where communication_ counts a GlobalBroadcast (round
+    # number included) and a PilotSummary
+    d, T = X.shape[1], 3
+    assert per[0][0] == comm[0]["bytes_up"]
+    assert per[0][1] == comm[0]["bytes_down"] + T * 8 * (d - 1)
+    # what went over the wire is the payload plus bounded overhead
+    wire_up = sum(e["bytes_up"] for e in res["wire_log"])
+    pay_up = sum(e["bytes_up"] for e in res["payload_log"])
+    assert pay_up < wire_up < 3 * pay_up + 10_000 * len(res["wire_log"])
