@@ -403,9 +403,14 @@ def _handle(message, context, load_data, on_finish):
     from flwr.app import ConfigRecord, Message, RecordDict
 
     method = message.metadata.message_type.split(".", 1)[-1]
-    node = _node_for(context, load_data)
-    ctl = message.content["ctl"]
     reply = RecordDict()
+    try:
+        node = _node_for(context, load_data)
+    except Exception as exc:  # noqa: BLE001 -- the node's data could not be loaded
+        reply["ctl"] = ConfigRecord({"failed": f"loading the node's data failed: {exc!r}",
+                                     "numerical": False})
+        return Message(reply, reply_to=message)
+    ctl = message.content["ctl"]
     out = {"client_id": node.client_id}
     try:
         if method not in METHODS:
@@ -706,10 +711,11 @@ class FlowerTransport:
                     f"[{rep.error.code}] {rep.error.reason}", False, False))
                 continue
             ctl = rep.content["ctl"]
-            cid = ctl["client_id"]
+            cid = ctl.get("client_id")
             wire_up += _wire_nbytes(rep.content)
             if "failed" in ctl:
-                out[node] = (cid, None, (ctl["failed"], bool(ctl["numerical"]), True))
+                # reached: the client's own code ran (its state is known)
+                out[node] = (cid, None, (ctl["failed"], bool(ctl["numerical"]), cid is not None))
                 continue
             value = decode(rep.content, "r")
             kind = _kind(value)

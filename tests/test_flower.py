@@ -145,46 +145,12 @@ def _loader(X, y, groups):
     return load_data
 
 
-def _simulate(server_main, client_app, n_nodes):
-    from flwr.serverapp import ServerApp
-
-    app = ServerApp()
-    app.main()(server_main)
-    _simulate_app(app, client_app, n_nodes)
-
-
 def _simulate_app(app, client_app, n_nodes):
     from flwr.simulation import run_simulation
 
     run_simulation(app, client_app, num_supernodes=n_nodes,
                    backend_config={"init_args": {"num_cpus": 1},
                                    "client_resources": {"num_cpus": 1}})
-
-
-def test_simulation_summary_exchange_matches_local_clients():
-    X, y, groups = _client_data()
-    got = {}
-
-    def main(grid, context):
-        tr = fl.FlowerTransport(grid, min_nodes=3, timeout=120).connect()
-        got["ids"] = tr.client_ids
-        got["d"] = tr.n_features_
-        got["summaries"] = tr.call("summary", ())
-        got["log"] = tr.payload_log_
-
-    _simulate(main, fl.make_client_app(_loader(X, y, groups)), 3)
-    labels = sorted(set(groups.tolist()))
-    assert got["ids"] == [f"site-{lab}" for lab in labels]
-    assert got["d"] == X.shape[1]
-    total = 0
-    for lab in labels:
-        keep = groups == lab
-        ref = F.Client(f"site-{lab}", X[keep], y[keep]).summary()
-        s = got["summaries"][f"site-{lab}"]
-        _assert_same(ref, s)
-        total += F.message_nbytes(ref)
-    assert got["log"] == [{"method": "summary", "round": 0, "bytes_down": 0,
-                           "bytes_up": total, "n_messages": 6}]
 
 
 #: Set-up exchanges: their bytes are round 0 of ``communication_``.
@@ -261,3 +227,140 @@ def test_flower_training_matches_estimator_fit(tmp_path):
     wire_up = sum(e["bytes_up"] for e in res["wire_log"])
     pay_up = sum(e["bytes_up"] for e in res["payload_log"])
     assert pay_up < wire_up < 3 * pay_up + 10_000 * len(res["wire_log"])
+
+
+# --------------------------------------------------------------------------
+# the transport and the ClientApp without a Flower runtime (fast)
+# --------------------------------------------------------------------------
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    """Messages need a run/task identity, which Flower's runtime normally sets."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 5), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+class _InProcessGrid:
+    """A Grid stand-in: delivers each message to the ClientApp of its node in
+    this process (one Context per node). ``fresh_process=True`` empties the
+    per-process registry before every message, as a SuperNode in subprocess
+    isolation does."""
+
+    def __init__(self, client_app, n_nodes, fresh_process=False):
+        from flwr.app import Context, RecordDict
+
+        self.app = client_app
+        self.fresh_process = fresh_process
+        self.contexts = {
+            101 + 7 * k: Context(run_id=5, node_id=101 + 7 * k,
+                                 node_config={"partition-id": k}, state=RecordDict(),
+                                 run_config={})
+            for k in range(n_nodes)}
+        self.delivered = 0
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            if self.fresh_process:
+                fl._REGISTRY.clear()
+            replies.append(self.app(msg, self.contexts[msg.metadata.dst_node_id]))
+            self.delivered += 1
+        return replies
+
+
+@pytest.mark.parametrize("fresh_process", [False, True])
+def test_transport_in_process_gives_the_estimator_fit(fresh_process, task_identity):
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    X, y, groups = _client_data(n_clients=3, n=30, seed=2, d=1)
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+    params = dict(random_state=3, n_rounds=1)
+    est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+    grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 3, fresh_process)
+    transport = fl.FlowerTransport(grid, min_nodes=3).connect()
+    assert transport.client_ids == sorted(est.clients_)
+    assert transport.n_features_ == 1
+    e, config, n_rounds = fl._check_server_params(params)
+    res = fl.fit_over_transport(transport, e, config, n_rounds)
+    np.testing.assert_allclose(res["theta_global"], est.server_.theta_global, rtol=1e-10)
+    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
+    assert res["failed_clients"] == [] and res["excluded_clients"] == []
+    # the configuration went once to each client, then only references
+    sent = [e for e in transport.payload_log_ if e["method"] == "local_phase"]
+    assert sent and all(e["bytes_down"] == 0 and e["bytes_up"] == 0 for e in sent)
+
+
+def test_transport_reports_client_errors_as_failures(task_identity):
+    X, y, groups = _client_data(n_clients=2, n=20, seed=0)
+    grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 2)
+    tr = fl.FlowerTransport(grid, min_nodes=2).connect()
+    # statistics before the set-up: the client's own code raises
+    out = tr.call("statistics", (np.zeros(3), None, None, 1), round_=4)
+    assert set(out) == set(tr.client_ids)
+    for cid, f in out.items():
+        assert isinstance(f, F.ClientFailure)
+        assert f.client_id == cid and f.method == "statistics" and f.round == 4
+        assert not f.numerical and "Error" in f.error
+    # a numerical error is flagged as such
+    out = tr.call("global_gradient", (F.PosteriorBroadcast(1, np.zeros(2), np.eye(2)),
+                                      np.zeros(3), None, None))
+    assert all(isinstance(f, F.ClientFailure) for f in out.values())
+    with pytest.raises(ValueError, match="unknown client method"):
+        tr.call("__init__", ())
+    with pytest.raises(ValueError, match="unknown client id"):
+        tr.call("summary", (), ids=["nobody"])
+
+
+def test_missing_reply_is_a_timeout_failure(task_identity):
+    X, y, groups = _client_data(n_clients=2, n=20, seed=0)
+
+    class Lossy(_InProcessGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            replies = super().send_and_receive(messages, timeout=timeout)
+            return replies[1:]  # the first node's reply never arrives
+
+    tr = fl.FlowerTransport(Lossy(fl.make_client_app(_loader(X, y, groups)), 2),
+                            timeout=1.0)
+    tr.node_ids_ = {"a": 101, "b": 108}
+    tr.client_ids = ["a", "b"]
+    tr._held = {"a": {}, "b": {}}
+    out = tr.call("summary", ())
+    assert isinstance(out["a"], F.ClientFailure) and "TimeoutError" in out["a"].error
+    assert isinstance(out["b"], F.ClientSummary)
+
+
+def test_connect_refuses_bad_node_data(task_identity):
+    X, y, groups = _client_data(n_clients=2, n=20, seed=0)
+    y = y.copy()
+    y[3] = np.nan
+    tr = fl.FlowerTransport(_InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 2),
+                            min_nodes=2)
+    with pytest.raises(RuntimeError, match="NaN"):
+        tr.connect()
+
+    def same_id(context):
+        return "dup", X[:5], np.arange(5.0)
+
+    tr = fl.FlowerTransport(_InProcessGrid(fl.make_client_app(same_id), 2), min_nodes=2)
+    with pytest.raises(ValueError, match="both report client id 'dup'"):
+        tr.connect()
+    tr = fl.FlowerTransport(_InProcessGrid(fl.make_client_app(same_id), 1), min_nodes=2,
+                            connect_timeout=0.2)
+    with pytest.raises(TimeoutError, match="min_nodes=2"):
+        tr.connect()
+
+
+def test_app_factories_validate_their_arguments():
+    with pytest.raises(TypeError, match="load_data"):
+        fl.make_client_app("data.csv")
+    with pytest.raises(ValueError, match="structured"):
+        fl.make_server_app(variational_family="mean_field", optimizer="adam")
+    with pytest.raises(ValueError, match="n_rounds"):
+        fl.make_server_app(n_rounds=-1)
+    with pytest.raises(ValueError, match="min_nodes"):
+        fl.FlowerTransport(object(), min_nodes=0)
