@@ -83,6 +83,8 @@ __all__ = [
     "TrainingState",
     "TrainingFailedError",
     "RoundSkippedWarning",
+    "warm_start_state",
+    "check_participation",
 ]
 
 
@@ -2096,9 +2098,9 @@ class _StructuredRun:
         f = self.failures[-1]
         return f"client {f.client_id!r}, {f.method} in round {f.round}: {f.error}"
 
-    def setup_all(self, method, args, r=0):
-        """A set-up call every client must answer: failing ones are excluded."""
-        out, n_calls, lost = self.call(method, args, self.active, r)
+    def setup_all(self, method, args, r=0, ids=None):
+        """A set-up call every (given) client must answer: failing ones are excluded."""
+        out, n_calls, lost = self.call(method, args, self.active if ids is None else ids, r)
         self.exclude(lost)
         return out, n_calls
 
@@ -2183,6 +2185,7 @@ class _StructuredRun:
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
         server.population_pilot = pop
+        server.init_broadcast = init
         self.init, self.gpack, self.theta_g = init, gpack, theta_g
         self.Mg = M if "global" in cfg.components else 0
         self.comm = [comm]
@@ -2198,6 +2201,7 @@ class _StructuredRun:
             setattr(server, name, state.server[name])
         server.global_pack = state.global_pack
         server.theta_global = state.theta_global.copy()
+        server.init_broadcast = state.init
         self.init, self.gpack = state.init, state.global_pack
         d_state = state.init.x_min.shape[0]
         if d_state != server.d:
@@ -2216,17 +2220,17 @@ class _StructuredRun:
         self.n_samples = {c: summaries[c].n_samples for c in self.active}
         known = [c for c in self.active if c in state.client_states]
         new = [c for c in self.active if c not in state.client_states]
-        self.setup_all("set_state", {c: (state.client_states[c],) for c in known})
+        self.setup_all("set_state", {c: (state.client_states[c],) for c in known}, ids=known)
         if new:
             pop = server.population_pilot
-            pilots, _ = self.call("pilot", {c: (seeds[c],) for c in new}, new, state.round)
-            self.exclude([c for c in new if c not in pilots])
+            pilots, _ = self.setup_all("pilot", {c: (seeds[c],) for c in new}, ids=new)
             new = [c for c in new if c in pilots]
             self.counter["up"] += int(sum(message_nbytes(p) for p in pilots.values()
                                           if p is not None))
+            new = [c for c in new if c in self.active]
             self.setup_all("initialise", {
                 c: (cfg, server.n_inducing_local_, self.theta_g, self.gpack, pilots[c], pop,
-                    seeds[c]) for c in new if c in self.active})
+                    seeds[c]) for c in new}, ids=new)
         self.messages = {c: m for c, m in state.messages.items() if c in known}
         self.fresh = set(state.fresh) & set(known)
         self.comm = copy.deepcopy(state.communication)
@@ -2460,6 +2464,40 @@ class _StructuredRun:
             "failed_clients": [(f.round, f.client_id, f.method, f.error) for f in self.failures],
             "excluded_clients": list(self.excluded),
         }
+
+
+def warm_start_state(server, clients, history, objectives, communication, n_evaluations,
+                     failed_clients=(), excluded_clients=()):
+    """A :class:`TrainingState` from a fitted structured model (``warm_start=True``).
+
+    It holds the fitted global vector and every client's local vector but no
+    stored messages: the clients' data may have changed, so the resumed run
+    starts with an evaluation in which every client sends fresh ones.
+
+    Parameters
+    ----------
+    server : Server
+        The fitted server (after :func:`run_structured_training`).
+    clients : dict
+        Client id to fitted :class:`StructuredClient`.
+    history, objectives : list of float
+    communication : list of dict
+    n_evaluations : int
+    failed_clients, excluded_clients : sequence, optional
+
+    Returns
+    -------
+    TrainingState
+    """
+    return TrainingState(
+        round=len(history), init=server.init_broadcast,
+        server={name: copy.deepcopy(getattr(server, name)) for name in _SERVER_FIELDS},
+        theta_global=server.theta_global.copy(), global_pack=server.global_pack,
+        history=list(history), objectives=list(objectives),
+        communication=copy.deepcopy(list(communication)), n_evaluations=int(n_evaluations),
+        failed_clients=[ClientFailure(c, m, r, e) for r, c, m, e in failed_clients],
+        excluded_clients=list(excluded_clients),
+        client_states={cid: c.get_state() for cid, c in clients.items()})
 
 
 @single_threaded_blas()

@@ -10,6 +10,7 @@ leaves open are written down in ``docs/maths.md``.
 from __future__ import annotations
 
 import numbers
+import os
 import warnings
 
 import numpy as np
@@ -48,8 +49,11 @@ from .federated import (
     Client,
     ModelConfig,
     Server,
+    TrainingState,
+    check_participation,
     run_federated_training,
     run_structured_training,
+    warm_start_state,
 )
 from .kernels import se_ard
 
@@ -279,6 +283,46 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         k-means) and nothing else.
     verbose : int, default=0
         If > 0, print one line per round (ELBO, time, bytes exchanged).
+    client_fraction : float in (0, 1], default=1.0
+        Structured family: share of the clients that take part in each round
+        (at least ``min_clients``), sampled with ``random_state``. An absent
+        client's last Gaussian message ``(S_i, b_i, e_i)`` is held fixed on
+        the server (a stale site, as in partitioned variational inference)
+        and it skips its local phase; the ELBO of such a round is that of the
+        bound with the stale sites, and the final exchange, with every
+        client, makes ``elbo_history_[-1]`` exact again
+        (:func:`skfedgp.federated.run_structured_training`,
+        ``docs/deployment.md``).
+    min_clients : int, default=1
+        Structured family: fewest clients sampled per round; a round in
+        which fewer answer is skipped with a
+        :class:`~skfedgp.federated.RoundSkippedWarning`.
+    max_retries : int, default=1
+        Structured family: retries of a failed client call (an exception or
+        a message with NaN/inf) before the client counts as absent for the
+        round; in the set-up and the final exchange it is then excluded from
+        the model (``excluded_clients_``).
+    fault_hook : callable or None, default=None
+        Structured family: ``fault_hook(client_id, method, round)``, called
+        before every client call; raising there makes the call fail
+        (failure injection, chaos testing; see
+        :class:`~skfedgp.federated.JoblibTransport`).
+    warm_start : bool, default=False
+        Structured family: when True and the estimator is fitted, ``fit``
+        continues from the fitted global vector and each client's local
+        vector (every client first sends fresh statistics, as the data may
+        have changed) and runs up to ``n_rounds`` more rounds; the histories
+        continue. A client not in the fitted model is initialised as in a
+        first fit; a fitted client missing from the data is dropped. The
+        target standardisation and input scaling of the first fit are kept.
+    checkpoint : str, path-like, callable or None, default=None
+        Structured family: after every round, save the
+        :class:`~skfedgp.federated.TrainingState` to this path (overwritten)
+        or call ``checkpoint(round, state)``.
+    resume_from : TrainingState, str, path-like or None, default=None
+        Structured family: continue from a saved state on the same clients;
+        with the same data the result is identical to an uninterrupted run
+        (``n_rounds`` more rounds).
 
     Attributes
     ----------
@@ -313,6 +357,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     variational_family_ : str
     y_offset_, y_scale_ : float
         Target standardisation (``(y - y_offset_) / y_scale_``).
+    failed_clients_ : list of tuple
+        Structured family: ``(round, client_id, method, error)`` for every
+        failed client call (retries included); round 0 is the set-up.
+    excluded_clients_ : list
+        Structured family: clients left out of the model because they failed
+        in the set-up or the final exchange.
     n_features_in_ : int
         Number of columns of ``X`` seen in fit, *including* the
         ``client_column``: the columns of ``X`` as passed, which is what
@@ -396,6 +446,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         n_jobs=None,
         random_state=None,
         verbose=0,
+        client_fraction=1.0,
+        min_clients=1,
+        max_retries=1,
+        fault_hook=None,
+        warm_start=False,
+        checkpoint=None,
+        resume_from=None,
     ):
         self.n_inducing = n_inducing
         self.n_inducing_local = n_inducing_local
@@ -421,6 +478,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
+        self.client_fraction = client_fraction
+        self.min_clients = min_clients
+        self.max_retries = max_retries
+        self.fault_hook = fault_hook
+        self.warm_start = warm_start
+        self.checkpoint = checkpoint
+        self.resume_from = resume_from
 
     # ------------------------------------------------------------------
     # validation helpers
@@ -628,7 +692,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         server = Server(config, Xf.shape[1], int(seeds[-1]))
         client_seeds = [int(s) for s in seeds[:-1]]
         if config.variational_family == "structured":
-            return self._fit_structured(clients, server, config, n_rounds, client_seeds)
+            return self._fit_structured(clients, server, config, n_rounds, client_seeds,
+                                        int(rng.randint(0, 2**31 - 1)))
+        check_participation(self.client_fraction, self.min_clients, self.max_retries)
+        if (self.client_fraction != 1.0 or self.fault_hook is not None or self.warm_start
+                or self.checkpoint is not None or self.resume_from is not None):
+            raise ValueError(
+                "client_fraction, fault_hook, warm_start, checkpoint and resume_from need "
+                "variational_family='structured'")
         clients, history, comm = run_federated_training(
             clients, server, config, n_rounds=n_rounds, n_jobs=self.n_jobs,
             seeds=client_seeds, verbose=self.verbose,
@@ -647,11 +718,36 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self._population_local = self._population_block()
         return self
 
-    def _fit_structured(self, clients, server, config, n_rounds, seeds):
+    def _fit_structured(self, clients, server, config, n_rounds, seeds, participation_seed):
         """Structured family: collapsed bound, exact q, L-BFGS-B or Adam."""
+        state = self.resume_from
+        if isinstance(state, (str, os.PathLike)):
+            state = TrainingState.load(state)
+        elif state is not None and not isinstance(state, TrainingState):
+            raise ValueError(f"resume_from must be a TrainingState or a path, got {state!r}")
+        if state is None and self.warm_start and getattr(self, "variational_family_", None) \
+                == "structured":
+            if self.components_ != config.components:
+                raise ValueError(f"warm_start: components {config.components} differ from the "
+                                 f"fitted {self.components_}")
+            state = warm_start_state(self.server_, self.clients_, self.elbo_history_,
+                                     self.objective_history_, self.communication_,
+                                     self.n_evaluations_, self.failed_clients_,
+                                     self.excluded_clients_)
+        callback = self.checkpoint
+        if isinstance(callback, (str, os.PathLike)):
+            path = callback
+
+            def callback(r, st):
+                st.save(path)
+        elif callback is not None and not callable(callback):
+            raise ValueError(f"checkpoint must be a path or a callable, got {callback!r}")
         sclients, res = run_structured_training(
             clients, server, config, n_rounds=n_rounds, n_jobs=self.n_jobs, seeds=seeds,
-            verbose=self.verbose)
+            verbose=self.verbose, fault_hook=self.fault_hook,
+            client_fraction=self.client_fraction, min_clients=self.min_clients,
+            max_retries=self.max_retries, random_state=participation_seed, state=state,
+            callback=callback)
         post = res["posterior"]
         # success: commit the fitted state at once
         self.components_ = config.components
@@ -665,6 +761,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.communication_ = res["communication"]
         self.n_iter_ = res["n_iter"]
         self.n_evaluations_ = res["n_evaluations"]
+        self.failed_clients_ = res["failed_clients"]
+        self.excluded_clients_ = res["excluded_clients"]
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = server.n_inducing_

@@ -1,0 +1,388 @@
+"""Client transport, partial participation, failures, warm start and checkpoints
+of the structured family (issue 10, items 2-4)."""
+
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+from joblib import parallel_config
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.utils.validation import check_is_fitted
+
+import skfedgp._structured as structured
+from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp.federated import (
+    ClientFailure,
+    JoblibTransport,
+    RoundSkippedWarning,
+    StructuredClient,
+    StructuredStatistics,
+    TrainingFailedError,
+    TrainingState,
+)
+
+FAST = dict(n_inducing=8, n_inducing_local=5, n_rounds=4, global_steps=5, local_steps=5,
+            random_state=0)
+IDS = [f"c{k}" for k in range(5)]
+
+
+def _data(sizes=(40, 40, 40, 40, 40), seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3.0, 3.0, size=(sum(sizes), 2))
+    y = np.sin(X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.normal(size=X.shape[0])
+    g = np.repeat([f"c{k}" for k in range(len(sizes))], sizes)
+    return X, y, g
+
+
+def _fit(X, y, g, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return FederatedHierarchicalGPRegressor(**dict(FAST, **kw)).fit(X, y, g)
+
+
+def _same_model(a, b, exact=True):
+    check = assert_array_equal if exact else (lambda u, v: assert_allclose(u, v, rtol=1e-12,
+                                                                          atol=1e-12))
+    check(a.server_.theta_global, b.server_.theta_global)
+    assert list(a.clients_) == list(b.clients_)
+    for k in a.clients_:
+        check(a.clients_[k].theta, b.clients_[k].theta)
+    check(np.array(a.elbo_history_), np.array(b.elbo_history_))
+    check(a.global_posterior_["mean"], b.global_posterior_["mean"])
+
+
+@pytest.fixture(scope="module")
+def data():
+    return _data()
+
+
+@pytest.fixture(scope="module")
+def reference(data):
+    return _fit(*data)
+
+
+@pytest.fixture
+def combine_spy(monkeypatch):
+    """Every (S_i, b_i, e_i) that reaches the server's combine must be finite."""
+    calls = []
+    orig = structured.combine
+
+    def spy(S, b, e, M):
+        for arr in list(S) + list(b) + [np.asarray(e, dtype=float)]:
+            assert np.all(np.isfinite(arr)), "a non-finite message reached combine"
+        calls.append(len(e))
+        return orig(S, b, e, M)
+
+    monkeypatch.setattr(structured, "combine", spy)
+    return calls
+
+
+class _Recorder:
+    """Fault hook: records every call, raises for the (client, method, round) it is told."""
+
+    def __init__(self, fail=(), first_only=False, exc=TimeoutError):
+        self.fail = set(fail)
+        self.first_only = first_only
+        self.exc = exc
+        self.calls = []
+        self.raised = set()
+
+    def __call__(self, cid, method, round_):
+        self.calls.append((cid, method, round_))
+        key = (cid, method, round_)
+        if key in self.fail and not (self.first_only and key in self.raised):
+            self.raised.add(key)
+            raise self.exc(f"injected: {key}")
+
+
+# --------------------------------------------------------------------------
+# the transport
+# --------------------------------------------------------------------------
+
+
+class _Counter:
+    def __init__(self, cid):
+        self.client_id = cid
+        self.n = 0
+
+    def bump(self, k):
+        self.n += k
+        return self.n
+
+    def boom(self):
+        raise ValueError(f"client {self.client_id} broke")
+
+    def bad_cholesky(self):
+        raise np.linalg.LinAlgError("not positive definite")
+
+
+@pytest.mark.parametrize("backend", ["threading", "loky"])
+def test_transport_calls_per_client_args_ids_and_failures(backend):
+    t = JoblibTransport([_Counter(c) for c in "abc"], n_jobs=2)
+    with parallel_config(backend=backend, n_jobs=2):
+        with t:
+            out = t.call("bump", {"a": (1,), "b": (10,), "c": (100,)})
+            assert out == {"a": 1, "b": 10, "c": 100}
+            out = t.call("bump", (5,), ids=["c", "a"], round_=3)
+            assert list(out) == ["c", "a"] and out == {"c": 105, "a": 6}
+            # process backends: the updated client objects came back
+            assert [t.clients[c].n for c in "abc"] == [6, 10, 105]
+            out = t.call("boom", ids=["b"], round_=4)
+    f = out["b"]
+    assert isinstance(f, ClientFailure)
+    assert (f.client_id, f.method, f.round, f.numerical) == ("b", "boom", 4, False)
+    assert "client b broke" in f.error
+    assert t.clients["b"].n == 10  # a failed call leaves the client object as it was
+    assert t.call("bad_cholesky", ids=["a"])["a"].numerical
+
+
+def test_fault_hook_is_called_before_each_call_and_blocks_it():
+    hook = _Recorder(fail=[("b", "bump", 7)])
+    t = JoblibTransport([_Counter(c) for c in "abc"], fault_hook=hook)
+    out = t.call("bump", (1,), round_=7)
+    assert hook.calls == [("a", "bump", 7), ("b", "bump", 7), ("c", "bump", 7)]
+    assert isinstance(out["b"], ClientFailure) and "TimeoutError" in out["b"].error
+    assert t.clients["b"].n == 0 and t.clients["a"].n == 1  # the call was not made
+
+
+def test_harmless_hook_changes_nothing_and_sees_every_protocol_step(data, reference):
+    hook = _Recorder()
+    est = _fit(*data, fault_hook=hook)
+    _same_model(est, reference)
+    assert est.communication_ == reference.communication_
+    assert est.failed_clients_ == [] and est.excluded_clients_ == []
+    methods = {m for _, m, _ in hook.calls}
+    assert methods == {"summary", "prepare", "pilot", "initialise", "statistics",
+                       "global_gradient", "local_phase", "finish"}
+    for c in est.clients_.values():  # "close" forgot every client's data
+        assert getattr(c, "_Xs", None) is None and getattr(c, "_y", None) is None
+
+
+def test_client_methods_return_messages_not_clients(data):
+    X, y, g = data
+    from skfedgp.federated import Client
+
+    from skfedgp.federated import InitBroadcast, PilotSummary
+
+    c = StructuredClient(Client("c0", X[g == "c0"], y[g == "c0"]))
+    assert c.summary().n_samples == 40
+    assert c.prepare(InitBroadcast(0.0, 1.0, np.zeros(0), X.min(axis=0), X.max(axis=0))) is None
+    assert isinstance(c.pilot(0), PilotSummary)
+    assert c.close() is None and c._Xs is None
+
+
+# --------------------------------------------------------------------------
+# failures
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["statistics", "global_gradient", "local_phase"])
+def test_failure_mid_round_is_retried_then_skipped(data, reference, combine_spy, method):
+    hook = _Recorder(fail=[("c1", method, 2)])
+    est = _fit(*data, fault_hook=hook, max_retries=1)
+    # retried once, then absent for the rest of round 2; back in round 3
+    assert est.failed_clients_ == [(2, "c1", method, f"TimeoutError(\"injected: ('c1', "
+                                    f"'{method}', 2)\")")] * 2
+    assert est.excluded_clients_ == [] and set(est.clients_) == set(IDS)
+    assert ("c1", "local_phase", 3) in hook.calls
+    assert np.all(np.isfinite(est.elbo_history_)) and len(est.elbo_history_) == 4
+    assert combine_spy  # the spy saw every combine
+    # the final exchange had everyone: a model as good as the reference
+    assert est.elbo_history_[-1] > reference.elbo_history_[-1] - 0.05 * abs(
+        reference.elbo_history_[-1])
+    assert np.all(np.isfinite(est.predict(*data[::2])))
+
+
+def test_a_failure_that_succeeds_on_retry_changes_nothing(data, reference):
+    hook = _Recorder(fail=[("c2", "statistics", 3), ("c0", "local_phase", 2)], first_only=True)
+    est = _fit(*data, fault_hook=hook, max_retries=1)
+    assert [f[:3] for f in est.failed_clients_] == [(2, "c0", "local_phase"),
+                                                    (3, "c2", "statistics")]
+    _same_model(est, reference)
+
+
+def test_without_retries_a_failure_is_not_retried(data):
+    hook = _Recorder(fail=[("c2", "statistics", 3)], first_only=True)
+    est = _fit(*data, fault_hook=hook, max_retries=0)
+    assert [f[:3] for f in est.failed_clients_] == [(3, "c2", "statistics")]
+
+
+def test_non_finite_messages_are_failures_and_never_reach_combine(data, combine_spy,
+                                                                  monkeypatch):
+    orig = StructuredClient.statistics
+
+    def poisoned(self, theta_g, gpack, config, round_):
+        msg = orig(self, theta_g, gpack, config, round_)
+        if self.client_id == "c3" and round_ == 2:
+            S = msg.precision.copy()
+            S[0, 0] = np.nan
+            return StructuredStatistics(msg.round, S, msg.shift, msg.constant, msg.log_prior)
+        return msg
+
+    monkeypatch.setattr(StructuredClient, "statistics", poisoned)
+    est = _fit(*data)
+    assert est.failed_clients_ and all(f[1:3] == ("c3", "statistics") and f[0] == 2
+                                       and "non-finite" in f[3] for f in est.failed_clients_)
+    assert np.all(np.isfinite(est.elbo_history_))
+    assert set(est.clients_) == set(IDS)
+
+
+def test_failures_are_reproducible(data):
+    def hook(cid, method, round_):
+        # a deterministic 20 % "coin" per (client, method, round) during the rounds
+        if 0 < round_ <= 4 and zlib.crc32(f"{cid}/{method}/{round_}".encode()) % 5 == 0:
+            raise ConnectionError("dropped")
+
+    a = _fit(*data, fault_hook=hook, client_fraction=0.8)
+    b = _fit(*data, fault_hook=hook, client_fraction=0.8)
+    _same_model(a, b)
+    assert a.failed_clients_ == b.failed_clients_
+    assert len(a.failed_clients_) > 0 and np.all(np.isfinite(a.elbo_history_))
+
+
+def test_too_few_clients_skips_the_round(data):
+    hook = _Recorder(fail=[(c, "local_phase", 2) for c in IDS[:4]])
+    with pytest.warns(RoundSkippedWarning, match="round 2"):
+        est = _fit(*data, fault_hook=hook, min_clients=2)
+    h = est.elbo_history_
+    assert h[1] == h[0]  # the skipped round repeats the round-start value
+    assert np.all(np.isfinite(h)) and h[-1] > h[0]
+
+
+def test_set_up_and_final_failures_exclude_the_client(data):
+    X, y, g = data
+    est = _fit(X, y, g, fault_hook=_Recorder(fail=[("c1", "pilot", 0), ("c4", "finish", 5)]))
+    assert est.excluded_clients_ == ["c1", "c4"]
+    assert set(est.clients_) == {"c0", "c2", "c3"}
+    assert est.failed_clients_[0][:3] == (0, "c1", "pilot")
+    # the model is that of the remaining clients; an excluded one is a new client
+    assert np.all(np.isfinite(est.predict(X[g == "c1"], g[g == "c1"])))
+    for c in est.clients_.values():
+        assert getattr(c, "_Xs", None) is None
+
+
+def test_no_model_raises_and_leaves_the_estimator_as_it_was(data):
+    X, y, g = data
+    est = FederatedHierarchicalGPRegressor(**dict(FAST, fault_hook=_Recorder(
+        fail=[(c, "summary", 0) for c in IDS])))
+    with pytest.raises(TrainingFailedError, match="no client is left"):
+        est.fit(X, y, g)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+    est.set_params(fault_hook=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y, g)
+    before = est.server_.theta_global.copy()
+    est.set_params(fault_hook=_Recorder(fail=[(c, "finish", 5) for c in IDS]))
+    with pytest.raises(TrainingFailedError):
+        est.fit(X, y, g)
+    assert_array_equal(est.server_.theta_global, before)
+
+
+# --------------------------------------------------------------------------
+# partial participation
+# --------------------------------------------------------------------------
+
+
+def test_partial_participation_samples_reproducibly(data, combine_spy):
+    hook = _Recorder()
+    a = _fit(*data, client_fraction=0.6, fault_hook=hook)
+    b = _fit(*data, client_fraction=0.6)
+    _same_model(a, b)
+    per_round = {}
+    for cid, m, r in hook.calls:
+        if m == "local_phase":
+            per_round.setdefault(r, []).append(cid)
+    assert sorted(per_round) == [1, 2, 3, 4]
+    assert all(len(v) == 3 for v in per_round.values())  # ceil(0.6 * 5)
+    assert len({tuple(v) for v in per_round.values()}) > 1
+    # absent clients send nothing: fewer uploads than with everyone
+    full = _fit(*data)
+    assert sum(r["n_messages"] for r in a.communication_[1:-1]) < sum(
+        r["n_messages"] for r in full.communication_[1:-1])
+    c = _fit(*data, client_fraction=0.6, random_state=1)
+    assert not np.array_equal(c.server_.theta_global, a.server_.theta_global)
+
+
+def test_final_elbo_is_exact_after_stale_rounds(data):
+    est = _fit(*data, client_fraction=0.6)
+    assert np.all(np.isfinite(est.elbo_history_))
+    last = est.elbo_history_[-1]
+    # a warm start without rounds re-evaluates every client at the fitted vectors
+    est.set_params(warm_start=True, n_rounds=0, client_fraction=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(*data)
+    assert len(est.elbo_history_) == 4
+    assert_allclose(est.elbo_history_[-1], last, rtol=1e-12)
+
+
+def test_participation_parameters_are_checked(data):
+    for kw in (dict(client_fraction=0.0), dict(client_fraction=1.5), dict(min_clients=0),
+               dict(max_retries=-1), dict(checkpoint=3), dict(resume_from=3)):
+        with pytest.raises(ValueError):
+            _fit(*data, **kw)
+    with pytest.raises(ValueError, match="structured"):
+        _fit(*data, variational_family="mean_field", optimizer="adam", client_fraction=0.5)
+
+
+# --------------------------------------------------------------------------
+# checkpoints and warm start
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(client_fraction=0.6)])
+def test_resume_from_checkpoint_is_identical(data, tmp_path, kw):
+    X, y, g = data
+    full = _fit(X, y, g, n_rounds=5, **kw)
+    assert full.n_iter_ == 5
+    path = tmp_path / "state.joblib"
+    _fit(X, y, g, n_rounds=2, checkpoint=str(path), **kw)
+    state = TrainingState.load(path)
+    assert state.round == 2 and len(state.history) == 2
+    resumed = _fit(X, y, g, n_rounds=3, resume_from=path, **kw)
+    _same_model(resumed, full)
+    assert resumed.n_iter_ == 5
+
+
+def test_checkpoint_callable_gets_every_round(data):
+    seen = []
+    est = _fit(*data, checkpoint=lambda r, s: seen.append((r, s)))
+    assert [r for r, _ in seen] == [1, 2, 3, 4]
+    assert all(isinstance(s, TrainingState) and s.round == r for r, s in seen)
+    assert set(seen[-1][1].client_states) == set(est.clients_)
+    # resuming from the state after round 4 with no round reproduces the fit
+    again = _fit(*data, n_rounds=0, resume_from=seen[-1][1])
+    _same_model(again, est)
+
+
+def test_warm_start_continues(data, tmp_path):
+    X, y, g = data
+    full = _fit(X, y, g, n_rounds=5)
+    est = _fit(X, y, g, n_rounds=2)
+    est.set_params(warm_start=True, n_rounds=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y, g)
+    _same_model(est, full, exact=False)
+    # new and missing clients: c4 leaves, c5 joins
+    X2, y2, g2 = _data(sizes=(40, 40, 40, 40, 0, 30), seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.set_params(n_rounds=2).fit(X2, y2, g2)
+    assert set(est.clients_) == {"c0", "c1", "c2", "c3", "c5"}
+    assert len(est.elbo_history_) == 7 and np.all(np.isfinite(est.elbo_history_))
+    assert est.y_scale_ == full.y_scale_  # the first fit's standardisation is kept
+
+
+def test_process_backend_with_failures_matches_threads(data):
+    hook = _Recorder(fail=[("c1", "global_gradient", 2), ("c3", "local_phase", 3)])
+    a = _fit(*data, fault_hook=hook, client_fraction=0.8, n_rounds=3)
+    hook = _Recorder(fail=[("c1", "global_gradient", 2), ("c3", "local_phase", 3)])
+    with parallel_config(backend="loky", n_jobs=2):
+        b = _fit(*data, fault_hook=hook, client_fraction=0.8, n_rounds=3, n_jobs=2)
+    _same_model(a, b)
+    assert a.failed_clients_ == b.failed_clients_
