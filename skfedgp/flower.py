@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 
 import numpy as np
 
@@ -535,6 +536,12 @@ class FlowerTransport:
         :class:`~skfedgp.federated.ClientFailure`.
     connect_timeout : float, default=300.0
         Seconds :meth:`connect` waits for ``min_nodes`` nodes.
+    fault_hook : callable or None, default=None
+        ``fault_hook(client_id, method, round) -> None``, called on the server
+        before each client call (``"close"`` excepted), as in
+        :class:`~skfedgp.federated.JoblibTransport`: if it raises, the
+        message is not sent and the client's result is a
+        :class:`~skfedgp.federated.ClientFailure` (fault injection).
 
     Attributes
     ----------
@@ -557,7 +564,8 @@ class FlowerTransport:
         control fields included.
     """
 
-    def __init__(self, grid, *, min_nodes=1, timeout=None, connect_timeout=300.0):
+    def __init__(self, grid, *, min_nodes=1, timeout=None, connect_timeout=300.0,
+                 fault_hook=None):
         _require_flwr()
         if not isinstance(min_nodes, numbers.Integral) or min_nodes < 1:
             raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
@@ -567,6 +575,7 @@ class FlowerTransport:
         self.min_nodes = int(min_nodes)
         self.timeout = timeout
         self.connect_timeout = float(connect_timeout)
+        self.fault_hook = fault_hook
         self.payload_log_ = []
         self.wire_log_ = []
         self.client_ids = []
@@ -656,12 +665,19 @@ class FlowerTransport:
         unknown = [c for c in ids if c not in self.node_ids_]
         if unknown:
             raise ValueError(f"unknown client id(s) {unknown}")
-        per = {self.node_ids_[c]: tuple(args[c] if isinstance(args, dict) else args)
-               for c in ids}
-        held = {self.node_ids_[c]: self._held[c] for c in ids}
-        replies = self._exchange(method, per, held, round_)
         out = {}
-        for cid in ids:
+        if self.fault_hook is not None and method != "close":
+            for cid in ids:
+                try:
+                    self.fault_hook(cid, method, round_)
+                except Exception as exc:  # noqa: BLE001 -- an injected failure
+                    out[cid] = _fed.ClientFailure(cid, method, round_, repr(exc))
+        send = [c for c in ids if c not in out]
+        per = {self.node_ids_[c]: tuple(args[c] if isinstance(args, dict) else args)
+               for c in send}
+        held = {self.node_ids_[c]: self._held[c] for c in send}
+        replies = self._exchange(method, per, held, round_) if send else {}
+        for cid in send:
             _, value, err = replies[self.node_ids_[cid]]
             if err is None:
                 out[cid] = value
@@ -670,7 +686,7 @@ class FlowerTransport:
             if not reached:
                 self._held[cid] = {}  # its state is unknown: resend everything next time
             out[cid] = _fed.ClientFailure(cid, method, round_, error, numerical)
-        return out
+        return {cid: out[cid] for cid in ids}
 
     def _exchange(self, method, per_node, held, round_):
         """One message per node; returns ``{node: (client_id, value, error)}``.
@@ -773,6 +789,15 @@ def _check_server_params(estimator_params):
         raise ValueError(
             "skfedgp.flower trains the structured family only (variational_family="
             f"'structured', the estimator's default), got {config.variational_family!r}")
+    _fed.check_participation(est.client_fraction, est.min_clients, est.max_retries)
+    if est.warm_start:
+        raise ValueError("warm_start=True has nothing to continue from in a ServerApp; pass "
+                         "resume_from (a TrainingState or the path of a saved one)")
+    if est.checkpoint is not None and not (callable(est.checkpoint)
+                                           or isinstance(est.checkpoint, (str, os.PathLike))):
+        raise ValueError(f"checkpoint must be a path or a callable, got {est.checkpoint!r}")
+    if est.fault_hook is not None and not callable(est.fault_hook):
+        raise ValueError(f"fault_hook must be callable, got {est.fault_hook!r}")
     return est, config, n_rounds
 
 
@@ -805,9 +830,21 @@ def fit_over_transport(transport, est, config, n_rounds):
     seeds = rng.randint(0, 2**31 - 1, size=len(ids) + 1)
     server = _fed.Server(config, transport.n_features_, int(seeds[-1]))
     client_seeds = [int(s) for s in seeds[:-1]]
+    participation_seed = int(rng.randint(0, 2**31 - 1))
+    state = est.resume_from
+    if isinstance(state, (str, os.PathLike)):
+        state = _fed.TrainingState.load(state)
+    callback = est.checkpoint
+    if isinstance(callback, (str, os.PathLike)):
+        path = callback
+
+        def callback(r, st):
+            st.save(path)
     _, res = _fed.run_structured_training(
         None, server, config, n_rounds=n_rounds, seeds=client_seeds, verbose=est.verbose,
-        transport=transport)
+        transport=transport, client_fraction=est.client_fraction,
+        min_clients=est.min_clients, max_retries=est.max_retries,
+        random_state=participation_seed, state=state, callback=callback)
     post = res["posterior"]
     return {
         "client_ids": ids,
@@ -856,7 +893,13 @@ def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_
         this file is how the result leaves it.
     **estimator_params
         Parameters of :class:`~skfedgp.FederatedHierarchicalGPRegressor`
-        (same names, same defaults; ``n_jobs`` is ignored). Validated here.
+        (same names, same defaults), validated here. ``client_fraction``,
+        ``min_clients``, ``max_retries``, ``fault_hook`` (called on the
+        server before each message), ``checkpoint`` (a path or a callable,
+        the server's :class:`~skfedgp.federated.TrainingState` after every
+        round, without client parts: each client keeps its own) and
+        ``resume_from`` act as in ``fit``; ``n_jobs`` is ignored;
+        ``warm_start=True`` is refused (a ServerApp has no fitted state).
 
     Returns
     -------
@@ -889,7 +932,8 @@ def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_
     @app.main()
     def main(grid, context):
         transport = FlowerTransport(grid, min_nodes=min_nodes, timeout=timeout,
-                                    connect_timeout=connect_timeout).connect()
+                                    connect_timeout=connect_timeout,
+                                    fault_hook=est.fault_hook).connect()
         result = fit_over_transport(transport, est, config, n_rounds)
         app.result_ = result
         path = (context.run_config or {}).get("output-path", output_path)

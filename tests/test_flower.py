@@ -362,5 +362,34 @@ def test_app_factories_validate_their_arguments():
         fl.make_server_app(variational_family="mean_field", optimizer="adam")
     with pytest.raises(ValueError, match="n_rounds"):
         fl.make_server_app(n_rounds=-1)
+    with pytest.raises(ValueError, match="resume_from"):
+        fl.make_server_app(warm_start=True)
+    with pytest.raises(ValueError, match="client_fraction"):
+        fl.make_server_app(client_fraction=1.5)
     with pytest.raises(ValueError, match="min_nodes"):
         fl.FlowerTransport(object(), min_nodes=0)
+
+
+def test_fault_hook_and_partial_participation_match_the_estimator(task_identity):
+    """The same injected failure and the same participation sampling give the
+    same model over Flower messages as in fit."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    X, y, groups = _client_data(n_clients=3, n=30, seed=4, d=1)
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+
+    def hook(cid, method, r):
+        if cid == "site-1" and method == "local_phase" and r == 1:
+            raise TimeoutError("injected")
+
+    params = dict(random_state=5, n_rounds=2, fault_hook=hook, client_fraction=0.7,
+                  max_retries=0)
+    est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+    grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 3)
+    e, config, n_rounds = fl._check_server_params(params)
+    transport = fl.FlowerTransport(grid, min_nodes=3, fault_hook=hook).connect()
+    res = fl.fit_over_transport(transport, e, config, n_rounds)
+    assert res["failed_clients"] == est.failed_clients_
+    assert any(f[1] == "site-1" and f[2] == "local_phase" for f in res["failed_clients"])
+    np.testing.assert_allclose(res["theta_global"], est.server_.theta_global, rtol=1e-10)
+    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
