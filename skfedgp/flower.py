@@ -51,6 +51,7 @@ __all__ = [
     "encode",
     "decode",
     "payload_nbytes",
+    "payload_per_round",
     "FlowerTransport",
     "make_client_app",
     "make_server_app",
@@ -752,6 +753,35 @@ class FlowerTransport:
             self.wire_log_.append({"method": method, "round": int(round_),
                                    "bytes_down": int(wire_down), "bytes_up": int(wire_up)})
         return out
+
+
+#: Set-up exchanges: their bytes are round 0 of ``communication_``.
+SETUP_METHODS = ("summary", "prepare", "pilot", "initialise")
+
+
+def payload_per_round(log):
+    """Sum a :attr:`FlowerTransport.payload_log_` by round, as ``communication_`` does.
+
+    The set-up exchanges (:data:`SETUP_METHODS`) are round 0; the first
+    evaluation of the ELBO (calls of round 0 after the set-up) counts in
+    round 1, as the training loop books it.
+
+    Parameters
+    ----------
+    log : list of dict
+
+    Returns
+    -------
+    list of dict
+        ``round``, ``bytes_up``, ``bytes_down`` in round order.
+    """
+    per = {}
+    for e in log:
+        r = 0 if e["method"] in SETUP_METHODS else max(int(e["round"]), 1)
+        up, down = per.get(r, (0, 0))
+        per[r] = (up + e["bytes_up"], down + e["bytes_down"])
+    return [{"round": r, "bytes_up": up, "bytes_down": down}
+            for r, (up, down) in sorted(per.items())]
 
 
 def _wire_nbytes(records):

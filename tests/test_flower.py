@@ -153,22 +153,6 @@ def _simulate_app(app, client_app, n_nodes):
                                    "client_resources": {"num_cpus": 1}})
 
 
-#: Set-up exchanges: their bytes are round 0 of ``communication_``.
-SETUP = ("summary", "prepare", "pilot", "initialise")
-
-
-def _bytes_per_round(log, n_rounds_run):
-    """Group the transport's payload log as ``communication_`` groups its rounds:
-    the set-up exchanges are round 0, the first evaluation (round 0 calls after
-    the set-up) counts in round 1."""
-    per = {}
-    for e in log:
-        r = 0 if e["method"] in SETUP else max(e["round"], 1)
-        up, down = per.get(r, (0, 0))
-        per[r] = (up + e["bytes_up"], down + e["bytes_down"])
-    return per
-
-
 def test_flower_training_matches_estimator_fit(tmp_path):
     import joblib
 
@@ -211,7 +195,8 @@ def test_flower_training_matches_estimator_fit(tmp_path):
     # and the final exchange ...
     comm = est.communication_
     assert [c["round"] for c in res["communication"]] == [c["round"] for c in comm]
-    per = _bytes_per_round(res["payload_log"], est.n_iter_)
+    per = {e["round"]: (e["bytes_up"], e["bytes_down"])
+           for e in fl.payload_per_round(res["payload_log"])}
     assert sorted(per) == [c["round"] for c in comm]
     for c in comm[1:]:
         assert per[c["round"]] == (c["bytes_up"], c["bytes_down"]), c["round"]
