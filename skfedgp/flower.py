@@ -21,9 +21,14 @@ are decoded: a message never executes code on the receiver.
 Static configuration (the :class:`~skfedgp.federated.ModelConfig` and the
 global :class:`~skfedgp._hierarchy.Packer`) is sent to a client once and kept
 on the client; so is any array or message a client already holds (the global
-vector of the previous exchange, the posterior it received, its own pilot):
-the transport sends a reference instead. What is left, the model payload, is
-what ``communication_`` counts (:attr:`FlowerTransport.payload_log_`).
+vector it was sent with the last ``statistics`` request, the posterior it
+received, its own pilot): the transport sends a reference instead. What is
+left, the model payload (:attr:`FlowerTransport.payload_log_`,
+:func:`payload_per_round`), equals ``communication_`` in every training
+round and in the final exchange; at set-up (round 0) the download differs by
+``8 (d - 1)`` bytes per client, because the initialisation message carries
+the population pilot with its ``d`` input ranges and no round number, where
+``communication_`` books a ``GlobalBroadcast`` and a ``PilotSummary``.
 
 Requires the optional dependency ``flwr`` (``pip install "skfedgp[flower]"``).
 
@@ -53,6 +58,7 @@ __all__ = [
     "payload_nbytes",
     "payload_per_round",
     "FlowerTransport",
+    "fit_over_transport",
     "make_client_app",
     "make_server_app",
 ]
