@@ -2051,8 +2051,12 @@ class _StructuredRun:
         self.counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
 
     # -- calls ------------------------------------------------------------------
-    def call(self, method, args, ids, r, retries=True):
-        """Call clients with the retry policy; returns ({id: message}, n_calls, lost ids)."""
+    def call(self, method, args, ids, r, trial=False):
+        """Call clients with the retry policy; returns ({id: message}, n_calls, lost ids).
+
+        With ``trial`` (a trial point of the global phase) a numerical failure
+        of a client's own code raises :class:`_TrialRejected` instead.
+        """
         ids = list(ids)
         ok = {}
         todo, attempt, n_calls = ids, 0, 0
@@ -2070,15 +2074,12 @@ class _StructuredRun:
                     failed.append(res)
                 else:
                     ok[cid] = res
-            if failed and self._trial and any(f.numerical for f in failed):
+            if failed and trial and any(f.numerical for f in failed):
                 raise _TrialRejected
             self.failures.extend(failed)
             attempt += 1
-            todo = [f.client_id for f in failed] if retries and attempt <= self.max_retries \
-                else []
+            todo = [f.client_id for f in failed] if attempt <= self.max_retries else []
         return {c: ok[c] for c in ids if c in ok}, n_calls, [c for c in ids if c not in ok]
-
-    _trial = False
 
     def exclude(self, ids):
         for c in ids:
@@ -2114,19 +2115,16 @@ class _StructuredRun:
         from ._structured import combine
 
         cfg, gpack = self.config, self.gpack
-        self._trial = trial
-        try:
-            stats, n1, lost1 = self.call("statistics", (tg, gpack, cfg, r), live, r)
-            order = [c for c in self.active if c in self.messages or c in stats]
-            msgs = [stats[c] if c in stats else self.messages[c] for c in order]
-            post_s = combine([m.precision for m in msgs], [m.shift for m in msgs],
-                             [m.constant for m in msgs], self.Mg)
-            post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
-            lp = float(sum(m.log_prior for m in msgs))
-            got = list(stats)
-            grads, n2, lost2 = self.call("global_gradient", (post, tg, gpack, cfg), got, r)
-        finally:
-            self._trial = False
+        stats, n1, lost1 = self.call("statistics", (tg, gpack, cfg, r), live, r, trial)
+        # the live clients' fresh messages, the others' stored ones, in client order
+        order = [c for c in self.active if c in self.messages or c in stats]
+        msgs = [stats[c] if c in stats else self.messages[c] for c in order]
+        post_s = combine([m.precision for m in msgs], [m.shift for m in msgs],
+                         [m.constant for m in msgs], self.Mg)
+        post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
+        lp = float(sum(m.log_prior for m in msgs))
+        grads, n2, lost2 = self.call("global_gradient", (post, tg, gpack, cfg), list(stats), r,
+                                     trial)
         self.messages.update(stats)
         self.fresh = set(stats)
         grad = (np.sum([g.grad_global for g in grads.values()], axis=0)
@@ -2209,6 +2207,8 @@ class _StructuredRun:
                 f"the saved state was trained on {d_state} input features, the data have "
                 f"{server.d}")
         self.theta_g = state.theta_global.copy()
+        # clients the interrupted run had excluded stay out
+        self.active = [c for c in self.active if c not in state.excluded_clients]
         M = server.n_inducing_
         self.Mg = M if "global" in cfg.components else 0
         summaries, n_calls = self.setup_all("summary", ())
@@ -2467,12 +2467,13 @@ class _StructuredRun:
 
 
 def warm_start_state(server, clients, history, objectives, communication, n_evaluations,
-                     failed_clients=(), excluded_clients=()):
+                     failed_clients=()):
     """A :class:`TrainingState` from a fitted structured model (``warm_start=True``).
 
     It holds the fitted global vector and every client's local vector but no
     stored messages: the clients' data may have changed, so the resumed run
-    starts with an evaluation in which every client sends fresh ones.
+    starts with an evaluation in which every client sends fresh ones. A
+    client excluded from the fitted model takes part again as a new client.
 
     Parameters
     ----------
@@ -2483,7 +2484,8 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
     history, objectives : list of float
     communication : list of dict
     n_evaluations : int
-    failed_clients, excluded_clients : sequence, optional
+    failed_clients : sequence of tuple, optional
+        ``(round, client_id, method, error)``, kept in the history.
 
     Returns
     -------
@@ -2496,7 +2498,6 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
         history=list(history), objectives=list(objectives),
         communication=copy.deepcopy(list(communication)), n_evaluations=int(n_evaluations),
         failed_clients=[ClientFailure(c, m, r, e) for r, c, m, e in failed_clients],
-        excluded_clients=list(excluded_clients),
         client_states={cid: c.get_state() for cid, c in clients.items()})
 
 
@@ -2516,11 +2517,12 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     (seeded by ``random_state``). The server keeps every client's last
     received Gaussian message ``(S_i, b_i, e_i)`` and uses it, held fixed,
     for a client absent this round: a stale site, as in expectation
-    propagation and partitioned variational inference (Bui et al.,
-    "Partitioned Variational Inference: A unified framework encompassing
-    federated and continual learning", 2018; Ashman et al., "Partitioned
-    Variational Inference: A Framework for Probabilistic Federated
-    Learning", 2022). Within a round the global phase therefore optimises
+    propagation and partitioned variational inference (T. D. Bui, C. V.
+    Nguyen, S. Swaroop, R. E. Turner, "Partitioned Variational Inference: A
+    unified framework encompassing federated and continual learning",
+    arXiv:1811.11206, 2018; M. Ashman et al., "Partitioned Variational
+    Inference: A Framework for Probabilistic Federated Learning",
+    arXiv:2202.12275, 2022). Within a round the global phase therefore optimises
     a deterministic objective: the collapsed bound in which the absent
     clients' terms are constants (their gradient is zero) while ``A = I +
     sum_i S_i`` still contains their precision. Absent clients skip their

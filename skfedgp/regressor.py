@@ -732,8 +732,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                                  f"fitted {self.components_}")
             state = warm_start_state(self.server_, self.clients_, self.elbo_history_,
                                      self.objective_history_, self.communication_,
-                                     self.n_evaluations_, self.failed_clients_,
-                                     self.excluded_clients_)
+                                     self.n_evaluations_, self.failed_clients_)
         callback = self.checkpoint
         if isinstance(callback, (str, os.PathLike)):
             path = callback

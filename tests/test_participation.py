@@ -334,7 +334,10 @@ def test_participation_parameters_are_checked(data):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(client_fraction=0.6)])
+@pytest.mark.parametrize("kw", [
+    dict(), dict(client_fraction=0.6),
+    dict(client_fraction=0.8, fault_hook=_Recorder(fail=[("c1", "pilot", 0),
+                                                         ("c2", "statistics", 2)]))])
 def test_resume_from_checkpoint_is_identical(data, tmp_path, kw):
     X, y, g = data
     full = _fit(X, y, g, n_rounds=5, **kw)
@@ -346,6 +349,8 @@ def test_resume_from_checkpoint_is_identical(data, tmp_path, kw):
     resumed = _fit(X, y, g, n_rounds=3, resume_from=path, **kw)
     _same_model(resumed, full)
     assert resumed.n_iter_ == 5
+    assert resumed.failed_clients_ == full.failed_clients_
+    assert resumed.excluded_clients_ == full.excluded_clients_
 
 
 def test_checkpoint_callable_gets_every_round(data):
