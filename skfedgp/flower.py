@@ -452,6 +452,8 @@ def _handle(message, context, load_data, on_finish):
         out.update(failed=repr(exc),
                    numerical=isinstance(exc, (np.linalg.LinAlgError, FloatingPointError)))
     _save_node(node, context)
+    if method == "close":  # training is over: keep the node's state in context.state only
+        _REGISTRY.pop((getattr(context, "run_id", None), context.node_id), None)
     reply["ctl"] = ConfigRecord(out)
     return Message(reply, reply_to=message)
 
