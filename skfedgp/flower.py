@@ -949,7 +949,9 @@ def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_
         ``global_pack``, ``global_posterior`` (``mean``, ``covariance`` of
         ``q(v_g)``), ``elbo_history``, ``objective_history``,
         ``communication`` (as the estimator's ``communication_``), ``n_iter``,
-        ``converged``, ``n_evaluations``, ``population``, ``y_offset``,
+        ``converged``, ``n_evaluations``, ``failed_clients``,
+        ``excluded_clients`` (as ``failed_clients_`` and
+        ``excluded_clients_``), ``population``, ``y_offset``,
         ``y_scale``, ``x_offset``, ``x_scale``, ``n_inducing``, ``config``,
         ``payload_log`` and ``wire_log`` (per exchange,
         :class:`FlowerTransport`). The clients' local blocks and posterior
