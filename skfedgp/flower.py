@@ -1,0 +1,985 @@
+"""Training over Flower's Message API: a transport, a ServerApp and a ClientApp.
+
+The structured training loop (:func:`skfedgp.federated.run_structured_training`)
+talks to its clients only through a *transport*: ``transport.call(method,
+args, ids=None)`` runs the client method ``method`` on the called clients and
+returns ``{client_id: result}``. :class:`FlowerTransport` is a transport whose
+``call`` sends one Flower ``Message`` per client, carrying the method name and
+the serialised arguments, and turns the replies back into the message
+dataclasses of :mod:`skfedgp.federated`. :func:`make_client_app` builds the
+``ClientApp`` that answers them from the node's own data, and
+:func:`make_server_app` the ``ServerApp`` that runs the same training, with
+the same defaults, as :class:`~skfedgp.FederatedHierarchicalGPRegressor`.
+
+Serialisation (:func:`encode` / :func:`decode`) is field by field: arrays go
+into a Flower ``ArrayRecord`` (NumPy's own format, no pickle), numbers,
+strings and ``None`` markers into a ``ConfigRecord``; nested dataclasses
+(``ModelConfig``, ``Packer``, ``ClientUpdateValue.hyperparameters``) are
+flattened under dotted names. Only the types listed in :data:`CODEC_TYPES`
+are decoded: a message never executes code on the receiver.
+
+Static configuration (the :class:`~skfedgp.federated.ModelConfig` and the
+global :class:`~skfedgp._hierarchy.Packer`) is sent to a client once and kept
+on the client; so is any array or message a client already holds (the global
+vector it was sent with the last ``statistics`` request, the posterior it
+received, its own pilot): the transport sends a reference instead. What is
+left, the model payload (:attr:`FlowerTransport.payload_log_`,
+:func:`payload_per_round`), equals ``communication_`` in every training
+round and in the final exchange; at set-up (round 0) the download differs by
+``8 (d - 1)`` bytes per client, because the initialisation message carries
+the population pilot with its ``d`` input ranges and no round number, where
+``communication_`` books a ``GlobalBroadcast`` and a ``PilotSummary``.
+
+Requires the optional dependency ``flwr`` (``pip install "skfedgp[flower]"``).
+
+References
+----------
+D. J. Beutel, T. Topal, A. Mathur, X. Qiu, J. Fernandez-Marques, Y. Gao,
+L. Sani, K. H. Li, T. Parcollet, P. P. B. de Gusmao, N. D. Lane, "Flower: A
+Friendly Federated Learning Research Framework", arXiv:2007.14390, 2020.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+
+import numpy as np
+
+from . import federated as _fed
+from ._hierarchy import Packer
+from .optim import Adam
+
+__all__ = [
+    "CODEC_TYPES",
+    "encode",
+    "decode",
+    "payload_nbytes",
+    "payload_per_round",
+    "FlowerTransport",
+    "fit_over_transport",
+    "make_client_app",
+    "make_server_app",
+]
+
+
+def _require_flwr():
+    try:
+        import flwr  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised without flwr only
+        raise ImportError(
+            "skfedgp.flower needs the optional dependency flwr; install it with "
+            "pip install \"skfedgp[flower]\"") from exc
+
+
+# --------------------------------------------------------------------------
+# codec
+# --------------------------------------------------------------------------
+
+#: Dataclasses the codec writes and reads, by class name.
+CODEC_TYPES = {
+    cls.__name__: cls
+    for cls in (
+        _fed.ClientSummary, _fed.InitBroadcast, _fed.GlobalBroadcast, _fed.ClientUpdate,
+        _fed.ClientStatistics, _fed.ModelConfig, _fed.PilotSummary,
+        _fed.StructuredStatistics, _fed.PosteriorBroadcast, _fed.GlobalGradient,
+        _fed.LocalHyperparameters, _fed.ClientUpdateValue, _fed._PopulationPilot,
+        _fed.ClientState,
+    )
+}
+_ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "t", "m", "v")
+
+_TYPE = "#type"
+_NONE = "#none"
+_TUPLE = "#tuple"
+_LIST = "#list"
+_LEN = "#len"
+
+
+def _flatten(value, key, arrays, config):
+    """Write ``value`` under ``key`` into ``arrays`` (name -> ndarray) and ``config``."""
+    if value is None:
+        config[key + _NONE] = True
+    elif isinstance(value, Adam):
+        config[key + _TYPE] = "Adam"
+        for name in _ADAM_FIELDS:
+            _flatten(getattr(value, name), f"{key}.{name}", arrays, config)
+    elif isinstance(value, Packer):
+        config[key + _TYPE] = "Packer"
+        config[key + ".names"] = [str(n) for n, _, _ in value.spec]
+        config[key + ".kinds"] = [str(k) for _, _, k in value.spec]
+        config[key + ".ndims"] = [len(s) for _, s, _ in value.spec]
+        config[key + ".dims"] = [int(x) for _, s, _ in value.spec for x in s]
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        name = type(value).__name__
+        if name not in CODEC_TYPES:
+            raise TypeError(f"skfedgp.flower cannot serialise a {name}")
+        config[key + _TYPE] = name
+        for f in dataclasses.fields(value):
+            _flatten(getattr(value, f.name), f"{key}.{f.name}", arrays, config)
+    elif isinstance(value, np.ndarray):
+        arrays[key] = np.ascontiguousarray(value)
+    elif isinstance(value, (bool, np.bool_)):
+        config[key] = bool(value)
+    elif isinstance(value, numbers.Integral):
+        config[key] = int(value)
+    elif isinstance(value, numbers.Real):
+        config[key] = float(value)
+    elif isinstance(value, (str, bytes)):
+        config[key] = value
+    elif isinstance(value, (tuple, list)):
+        config[key + (_TUPLE if isinstance(value, tuple) else _LIST)] = len(value)
+        for i, v in enumerate(value):
+            _flatten(v, f"{key}[{i}]", arrays, config)
+    else:
+        raise TypeError(
+            f"skfedgp.flower cannot serialise {key!r} of type {type(value).__name__}")
+
+
+def _unflatten(key, arrays, config):
+    """Inverse of :func:`_flatten`."""
+    if config.get(key + _NONE, False):
+        return None
+    if key in arrays:
+        return arrays[key]
+    if key in config:
+        return config[key]
+    if key + _TYPE in config:
+        name = config[key + _TYPE]
+        if name == "Packer":
+            dims = list(config[key + ".dims"])
+            spec, off = [], 0
+            for n, k, nd in zip(config[key + ".names"], config[key + ".kinds"],
+                                config[key + ".ndims"]):
+                spec.append((n, tuple(int(x) for x in dims[off:off + nd]), k))
+                off += nd
+            return Packer(spec)
+        if name == "Adam":
+            adam = Adam()
+            for f in _ADAM_FIELDS:
+                setattr(adam, f, _unflatten(f"{key}.{f}", arrays, config))
+            return adam
+        if name not in CODEC_TYPES:
+            raise ValueError(f"skfedgp.flower: unknown message type {name!r} in a record")
+        cls = CODEC_TYPES[name]
+        return cls(**{f.name: _unflatten(f"{key}.{f.name}", arrays, config)
+                      for f in dataclasses.fields(cls)})
+    for marker, kind in ((_TUPLE, tuple), (_LIST, list)):
+        if key + marker in config:
+            return kind(_unflatten(f"{key}[{i}]", arrays, config)
+                        for i in range(int(config[key + marker])))
+    raise ValueError(f"skfedgp.flower: field {key!r} is missing from the record")
+
+
+def _count(value):
+    """Payload bytes of a value as ``communication_`` counts them.
+
+    Arrays count their ``nbytes``; numbers (int, float) 8 bytes; message
+    dataclasses use :func:`skfedgp.federated.message_nbytes` (the same sum);
+    strings, booleans, ``None`` and packers count nothing.
+    """
+    if value is None or isinstance(value, (str, bytes, bool, np.bool_, Packer, Adam)):
+        return 0
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, numbers.Real):
+        return 8
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return int(sum(_count(getattr(value, f.name)) for f in dataclasses.fields(value)))
+    if isinstance(value, (tuple, list)):
+        return int(sum(_count(v) for v in value))
+    raise TypeError(f"cannot count the bytes of a {type(value).__name__}")
+
+
+def payload_nbytes(value):
+    """Model payload of a value in bytes (8 per float64 number).
+
+    Parameters
+    ----------
+    value : message dataclass, ndarray, number, tuple/list of those, or None
+
+    Returns
+    -------
+    int
+        Equal to :func:`skfedgp.federated.message_nbytes` for a message.
+    """
+    return _count(value)
+
+
+def encode(value, name="v"):
+    """Serialise a value into a Flower ``RecordDict`` (field by field).
+
+    Parameters
+    ----------
+    value : message dataclass, ModelConfig, Packer, ndarray, number, str, None,
+        or a tuple/list of those
+    name : str, default="v"
+        Prefix of the records: ``name + ".arrays"`` (``ArrayRecord``) and
+        ``name + ".config"`` (``ConfigRecord``).
+
+    Returns
+    -------
+    flwr.app.RecordDict
+
+    Raises
+    ------
+    TypeError
+        For a type the codec does not know.
+    """
+    _require_flwr()
+    from flwr.app import RecordDict
+
+    rd = RecordDict()
+    _encode_into(rd, value, name)
+    return rd
+
+
+def _encode_into(rd, value, name):
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+
+    arrays, config = {}, {}
+    _flatten(value, "v", arrays, config)
+    rd[name + ".arrays"] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    rd[name + ".config"] = ConfigRecord(config)
+
+
+def decode(records, name="v"):
+    """Read back a value written by :func:`encode`.
+
+    Parameters
+    ----------
+    records : flwr.app.RecordDict
+    name : str, default="v"
+
+    Returns
+    -------
+    object
+        The value; arrays come back with their dtype and shape, numbers as
+        Python ``int``/``float`` (bit-exact).
+
+    Raises
+    ------
+    ValueError
+        If a field is missing or names an unknown type.
+    """
+    arrays = {k: a.numpy() for k, a in records[name + ".arrays"].items()}
+    config = dict(records[name + ".config"])
+    return _unflatten("v", arrays, config)
+
+
+# --------------------------------------------------------------------------
+# references: what a client already holds is not sent again
+# --------------------------------------------------------------------------
+
+#: Argument types that are configuration, not model payload
+#: (``communication_`` does not count them); sent once, then referenced.
+STATIC_TYPES = ("ModelConfig", "Packer")
+#: Methods whose array argument (the global vector) is always sent: the
+#: broadcast that opens an evaluation of the ELBO, as ``communication_``
+#: counts it.
+BROADCAST_METHODS = ("statistics",)
+
+
+def _kind(value):
+    """Type name under which both ends keep the last value of this kind (or None)."""
+    if isinstance(value, np.ndarray):
+        return "ndarray"
+    if isinstance(value, Packer) or (dataclasses.is_dataclass(value)
+                                     and not isinstance(value, type)):
+        return type(value).__name__
+    return None
+
+
+def _same(a, b):
+    """Whether ``b`` is ``a`` or bit-identical to it (arrays)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    return False
+
+
+def _find_held(held, value, method):
+    """Slot of ``held`` holding ``value`` (an argument the client already has), or None."""
+    kind = _kind(value)
+    if kind is None or (kind == "ndarray" and method in BROADCAST_METHODS):
+        return None
+    for slot in (f"arg:{kind}", f"reply:{kind}"):
+        if slot in held and _same(held[slot], value):
+            return slot
+    return None
+
+
+# --------------------------------------------------------------------------
+# client side
+# --------------------------------------------------------------------------
+
+#: Message types are ``"train.<method>"``.
+MESSAGE_CATEGORY = "train"
+#: Client methods a :class:`FlowerTransport` may call (those of
+#: :class:`~skfedgp.federated.StructuredClient` the training loop uses),
+#: plus ``"hello"`` (client id and number of features, the first exchange).
+METHODS = ("hello", "summary", "prepare", "pilot", "initialise", "statistics",
+           "global_gradient", "local_phase", "finish", "close", "get_state", "set_state")
+_STATE_KEY = "skfedgp"
+
+#: Per-process registry: ``(run_id, node_id) -> _Node``. A SuperNode in
+#: subprocess isolation starts a fresh process per message, so the node's
+#: state is also kept in ``context.state`` (on the node, never sent) and the
+#: registry is only a cache.
+_REGISTRY = {}
+
+
+class _Node:
+    """What a ClientApp keeps for its node between messages."""
+
+    def __init__(self, client_id, target):
+        self.client_id = client_id
+        self.target = target  # StructuredClient wrapping the node's Client
+        self.held = {}        # slot -> last value received or sent
+        self.version = 0
+
+
+def _check_local_data(client_id, X, y):
+    """Validate what ``load_data`` returned on a node (clear errors, no NaN)."""
+    from sklearn.utils import check_array
+
+    from .regressor import MIN_SAMPLES_PER_CLIENT
+
+    if client_id is None or not isinstance(client_id, (str, numbers.Integral)) \
+            or isinstance(client_id, bool):
+        raise TypeError(
+            f"load_data must return a client id that is a str or an int, got {client_id!r}")
+    X = check_array(X, dtype=np.float64, input_name="X")
+    y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or y.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"client {client_id!r}: y must have shape ({X.shape[0]},), got {y.shape}")
+    if X.shape[0] < MIN_SAMPLES_PER_CLIENT:
+        raise ValueError(
+            f"client {client_id!r} has {X.shape[0]} sample(s); at least "
+            f"{MIN_SAMPLES_PER_CLIENT} are needed")
+    cid = int(client_id) if isinstance(client_id, numbers.Integral) else str(client_id)
+    return cid, X, y
+
+
+def _node_for(context, load_data):
+    """The node's :class:`_Node`: from the registry, from ``context.state``, or new."""
+    import pickle
+
+    key = (getattr(context, "run_id", None), context.node_id)
+    saved = context.state[_STATE_KEY] if _STATE_KEY in context.state else None
+    node = _REGISTRY.get(key)
+    if node is not None and saved is not None and node.version == int(saved["version"]):
+        return node
+    if saved is not None:  # a fresh process (subprocess isolation, another actor)
+        node = pickle.loads(saved["node"])  # written by this node itself, never sent
+    else:
+        cid, X, y = _check_local_data(*load_data(context))
+        node = _Node(cid, _fed.StructuredClient(_fed.Client(cid, X, y)))
+    _REGISTRY[key] = node
+    return node
+
+
+def _save_node(node, context):
+    """Keep the node's state in ``context.state`` (stays on the node)."""
+    import pickle
+
+    from flwr.app import ConfigRecord
+
+    node.version += 1
+    context.state[_STATE_KEY] = ConfigRecord(
+        {"version": node.version, "node": pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)})
+
+
+def _n_features(client):
+    raw = getattr(client, "_client", None)
+    X = raw._X if raw is not None else client._Xs
+    return int(X.shape[1])
+
+
+def _handle(message, context, load_data, on_finish):
+    """ClientApp handler: decode, call the client method, reply.
+
+    A client method that raises is answered with a failure record
+    (``ctl["failed"]``, ``ctl["numerical"]``), which the transport turns
+    into a :class:`~skfedgp.federated.ClientFailure`.
+    """
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    method = message.metadata.message_type.split(".", 1)[-1]
+    reply = RecordDict()
+    try:
+        node = _node_for(context, load_data)
+    except Exception as exc:  # noqa: BLE001 -- the node's data could not be loaded
+        reply["ctl"] = ConfigRecord({"failed": f"loading the node's data failed: {exc!r}",
+                                     "numerical": False})
+        return Message(reply, reply_to=message)
+    ctl = message.content["ctl"]
+    out = {"client_id": node.client_id}
+    try:
+        if method not in METHODS:
+            raise ValueError(f"unknown skfedgp client method {method!r}")
+        args = []
+        for i in range(int(ctl["nargs"])):
+            ref = f"ref.{i}"
+            if ref in ctl:
+                if ctl[ref] not in node.held:
+                    raise RuntimeError(
+                        f"client {node.client_id!r} was sent a reference to {ctl[ref]!r}, "
+                        "which it does not hold (state lost)")
+                args.append(node.held[ctl[ref]])
+            else:
+                value = decode(message.content, f"a{i}")
+                kind = _kind(value)
+                if kind:
+                    node.held[f"arg:{kind}"] = value
+                args.append(value)
+        if method == "hello":
+            result = _n_features(node.target)
+        else:
+            result = getattr(node.target, method)(*args)
+        kind = _kind(result)
+        if kind:
+            node.held[f"reply:{kind}"] = result
+        if method == "finish" and on_finish is not None:
+            on_finish(node.client_id, node.target, context)
+        _encode_into(reply, result, "r")
+    except Exception as exc:  # noqa: BLE001 -- reported to the server as a ClientFailure
+        out.update(failed=repr(exc),
+                   numerical=isinstance(exc, (np.linalg.LinAlgError, FloatingPointError)))
+    _save_node(node, context)
+    if method == "close":  # training is over: keep the node's state in context.state only
+        _REGISTRY.pop((getattr(context, "run_id", None), context.node_id), None)
+    reply["ctl"] = ConfigRecord(out)
+    return Message(reply, reply_to=message)
+
+
+def make_client_app(load_data, *, on_finish=None, mods=None):
+    """A Flower ``ClientApp`` that answers a :class:`FlowerTransport`.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context) -> (client_id, X, y)``: the node's own data, read
+        on the node (e.g. from a path in ``context.node_config``); ``client_id``
+        a str or int unique among the nodes, ``X`` of shape ``(n_i, d)``,
+        ``y`` of shape ``(n_i,)`` in original units. Called once per node.
+    on_finish : callable, optional
+        ``on_finish(client_id, client, context)`` after the final exchange,
+        with the node's :class:`~skfedgp.federated.StructuredClient` (its
+        fitted local vector ``client.theta``, ``client.local_values()`` and
+        posterior moments ``client.posterior``): the place to save the
+        client's personal model on the node.
+    mods : list, optional
+        Flower mods applied to every handler.
+
+    Returns
+    -------
+    flwr.clientapp.ClientApp
+        Handlers ``train.<method>`` for every method in :data:`METHODS`.
+
+    Raises
+    ------
+    TypeError
+        If ``load_data`` is not callable.
+
+    Notes
+    -----
+    The node's client object is kept in a per-process registry and, because
+    a SuperNode starts a fresh process per message (its default
+    ``--isolation subprocess``), pickled into the node's own
+    ``context.state``, which the SuperNode keeps on the client machine (it
+    holds the raw data and is never sent). Incoming records are read by
+    :func:`decode` only (no pickle).
+    """
+    _require_flwr()
+    from flwr.clientapp import ClientApp
+
+    if not callable(load_data):
+        raise TypeError("load_data must be a callable load_data(context) -> (client_id, X, y)")
+    app = ClientApp()
+
+    def handler(message, context):
+        return _handle(message, context, load_data, on_finish)
+
+    for m in METHODS:
+        getattr(app, MESSAGE_CATEGORY)(m, mods=mods)(handler)
+    return app
+
+
+# --------------------------------------------------------------------------
+# server side: the transport
+# --------------------------------------------------------------------------
+
+
+def _arg_payload(value):
+    """Model payload of one argument: configuration (:data:`STATIC_TYPES`) and
+    bare ints (round numbers, seeds, sizes) are control, not payload."""
+    if isinstance(value, numbers.Integral) or _kind(value) in STATIC_TYPES:
+        return 0
+    return _count(value)
+
+
+class FlowerTransport:
+    """Transport of the federated training over a Flower ``Grid``.
+
+    Implements the transport interface of
+    :func:`skfedgp.federated.run_structured_training` (``client_ids``,
+    ``call``, context manager): ``call(method, args, ids)`` sends one
+    ``Message`` of type ``"train.<method>"`` per called client and waits for
+    the replies (``grid.send_and_receive``).
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid given to the ServerApp's ``main``.
+    min_nodes : int, default=1
+        :meth:`connect` waits until at least this many nodes are connected.
+    timeout : float or None, default=None
+        Seconds to wait for the replies of one call (None: no limit). A
+        client that does not reply in time is a
+        :class:`~skfedgp.federated.ClientFailure`.
+    connect_timeout : float, default=300.0
+        Seconds :meth:`connect` waits for ``min_nodes`` nodes.
+    fault_hook : callable or None, default=None
+        ``fault_hook(client_id, method, round) -> None``, called on the server
+        before each client call (``"close"`` excepted), as in
+        :class:`~skfedgp.federated.JoblibTransport`: if it raises, the
+        message is not sent and the client's result is a
+        :class:`~skfedgp.federated.ClientFailure` (fault injection).
+
+    Attributes
+    ----------
+    client_ids : list
+        Client ids of the connected nodes, sorted as
+        :class:`~skfedgp.FederatedHierarchicalGPRegressor` sorts its labels
+        (after :meth:`connect`).
+    node_ids_ : dict
+        Client id to Flower node id.
+    n_features_ : int
+        Number of input features (the same on every node).
+    payload_log_ : list of dict
+        One entry per call: ``method``, ``round``, ``bytes_down``,
+        ``bytes_up`` (model payload: arrays' ``nbytes`` and 8 bytes per
+        number of the message dataclasses, as ``communication_`` counts),
+        ``n_messages`` (requests and replies).
+    wire_log_ : list of dict
+        The same calls measured on the serialised Flower records
+        (``bytes_down``, ``bytes_up``): NumPy headers, keys, references and
+        control fields included.
+    """
+
+    def __init__(self, grid, *, min_nodes=1, timeout=None, connect_timeout=300.0,
+                 fault_hook=None):
+        _require_flwr()
+        if not isinstance(min_nodes, numbers.Integral) or min_nodes < 1:
+            raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be None or a positive number, got {timeout!r}")
+        self.grid = grid
+        self.min_nodes = int(min_nodes)
+        self.timeout = timeout
+        self.connect_timeout = float(connect_timeout)
+        self.fault_hook = fault_hook
+        self.payload_log_ = []
+        self.wire_log_ = []
+        self.client_ids = []
+        self.node_ids_ = {}
+        self._held = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    # -- set-up ----------------------------------------------------------------
+    def connect(self):
+        """Wait for the nodes and learn their client ids (one ``hello`` each).
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        TimeoutError
+            If fewer than ``min_nodes`` nodes connect within ``connect_timeout``.
+        RuntimeError
+            If a node fails to load its data.
+        ValueError
+            If two nodes report the same client id or different numbers of
+            features.
+        """
+        import time
+
+        from ._validation import unique_labels
+
+        t0 = time.monotonic()
+        nodes = sorted(self.grid.get_node_ids())
+        while len(nodes) < self.min_nodes:
+            if time.monotonic() - t0 > self.connect_timeout:
+                raise TimeoutError(
+                    f"only {len(nodes)} of min_nodes={self.min_nodes} Flower nodes connected "
+                    f"within {self.connect_timeout:g} s")
+            time.sleep(0.1)
+            nodes = sorted(self.grid.get_node_ids())
+        replies = self._exchange("hello", {n: () for n in nodes}, {}, 0)
+        cids, dims = {}, {}
+        for node, (cid, value, err) in replies.items():
+            if err is not None:
+                raise RuntimeError(f"Flower node {node} failed at set-up: {err[0]}")
+            if cid in cids:
+                raise ValueError(
+                    f"Flower nodes {cids[cid]} and {node} both report client id {cid!r}")
+            cids[cid] = node
+            dims[cid] = value
+        if len(set(dims.values())) != 1:
+            raise ValueError(f"the nodes' data have different numbers of features: {dims}")
+        self.n_features_ = int(next(iter(dims.values())))
+        self.client_ids, _ = unique_labels(list(cids))
+        self.node_ids_ = {c: cids[c] for c in self.client_ids}
+        self._held = {c: {} for c in self.client_ids}
+        self.payload_log_, self.wire_log_ = [], []
+        return self
+
+    # -- one call ----------------------------------------------------------------
+    def call(self, method, args=(), ids=None, *, round_=0):
+        """Run ``method`` on the clients ``ids`` (default: all) over Flower.
+
+        Parameters
+        ----------
+        method : str
+            One of :data:`METHODS` (not ``"hello"``).
+        args : tuple or dict
+            Arguments common to all called clients, or ``{client_id: tuple}``.
+        ids : list, optional
+        round_ : int, default=0
+            Round of the call (for the logs and :class:`ClientFailure`).
+
+        Returns
+        -------
+        dict
+            ``{client_id: result}`` in the order of ``ids``; a client whose
+            method raised, whose reply is a Flower error or is missing after
+            ``timeout`` maps to a :class:`~skfedgp.federated.ClientFailure`.
+        """
+        if method not in METHODS or method == "hello":
+            raise ValueError(f"unknown client method {method!r}; expected one of {METHODS[1:]}")
+        ids = list(self.client_ids) if ids is None else list(ids)
+        unknown = [c for c in ids if c not in self.node_ids_]
+        if unknown:
+            raise ValueError(f"unknown client id(s) {unknown}")
+        out = {}
+        if self.fault_hook is not None and method != "close":
+            for cid in ids:
+                try:
+                    self.fault_hook(cid, method, round_)
+                except Exception as exc:  # noqa: BLE001 -- an injected failure
+                    out[cid] = _fed.ClientFailure(cid, method, round_, repr(exc))
+        send = [c for c in ids if c not in out]
+        per = {self.node_ids_[c]: tuple(args[c] if isinstance(args, dict) else args)
+               for c in send}
+        held = {self.node_ids_[c]: self._held[c] for c in send}
+        replies = self._exchange(method, per, held, round_) if send else {}
+        for cid in send:
+            _, value, err = replies[self.node_ids_[cid]]
+            if err is None:
+                out[cid] = value
+                continue
+            error, numerical, reached = err
+            if not reached:
+                self._held[cid] = {}  # its state is unknown: resend everything next time
+            out[cid] = _fed.ClientFailure(cid, method, round_, error, numerical)
+        return {cid: out[cid] for cid in ids}
+
+    def _exchange(self, method, per_node, held, round_):
+        """One message per node; returns ``{node: (client_id, value, error)}``.
+
+        ``error`` is None or ``(text, numerical, reached)``, ``reached``
+        telling whether the client handled the message.
+        """
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        messages, down, wire_down = [], 0, 0
+        for node, args in per_node.items():
+            h = held.get(node, {})
+            content = RecordDict()
+            ctl = {"nargs": len(args)}
+            for i, value in enumerate(args):
+                slot = _find_held(h, value, method)
+                if slot is not None:
+                    ctl[f"ref.{i}"] = slot
+                    continue
+                _encode_into(content, value, f"a{i}")
+                down += _arg_payload(value)
+                kind = _kind(value)
+                if kind:
+                    h[f"arg:{kind}"] = value
+            content["ctl"] = ConfigRecord(ctl)
+            wire_down += _wire_nbytes(content)
+            messages.append(Message(content, dst_node_id=int(node),
+                                    message_type=f"{MESSAGE_CATEGORY}.{method}"))
+        replies = self.grid.send_and_receive(messages, timeout=self.timeout)
+        out, up, wire_up = {}, 0, 0
+        for rep in replies:
+            node = rep.metadata.src_node_id
+            if node not in per_node:
+                continue
+            if rep.has_error():
+                out[node] = (None, None, (
+                    f"Flower error from node {node} in {method!r}: "
+                    f"[{rep.error.code}] {rep.error.reason}", False, False))
+                continue
+            ctl = rep.content["ctl"]
+            cid = ctl.get("client_id")
+            wire_up += _wire_nbytes(rep.content)
+            if "failed" in ctl:
+                # reached: the client's own code ran (its state is known)
+                out[node] = (cid, None, (ctl["failed"], bool(ctl["numerical"]), cid is not None))
+                continue
+            value = decode(rep.content, "r")
+            kind = _kind(value)
+            if kind and node in held:
+                held[node][f"reply:{kind}"] = value
+            if method != "hello":
+                up += _count(value)
+            out[node] = (cid, value, None)
+        for node in per_node:
+            if node not in out:
+                out[node] = (None, None, (
+                    f"TimeoutError('no reply from Flower node {node} to {method!r} within "
+                    f"{self.timeout} s')", False, False))
+        if method != "hello":
+            self.payload_log_.append({"method": method, "round": int(round_),
+                                      "bytes_down": int(down), "bytes_up": int(up),
+                                      "n_messages": 2 * len(per_node)})
+            self.wire_log_.append({"method": method, "round": int(round_),
+                                   "bytes_down": int(wire_down), "bytes_up": int(wire_up)})
+        return out
+
+
+#: Set-up exchanges: their bytes are round 0 of ``communication_``.
+SETUP_METHODS = ("summary", "prepare", "pilot", "initialise")
+
+
+def payload_per_round(log):
+    """Sum a :attr:`FlowerTransport.payload_log_` by round, as ``communication_`` does.
+
+    The set-up exchanges (:data:`SETUP_METHODS`) are round 0; the first
+    evaluation of the ELBO (calls of round 0 after the set-up) counts in
+    round 1, as the training loop books it.
+
+    Parameters
+    ----------
+    log : list of dict
+
+    Returns
+    -------
+    list of dict
+        ``round``, ``bytes_up``, ``bytes_down`` in round order.
+    """
+    per = {}
+    for e in log:
+        r = 0 if e["method"] in SETUP_METHODS else max(int(e["round"]), 1)
+        up, down = per.get(r, (0, 0))
+        per[r] = (up + e["bytes_up"], down + e["bytes_down"])
+    return [{"round": r, "bytes_up": up, "bytes_down": down}
+            for r, (up, down) in sorted(per.items())]
+
+
+def _wire_nbytes(records):
+    """Serialised size of a RecordDict's values: each array's ``.npy`` bytes
+    (header included), 8 per number, the length of strings and bytes, plus
+    the keys."""
+    total = 0
+    for rec in records.values():
+        for k, v in rec.items():
+            total += len(k)
+            data = getattr(v, "data", None)
+            if isinstance(data, bytes):
+                total += len(data)
+            elif isinstance(v, (str, bytes)):
+                total += len(v)
+            elif isinstance(v, list):
+                total += sum(len(x) if isinstance(x, (str, bytes)) else 8 for x in v)
+            else:
+                total += 8
+    return total
+
+
+# --------------------------------------------------------------------------
+# server side: the ServerApp
+# --------------------------------------------------------------------------
+
+
+def _check_server_params(estimator_params):
+    """Validate the estimator parameters now (not when the run starts)."""
+    from .regressor import FederatedHierarchicalGPRegressor
+
+    est = FederatedHierarchicalGPRegressor(**estimator_params)
+    config, n_rounds = est._check_params()
+    if config.variational_family != "structured":
+        raise ValueError(
+            "skfedgp.flower trains the structured family only (variational_family="
+            f"'structured', the estimator's default), got {config.variational_family!r}")
+    _fed.check_participation(est.client_fraction, est.min_clients, est.max_retries)
+    if est.warm_start:
+        raise ValueError("warm_start=True has nothing to continue from in a ServerApp; pass "
+                         "resume_from (a TrainingState or the path of a saved one)")
+    if est.checkpoint is not None and not (callable(est.checkpoint)
+                                           or isinstance(est.checkpoint, (str, os.PathLike))):
+        raise ValueError(f"checkpoint must be a path or a callable, got {est.checkpoint!r}")
+    if est.fault_hook is not None and not callable(est.fault_hook):
+        raise ValueError(f"fault_hook must be callable, got {est.fault_hook!r}")
+    return est, config, n_rounds
+
+
+def fit_over_transport(transport, est, config, n_rounds):
+    """Run the estimator's structured training through a connected transport.
+
+    Seeds are drawn exactly as :meth:`FederatedHierarchicalGPRegressor.fit`
+    draws them (one per client in sorted client-id order, then the
+    server's), so the same ``random_state`` gives the same model.
+
+    Parameters
+    ----------
+    transport : FlowerTransport
+        After :meth:`FlowerTransport.connect` (any object with the transport
+        interface, ``n_features_`` and sorted ``client_ids`` will do).
+    est : FederatedHierarchicalGPRegressor
+        Unfitted; its parameters are used.
+    config : ModelConfig
+    n_rounds : int
+
+    Returns
+    -------
+    dict
+        The fitted global state; see :func:`make_server_app`.
+    """
+    from sklearn.utils import check_random_state
+
+    ids = list(transport.client_ids)
+    rng = check_random_state(est.random_state)
+    seeds = rng.randint(0, 2**31 - 1, size=len(ids) + 1)
+    server = _fed.Server(config, transport.n_features_, int(seeds[-1]))
+    client_seeds = [int(s) for s in seeds[:-1]]
+    participation_seed = int(rng.randint(0, 2**31 - 1))
+    state = est.resume_from
+    if isinstance(state, (str, os.PathLike)):
+        state = _fed.TrainingState.load(state)
+    callback = est.checkpoint
+    if isinstance(callback, (str, os.PathLike)):
+        path = callback
+
+        def callback(r, st):
+            st.save(path)
+    _, res = _fed.run_structured_training(
+        None, server, config, n_rounds=n_rounds, seeds=client_seeds, verbose=est.verbose,
+        transport=transport, client_fraction=est.client_fraction,
+        min_clients=est.min_clients, max_retries=est.max_retries,
+        random_state=participation_seed, state=state, callback=callback)
+    post = res["posterior"]
+    return {
+        "client_ids": ids,
+        "theta_global": res["theta_global"],
+        "global_values": res["global_pack"].unpack(res["theta_global"]),
+        "global_pack": res["global_pack"],
+        "global_posterior": {"mean": post.mean, "covariance": post.covariance},
+        "elbo_history": res["elbo_history"],
+        "objective_history": res["objective_history"],
+        "communication": res["communication"],
+        "n_iter": res["n_iter"],
+        "converged": res["converged"],
+        "n_evaluations": res["n_evaluations"],
+        "population": res["population"],
+        "failed_clients": res.get("failed_clients", []),
+        "excluded_clients": res.get("excluded_clients", []),
+        "y_offset": server.y_offset,
+        "y_scale": server.y_scale,
+        "x_offset": server.x_offset,
+        "x_scale": server.x_scale,
+        "n_inducing": server.n_inducing_,
+        "config": config,
+        "payload_log": list(transport.payload_log_),
+        "wire_log": list(transport.wire_log_),
+    }
+
+
+def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_path=None,
+                    **estimator_params):
+    """A Flower ``ServerApp`` that trains the estimator's model over the grid.
+
+    Parameters
+    ----------
+    min_nodes : int, default=1
+        Wait for at least this many SuperNodes (clients) before training;
+        every node connected at that moment takes part.
+    timeout : float or None, default=None
+        Seconds to wait for the replies of one exchange (None: no limit).
+    connect_timeout : float, default=300.0
+        Seconds to wait for ``min_nodes`` nodes.
+    output_path : str or path-like, optional
+        Where the ServerApp saves the fitted global state (``joblib.dump``
+        of the dict below). A run config entry ``output-path``
+        (``flwr run --run-config "output-path='fit.joblib'"``) takes
+        precedence. In a deployment the ServerApp runs in its own process:
+        this file is how the result leaves it.
+    **estimator_params
+        Parameters of :class:`~skfedgp.FederatedHierarchicalGPRegressor`
+        (same names, same defaults), validated here. ``client_fraction``,
+        ``min_clients``, ``max_retries``, ``fault_hook`` (called on the
+        server before each message), ``checkpoint`` (a path or a callable,
+        the server's :class:`~skfedgp.federated.TrainingState` after every
+        round, without client parts: each client keeps its own) and
+        ``resume_from`` act as in ``fit``; ``n_jobs`` is ignored;
+        ``warm_start=True`` is refused (a ServerApp has no fitted state).
+
+    Returns
+    -------
+    flwr.serverapp.ServerApp
+        After a run, ``app.result_`` (same process, e.g. Flower's
+        simulation) holds a dict with ``client_ids``, ``theta_global``,
+        ``global_values`` (constrained global block: inputs in the scaled
+        unit-box coordinates, variances in standardised units),
+        ``global_pack``, ``global_posterior`` (``mean``, ``covariance`` of
+        ``q(v_g)``), ``elbo_history``, ``objective_history``,
+        ``communication`` (as the estimator's ``communication_``), ``n_iter``,
+        ``converged``, ``n_evaluations``, ``failed_clients``,
+        ``excluded_clients`` (as ``failed_clients_`` and
+        ``excluded_clients_``), ``population``, ``y_offset``,
+        ``y_scale``, ``x_offset``, ``x_scale``, ``n_inducing``, ``config``,
+        ``payload_log`` and ``wire_log`` (per exchange,
+        :class:`FlowerTransport`). The clients' local blocks and posterior
+        moments stay on the clients (``make_client_app(on_finish=...)``).
+
+    Raises
+    ------
+    ValueError
+        For bad estimator parameters or ``variational_family="mean_field"``.
+    """
+    _require_flwr()
+    from flwr.serverapp import ServerApp
+
+    est, config, n_rounds = _check_server_params(estimator_params)
+    app = ServerApp()
+    app.result_ = None
+
+    @app.main()
+    def main(grid, context):
+        transport = FlowerTransport(grid, min_nodes=min_nodes, timeout=timeout,
+                                    connect_timeout=connect_timeout,
+                                    fault_hook=est.fault_hook).connect()
+        result = fit_over_transport(transport, est, config, n_rounds)
+        app.result_ = result
+        path = (context.run_config or {}).get("output-path", output_path)
+        if path:
+            import joblib
+
+            joblib.dump(result, path)
+
+    return app
