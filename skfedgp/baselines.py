@@ -397,6 +397,11 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         initial lengthscales).
     local_steps : int, default=20
         L-BFGS-B iterations per client per round.
+    tol : float, default=1e-3
+        Stop before ``n_rounds`` when no averaged log lengthscale moved by
+        more than ``tol`` in a round (the shared hyperparameters have
+        converged; the clients' loadings are refitted anyway). 0: always run
+        ``n_rounds`` rounds.
     lengthscale : float or array-like of shape (n_latent,) or (n_latent, n_features), default=None
         Initial lengthscales in input units; None: latent ``r`` starts at a
         fraction of each feature's range, log-spaced from 0.2 (r = 0) to 0.05
@@ -440,7 +445,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
     communication_ : list of dict
         Bytes uploaded and downloaded per round (8 bytes per float64).
     n_iter_ : int
-        Rounds run.
+        Rounds run (at most ``n_rounds``; fewer when ``tol`` stopped it).
     n_outputs_ : int
         Number ``Q`` of target channels (1 for 1-D ``y``).
     n_features_in_ : int
@@ -486,12 +491,13 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
     ((5, 2), (5, 2, 2))
     """
 
-    def __init__(self, *, n_latent=2, n_rounds=20, local_steps=20, lengthscale=None,
+    def __init__(self, *, n_latent=2, n_rounds=20, local_steps=20, tol=1e-3, lengthscale=None,
                  noise_variance=None, client_column=None, n_jobs=None, random_state=None,
                  verbose=0):
         self.n_latent = n_latent
         self.n_rounds = n_rounds
         self.local_steps = local_steps
+        self.tol = tol
         self.lengthscale = lengthscale
         self.noise_variance = noise_variance
         self.client_column = client_column
@@ -510,6 +516,10 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         R = _int("n_latent", 1)
         n_rounds = _int("n_rounds", 0)
         steps = _int("local_steps", 1)
+        tol = self.tol
+        if not isinstance(tol, numbers.Real) or isinstance(tol, bool) or not np.isfinite(tol) \
+                or tol < 0:
+            raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
         s2 = self.noise_variance
         if s2 is not None and (not isinstance(s2, numbers.Real) or isinstance(s2, bool)
                                or not np.isfinite(s2) or s2 <= 0):
@@ -631,6 +641,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             if self.verbose:
                 print(f"[PFedGPRegressor] round {rnd + 1}/{n_rounds}: "
                       f"sum LML {history[-1]:.3f}")
+            if np.max(np.abs(np.log(ell_hist[-1]) - np.log(ell_hist[-2]))) <= self.tol:
+                break
         clients = parallel(delayed(_refit)(c, ell) for c in clients)
         history.append(float(sum(c.lml for c in clients)))
         # success: commit the fitted state at once
@@ -646,7 +658,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         self.lml_history_ = history
         self.lengthscale_history_ = ell_hist
         self.communication_ = comm
-        self.n_iter_ = n_rounds
+        self.n_iter_ = len(ell_hist) - 1
         return self
 
     def _make_client(self, label, Xc, Yc, R, rng):
