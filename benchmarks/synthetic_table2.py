@@ -160,10 +160,10 @@ def markdown_table(table, secs, scenarios, methods):
         for m in methods:
             row = table[sc, m]
             if row is None:
-                cells = [NOT_AVAILABLE] + [""] * (len(METRICS) - 1)
+                cells = [NOT_AVAILABLE] + [""] * len(METRICS)
             else:
-                cells = [_cell(row[k]) for k in METRICS]
-            lines.append(f"| {sc} | {m} | " + " | ".join(cells) + f" | {secs[sc, m]:.2f} |")
+                cells = [_cell(row[k]) for k in METRICS] + [f"{secs[sc, m]:.2f}"]
+            lines.append(f"| {sc} | {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -376,7 +376,8 @@ def main(argv=None):
         "Models: the pFedHGP variants are `FederatedHierarchicalGPRegressor(n_latent=2, "
         "components=..., random_state=seed)` at its other defaults; pFedGP is "
         "`PFedGPRegressor(random_state=seed)` at its defaults (exact per-client LMC GP of "
-        "rank 2, lengthscales FedAvg-averaged over 20 rounds of 20 L-BFGS-B steps); the "
+        "rank 2, lengthscales FedAvg-averaged over at most 20 rounds of 20 L-BFGS-B steps, "
+        "stopping once they move by less than 1e-3 in log); the "
         "Oracle is the exact GP with the simulator's true covariance over all clients' "
         "data.",
         "",
