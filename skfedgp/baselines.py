@@ -324,6 +324,11 @@ class _Client:
         return self
 
 
+def _is_fit_attribute(name):
+    """Whether an instance attribute belongs to the fitted state."""
+    return (name.endswith("_") and not name.startswith("__")) or name == "_y_ndim"
+
+
 def _bound_arrays(bounds):
     lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
     hi = np.array([np.inf if b[1] is None else b[1] for b in bounds])
@@ -603,7 +608,23 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             parameters.
         FloatingPointError
             A non-finite likelihood or gradient during training.
+
+        Notes
+        -----
+        On any error the estimator keeps its previous fitted state (or stays
+        unfitted).
         """
+        saved = {k: v for k, v in vars(self).items() if _is_fit_attribute(k)}
+        try:
+            return self._fit(X, y, groups)
+        except BaseException:
+            for k in [k for k in vars(self) if _is_fit_attribute(k)]:
+                delattr(self, k)
+            self.__dict__.update(saved)
+            raise
+
+    def _fit(self, X, y, groups):
+        """Body of :meth:`fit` (which restores the fitted state on error)."""
         R, n_rounds, steps = self._check_params()
         X, Y, y_ndim, groups = self._validate_fit_data(X, y, groups)
         if groups is None:
@@ -722,7 +743,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             Also return the predictive covariance (noise included): for 1-D
             ``y`` in fit the joint ``(n_samples, n_samples)`` covariance (rows
             of different clients are independent, zero); for 2-D ``y`` the
-            per-input ``Q x Q`` blocks, shape (n_samples, Q, Q).
+            per-input ``Q x Q`` blocks, shape (n_samples, Q, Q). The joint
+            matrix takes ``8 n_samples^2`` bytes; ask for fewer rows if that
+            is too much.
 
         Returns
         -------

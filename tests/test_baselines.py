@@ -247,6 +247,10 @@ def test_bad_input_errors(rng, monkeypatch):
         with pytest.raises(ValueError):
             PFedGPRegressor(**bad).fit(X, Y, groups)
     est.fit(X, Y, groups)
+    before = est.predict(X, groups)
+    with pytest.raises(ValueError, match="every channel missing"):
+        est.fit(X[:, :1], Yn, groups)  # a failed refit keeps the fitted state
+    np.testing.assert_array_equal(est.predict(X, groups), before)
     with pytest.raises(ValueError, match="features"):
         est.predict(np.hstack([X, X]), groups)
     with pytest.raises(ValueError, match="only one of"):
