@@ -435,6 +435,12 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         noise variance, Cholesky factor): what a deployed client keeps.
     lengthscales_ : ndarray of shape (n_latent, n_features_model_)
         Final averaged lengthscales, input units.
+    lengthscale_unit_ : ndarray of shape (n_latent, n_features_model_)
+        The same in unit-box units (what the clients use).
+    x_offset_, x_scale_ : ndarray of shape (n_features_model_,)
+        Input scaling to the unit box, ``(x - x_offset_) / x_scale_``.
+    n_features_model_ : int
+        Number of input features (without a ``client_column``).
     loadings_ : dict
         Client label to its loadings ``B_i`` of shape (Q, n_latent), in
         target units (``y_scale * B_i``).
