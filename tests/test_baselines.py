@@ -276,3 +276,15 @@ def test_tol_stops_when_lengthscales_settle(rng):
     full = PFedGPRegressor(n_rounds=4, local_steps=10, tol=0.0, random_state=0).fit(
         X, Y, groups)
     assert full.n_iter_ == 4
+
+
+def test_client_column_equals_groups(rng):
+    X, Y, groups = _multi_client_data(rng)
+    labels = np.array(["a", "b", "c"], dtype=object)[groups]
+    Xc = np.column_stack([labels, X[:, 0]]).astype(object)
+    by_col = PFedGPRegressor(n_rounds=2, local_steps=5, client_column=0, random_state=0)
+    by_grp = PFedGPRegressor(n_rounds=2, local_steps=5, random_state=0)
+    m1 = by_col.fit(Xc, Y).predict(Xc)
+    m2 = by_grp.fit(X, Y, labels).predict(X, labels)
+    np.testing.assert_allclose(m1, m2, rtol=1e-12)
+    assert by_col.n_features_in_ == 2 and by_col.n_features_model_ == 1
