@@ -20,6 +20,7 @@ AsyncDGPRegressor
 
 from ._linalg import CholeskyError
 from .async_dgp import AsyncDGPRegressor
+from .baselines import PFedGPRegressor
 from .classifier import MaxEvidenceClassifier
 from .clustering import OperatorClustering
 from .regressor import ClientLabelWarning, FederatedHierarchicalGPRegressor
