@@ -1,0 +1,188 @@
+"""The multi-output (ILMM) structured posterior (skfedgp._ilmm): reduction to
+the scalar family, exactness against a dense joint multi-output GP, analytic
+gradients against central finite differences, the local surrogate, missing
+entries and the packers."""
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from skfedgp import _ilmm
+from skfedgp._linalg import CholeskyError
+from skfedgp._structured import client_forward, combine, feature_blocks
+
+ALL = ("global", "deviation", "local")
+SUBSETS = [ALL, ("global", "local"), ("deviation", "local"), ("global",), ("local",),
+           ("global", "deviation"), ("deviation",)]
+IDS = ["+".join(c) for c in SUBSETS]
+
+
+def se(A, B, ell):
+    """Plain NumPy unit-variance SE-ARD kernel (independent of skfedgp)."""
+    D = (A[:, None, :] - B[None, :, :]) / np.asarray(ell)
+    return np.exp(-0.5 * np.sum(D**2, axis=-1))
+
+
+def _data(sizes=(10, 8), Q=3, d=2, seed=0, n_missing=5):
+    """Clients' inputs and (n, Q) targets with some NaN entries (no all-NaN row)."""
+    rng = np.random.default_rng(seed)
+    Xs, Ys = [], []
+    for k, n in enumerate(sizes):
+        X = rng.uniform(size=(n, d))
+        Y = np.column_stack([np.sin(3 * X[:, 0] + q) + 0.3 * k * X[:, 1] for q in range(Q)])
+        Y += 0.1 * rng.normal(size=Y.shape)
+        for _ in range(n_missing):
+            Y[rng.integers(n), rng.integers(Q)] = np.nan
+        Y[np.all(np.isnan(Y), axis=1), 0] = 0.3
+        Xs.append(X)
+        Ys.append(Y)
+    return Xs, Ys
+
+
+def _params(Xs, Zg, Zls, Q=3, R=(2, 2, 1), per_channel=True, seed=1):
+    rng = np.random.default_rng(seed)
+    Rg, Rd, Rl = R
+    d = Zg.shape[1]
+    G = dict(Z_g=Zg, lengthscale_g=0.3 + 0.5 * rng.uniform(size=(Rg, d)),
+             B_g=rng.normal(size=(Q, Rg)), phi=0.4)
+    Ls = []
+    for k, Zl in enumerate(Zls):
+        s2 = (0.03 + 0.02 * rng.uniform(size=Q)) if per_channel else 0.04 + 0.01 * k
+        Ls.append(dict(Z_l=Zl, lengthscale_l=0.2 + 0.3 * rng.uniform(size=(Rl, d)),
+                       B_l=0.7 * rng.normal(size=(Q, Rl)), B_d=0.5 * rng.normal(size=(Q, Rd)),
+                       noise_variance=s2, offset=0.1 * rng.normal(size=Q)))
+    return G, Ls
+
+
+def _elbo(Xs, Ys, G, Ls, comps=ALL, jitter=1e-6):
+    sts = [_ilmm.forward(X, Y, G, L, comps, jitter=jitter, client=k)
+           for k, (X, Y, L) in enumerate(zip(Xs, Ys, Ls))]
+    Ng = sts[0].S.shape[0]
+    return combine([s.S for s in sts], [s.b for s in sts], [s.e for s in sts], Ng), sts
+
+
+def _dense(Xs, G, Ls, comps=ALL):
+    """Prior covariance (SPEC eq. 35) of every client's every (input, channel) pair.
+
+    Returns the covariance of all entries, flattened client by client, row-major
+    in (input, channel).
+    """
+    Q = Ls[0]["offset"].shape[0]
+    Xall = np.vstack(Xs)
+    NQ = Xall.shape[0] * Q
+    C = np.zeros((NQ, NQ))
+    if "global" in comps:
+        for r in range(G["B_g"].shape[1]):
+            b = G["B_g"][:, r]
+            C += np.kron(se(Xall, Xall, G["lengthscale_g"][r]), np.outer(b, b))
+    off = np.cumsum([0] + [len(X) * Q for X in Xs])
+    for k, (X, L) in enumerate(zip(Xs, Ls)):
+        sl = slice(off[k], off[k + 1])
+        if "deviation" in comps:
+            for r in range(L["B_d"].shape[1]):
+                b = L["B_d"][:, r]
+                C[sl, sl] += G["phi"] * np.kron(se(X, X, G["lengthscale_g"][r]), np.outer(b, b))
+        if "local" in comps:
+            for r in range(L["B_l"].shape[1]):
+                b = L["B_l"][:, r]
+                C[sl, sl] += np.kron(se(X, X, L["lengthscale_l"][r]), np.outer(b, b))
+    return C
+
+
+def _noise_diag(Xs, Ls):
+    Q = Ls[0]["offset"].shape[0]
+    return np.concatenate([np.tile(np.broadcast_to(L["noise_variance"], (Q,)), len(X))
+                           for X, L in zip(Xs, Ls)])
+
+
+# --------------------------------------------------------------------------
+# Q = 1, R = 1: the scalar structured family
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("comps", SUBSETS, ids=IDS)
+def test_single_output_reduces_to_scalar_family(comps):
+    Xs, Ys = _data((11,), Q=1, n_missing=0)
+    X, y = Xs[0], Ys[0][:, 0]
+    rng = np.random.default_rng(2)
+    Zg, Zl = rng.uniform(size=(6, 2)), rng.uniform(size=(4, 2))
+    var_g, var_l, phi, s2, c = 1.7, 0.6, 0.35, 0.05, 0.2
+    ell_g, ell_l = np.array([0.4, 0.7]), np.array([0.25, 0.3])
+    Gs = dict(Z_g=Zg, lengthscale_g=ell_g, variance_g=var_g, phi=phi)
+    Bs = dict(Z_l=Zl, lengthscale_l=ell_l, variance_l=var_l)
+    ref = client_forward(X, y, feature_blocks(Gs, Bs, comps), comps, s2, phi, offset=c)
+    G = dict(Z_g=Zg, lengthscale_g=ell_g[None], B_g=[[np.sqrt(var_g)]], phi=phi)
+    L = dict(Z_l=Zl, lengthscale_l=ell_l[None], B_l=[[np.sqrt(var_l)]],
+             B_d=[[np.sqrt(var_g)]], noise_variance=s2, offset=np.array([c]))
+    st = _ilmm.forward(X, y[:, None], G, L, comps)
+    assert st.S.shape == ref.S.shape
+    assert_allclose(st.S, ref.S, rtol=1e-9, atol=1e-11)
+    assert_allclose(st.b, ref.b, rtol=1e-9, atol=1e-11)
+    assert_allclose(st.e, ref.e, rtol=1e-10)
+
+
+# --------------------------------------------------------------------------
+# exactness: inducing inputs = training inputs
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exact_setup():
+    Xs, Ys = _data((10, 8), Q=3)
+    G, Ls = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
+    return Xs, Ys, G, Ls
+
+
+@pytest.mark.parametrize("comps", [ALL, ("global", "local"), ("deviation", "local"),
+                                   ("global", "deviation")], ids=lambda c: "+".join(c))
+def test_elbo_equals_dense_log_marginal_likelihood(exact_setup, comps):
+    Xs, Ys, G, Ls = exact_setup
+    post, _ = _elbo(Xs, Ys, G, Ls, comps, jitter=1e-10)
+    C = _dense(Xs, G, Ls, comps) + np.diag(_noise_diag(Xs, Ls))
+    y = np.concatenate([(Y - L["offset"]).ravel() for Y, L in zip(Ys, Ls)])
+    obs = np.isfinite(y)
+    assert (~obs).sum() >= 5  # the missing entries are really out of the likelihood
+    Lc = np.linalg.cholesky(C[np.ix_(obs, obs)])
+    a = np.linalg.solve(Lc, y[obs])
+    lml = -0.5 * a @ a - np.sum(np.log(np.diag(Lc))) - 0.5 * obs.sum() * np.log(2 * np.pi)
+    assert abs(post.elbo - lml) < 1e-6
+
+
+def test_prediction_equals_dense_exact_posterior(exact_setup):
+    Xs, Ys, G, Ls = exact_setup
+    Q = 3
+    post, sts = _elbo(Xs, Ys, G, Ls, jitter=1e-10)
+    C = _dense(Xs, G, Ls) + np.diag(_noise_diag(Xs, Ls))
+    y = np.concatenate([(Y - L["offset"]).ravel() for Y, L in zip(Ys, Ls)])
+    obs = np.isfinite(y)
+    Xall = np.vstack(Xs)
+    Xt = np.random.default_rng(5).uniform(size=(4, 2))
+    off = np.cumsum([0] + [len(X) * Q for X in Xs])
+    for i, (X, L, st) in enumerate(zip(Xs, Ls, sts)):
+        # cross covariance of client i's latent channels at Xt with all entries
+        Kx = np.zeros((len(Xt) * Q, len(y)))
+        Kss = np.zeros((len(Xt) * Q, len(Xt) * Q))
+        for r in range(2):
+            b = G["B_g"][:, r]
+            Kx += np.kron(se(Xt, Xall, G["lengthscale_g"][r]), np.outer(b, b))
+            bd = L["B_d"][:, r]
+            Kx[:, off[i]:off[i + 1]] += G["phi"] * np.kron(se(Xt, X, G["lengthscale_g"][r]),
+                                                           np.outer(bd, bd))
+            Kss += np.kron(se(Xt, Xt, G["lengthscale_g"][r]),
+                           np.outer(b, b) + G["phi"] * np.outer(bd, bd))
+        bl = L["B_l"][:, 0]
+        Kx[:, off[i]:off[i + 1]] += np.kron(se(Xt, X, L["lengthscale_l"][0]), np.outer(bl, bl))
+        Kss += np.kron(se(Xt, Xt, L["lengthscale_l"][0]), np.outer(bl, bl))
+        Kx = Kx[:, obs]
+        Co = C[np.ix_(obs, obs)]
+        m_exact = (Kx @ np.linalg.solve(Co, y[obs])).reshape(len(Xt), Q)
+        c_exact = (Kss - Kx @ np.linalg.solve(Co, Kx.T)).reshape(len(Xt), Q, len(Xt), Q)
+        mu_u, Sigma_u, _ = _ilmm.posterior(st, post.mu, post.A_inv)
+        m, c = _ilmm.predict(Xt, G, L, ALL, mu_u, Sigma_u, jitter=1e-10)
+        assert m.shape == (4, Q) and c.shape == (4, Q, Q)
+        assert_allclose(m, m_exact, atol=1e-6)
+        blocks = np.stack([c_exact[n, :, n, :] for n in range(len(Xt))])
+        assert_allclose(c, blocks, atol=1e-6)
+        mf, cf = _ilmm.predict(Xt, G, L, ALL, mu_u, Sigma_u, full_cov=True, jitter=1e-10)
+        assert_allclose(mf, m_exact, atol=1e-6)
+        assert_allclose(cf, c_exact, atol=1e-6)
