@@ -186,3 +186,120 @@ def test_prediction_equals_dense_exact_posterior(exact_setup):
         mf, cf = _ilmm.predict(Xt, G, L, ALL, mu_u, Sigma_u, full_cov=True, jitter=1e-10)
         assert_allclose(mf, m_exact, atol=1e-6)
         assert_allclose(cf, c_exact, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# analytic gradients against central finite differences
+# --------------------------------------------------------------------------
+
+
+def _fd(f, v, h=1e-6):
+    v = np.array(v, dtype=float)
+    out = np.zeros_like(v)
+    for k in range(v.size):
+        vp, vm = v.copy(), v.copy()
+        vp.flat[k] += h
+        vm.flat[k] -= h
+        out.flat[k] = (f(vp if v.ndim else float(vp)) - f(vm if v.ndim else float(vm))) / (2 * h)
+    return out
+
+
+def _random_setup(per_channel, R=(2, 2, 1), sizes=(9, 7, 6), seed=3):
+    Xs, Ys = _data(sizes, Q=3, seed=seed)
+    rng = np.random.default_rng(seed + 10)
+    G, Ls = _params(Xs, rng.uniform(size=(5, 2)), [rng.uniform(size=(4, 2)) for _ in Xs],
+                    R=R, per_channel=per_channel, seed=seed)
+    return Xs, Ys, G, Ls
+
+
+def _keys(comps):
+    shared = "global" in comps or "deviation" in comps
+    kg = (["Z_g", "lengthscale_g"] if shared else []) + (["B_g"] if "global" in comps else [])
+    kg += ["phi"] if "deviation" in comps else []
+    kl = (["Z_l", "lengthscale_l", "B_l"] if "local" in comps else [])
+    kl += (["B_d"] if "deviation" in comps else []) + ["noise_variance", "offset"]
+    return kg, kl
+
+
+def _close(analytic, numeric):
+    analytic = np.asarray(analytic, float)
+    assert analytic.shape == np.shape(numeric)
+    assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-5 * np.abs(numeric).max() + 1e-9)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["diag-noise", "iso-noise"])
+@pytest.mark.parametrize("comps", SUBSETS, ids=IDS)
+def test_gradients_match_finite_differences(comps, per_channel):
+    Xs, Ys, G, Ls = _random_setup(per_channel)
+    post, sts = _elbo(Xs, Ys, G, Ls, comps)
+    grads = [_ilmm.backward(s, X, Y, post.mu, post.A_inv) for s, X, Y in zip(sts, Xs, Ys)]
+
+    def F(G_, Ls_):
+        return _elbo(Xs, Ys, G_, Ls_, comps)[0].elbo
+
+    kg, kl = _keys(comps)
+    assert set(grads[0]) == set(kg) | set(kl)
+    for key in kg:
+        analytic = sum(np.asarray(g[key]) for g in grads)
+        _close(analytic, _fd(lambda v: F({**G, key: v}, Ls), G[key]))
+    k = 1
+    for key in kl:
+        def f(v, key=key):
+            Ls_ = list(Ls)
+            Ls_[k] = {**Ls[k], key: v}
+            return F(G, Ls_)
+
+        _close(grads[k][key], _fd(f, Ls[k][key]))
+    # a partial request returns just that group
+    only = _ilmm.backward(sts[0], Xs[0], Ys[0], post.mu, post.A_inv, want_local=False)
+    assert set(only) == set(kg)
+    for key in kg:
+        assert_allclose(only[key], grads[0][key], rtol=1e-12, atol=1e-14)
+
+
+def test_gradients_with_more_local_latents_and_fewer_deviation_latents():
+    """(R_g, R_d, R_l) = (3, 1, 2): deviation uses the first global kernel only."""
+    Xs, Ys, G, Ls = _random_setup(True, R=(3, 1, 2), sizes=(8, 6), seed=7)
+    post, sts = _elbo(Xs, Ys, G, Ls)
+    grads = [_ilmm.backward(s, X, Y, post.mu, post.A_inv) for s, X, Y in zip(sts, Xs, Ys)]
+    for key in ("lengthscale_g", "B_g", "phi", "Z_g"):
+        analytic = sum(np.asarray(g[key]) for g in grads)
+        _close(analytic, _fd(lambda v: _elbo(Xs, Ys, {**G, key: v}, Ls)[0].elbo, G[key]))
+    for key in ("lengthscale_l", "B_l", "B_d"):
+        def f(v, key=key):
+            return _elbo(Xs, Ys, G, [{**Ls[0], key: v}, Ls[1]])[0].elbo
+
+        _close(grads[0][key], _fd(f, Ls[0][key]))
+    # deviation-only with R_g = 3 kernels but R_d = 1: only the first lengthscale row moves
+    comps = ("deviation", "local")
+    post, sts = _elbo(Xs, Ys, G, Ls, comps)
+    g = sum(_ilmm.backward(s, X, Y, post.mu, post.A_inv)["lengthscale_g"]
+            for s, X, Y in zip(sts, Xs, Ys))
+    assert g.shape == (3, 2) and np.all(g[1:] == 0) and np.any(g[0] != 0)
+    _close(g, _fd(lambda v: _elbo(Xs, Ys, {**G, "lengthscale_g": v}, Ls, comps)[0].elbo,
+                  G["lengthscale_g"]))
+
+
+def test_packer_flat_gradient_chains_the_log_transform():
+    Xs, Ys, G, Ls = _random_setup(True, sizes=(7, 6))
+    gp = _ilmm.global_spec(ALL, 5, 2, 3, 2)
+    lp = _ilmm.local_spec(ALL, 4, 2, 3, 2, 1, noise="diagonal")
+    assert gp.names() == ["Z_g", "lengthscale_g", "B_g", "phi"]
+    assert lp.names() == ["Z_l", "lengthscale_l", "B_l", "B_d", "noise_variance", "offset"]
+    tg, tl = gp.pack(G), lp.pack(Ls[0])
+    post, sts = _elbo(Xs, Ys, G, Ls)
+    grads = [_ilmm.backward(s, X, Y, post.mu, post.A_inv) for s, X, Y in zip(sts, Xs, Ys)]
+    flat_g = sum(gp.flat_grad(tg, g) for g in grads)
+    flat_l = lp.flat_grad(tl, grads[0])
+    num_g = _fd(lambda t: _elbo(Xs, Ys, gp.unpack(t), Ls)[0].elbo, tg)
+    num_l = _fd(lambda t: _elbo(Xs, Ys, G, [lp.unpack(t), Ls[1]])[0].elbo, tl)
+    _close(flat_g, num_g)
+    _close(flat_l, num_l)
+    # isotropic noise is a scalar entry; ablated components drop their keys
+    lp1 = _ilmm.local_spec(("global",), 4, 2, 3, 2, 1)
+    assert lp1.names() == ["noise_variance", "offset"]
+    assert lp1.unpack(lp1.pack({"noise_variance": 0.1, "offset": np.zeros(3)}))[
+        "noise_variance"] == pytest.approx(0.1)
+    assert _ilmm.global_spec(("local",), 5, 2, 3, 2).names() == []
+    assert _ilmm.global_spec(("deviation",), 5, 2, 3, 2).names() == ["Z_g", "lengthscale_g",
+                                                                     "phi"]
