@@ -587,7 +587,8 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         if gB[name] is None:
             gB[name] = np.zeros((Q, sum(1 for g in lay.groups if g[0] == name)))
         if name == "deviation":
-            # coefficient sqrt(phi) B_d[q, r]: d/dB_d = sqrt(phi) tot, d/dphi = B_d tot / (2 sqrt(phi))
+            # coefficient sqrt(phi) B_d[q, r]:
+            # d/dB_d = sqrt(phi) tot, d/dphi = B_d tot / (2 sqrt(phi))
             gB[name][:, r] = sphi * tot
             dphi += float(np.sum(tot * C[:, sl.start])) / (2.0 * lay.phi)
         else:

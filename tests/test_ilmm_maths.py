@@ -303,3 +303,154 @@ def test_packer_flat_gradient_chains_the_log_transform():
     assert _ilmm.global_spec(("local",), 5, 2, 3, 2).names() == []
     assert _ilmm.global_spec(("deviation",), 5, 2, 3, 2).names() == ["Z_g", "lengthscale_g",
                                                                      "phi"]
+
+
+# --------------------------------------------------------------------------
+# the local surrogate (q(v_g) fixed)
+# --------------------------------------------------------------------------
+
+
+def test_local_surrogate_touches_the_bound_and_lies_below_it():
+    Xs, Ys, G, Ls = _random_setup(True)
+    post, sts = _elbo(Xs, Ys, G, Ls)
+    k = 2
+    mu, Ainv = post.mu, post.A_inv
+
+    def part(st):
+        return -0.5 * st.e + st.b @ mu - 0.5 * (np.sum(st.S * Ainv) + mu @ st.S @ mu)
+
+    others = sum(part(s) for j, s in enumerate(sts) if j != k)
+    kl = 0.5 * (np.trace(Ainv) + mu @ mu - len(mu) - np.linalg.slogdet(Ainv)[1])
+
+    def surrogate(L):
+        st = _ilmm.forward(Xs[k], Ys[k], G, L, ALL)
+        return part(st) + others - kl, st
+
+    val, _ = surrogate(Ls[k])
+    assert_allclose(val, post.elbo, rtol=1e-10)  # touches at the current point
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # below it wherever only the client's own parameters move
+        L2 = {**Ls[k], "B_l": Ls[k]["B_l"] + 0.3 * rng.normal(size=(3, 1)),
+              "B_d": Ls[k]["B_d"] * rng.uniform(0.5, 1.5),
+              "noise_variance": Ls[k]["noise_variance"] * rng.uniform(0.3, 3.0, size=3),
+              "lengthscale_l": Ls[k]["lengthscale_l"] * rng.uniform(0.7, 1.4)}
+        true = _elbo(Xs, Ys, G, [Ls[0], Ls[1], L2])[0].elbo
+        s2, st2 = surrogate(L2)
+        assert s2 < true - 1e-8
+    # its gradient away from the touching point is backward with the fixed mu, A^{-1}
+    g = _ilmm.backward(st2, Xs[k], Ys[k], mu, Ainv, want_global=False)
+    for key in ("Z_l", "lengthscale_l", "B_l", "B_d", "noise_variance", "offset"):
+        _close(g[key], _fd(lambda v: surrogate({**L2, key: v})[0], L2[key]))
+
+
+# --------------------------------------------------------------------------
+# missing entries, unseen clients, errors
+# --------------------------------------------------------------------------
+
+
+def test_all_missing_row_contributes_nothing():
+    Xs, Ys, G, Ls = _random_setup(True, sizes=(7, 6))
+    post, sts = _elbo(Xs, Ys, G, Ls)
+    X2 = np.vstack([Xs[0][:3], [[0.5, 0.5]], Xs[0][3:], [[0.1, 0.9]]])
+    Y2 = np.vstack([Ys[0][:3], np.full((1, 3), np.nan), Ys[0][3:], np.full((1, 3), np.nan)])
+    post2, sts2 = _elbo([X2, Xs[1]], [Y2, Ys[1]], G, Ls)
+    assert np.isfinite(post2.elbo)
+    assert_allclose(post2.elbo, post.elbo, rtol=1e-12)
+    assert_allclose(sts2[0].S, sts[0].S, atol=1e-12)
+    assert_allclose(sts2[0].b, sts[0].b, atol=1e-12)
+    g = _ilmm.backward(sts[0], Xs[0], Ys[0], post.mu, post.A_inv)
+    g2 = _ilmm.backward(sts2[0], X2, Y2, post2.mu, post2.A_inv)
+    for key in g:
+        assert np.all(np.isfinite(g2[key]))
+        assert_allclose(g2[key], g[key], rtol=1e-9, atol=1e-12)
+
+
+def test_a_channel_missing_on_a_client_is_exact(exact_setup):
+    """One client never observes channel 2: the ELBO is the dense LML of what is observed."""
+    Xs, Ys, G, Ls = exact_setup
+    Ys = [Ys[0].copy(), Ys[1]]
+    Ys[0][:, 2] = np.nan
+    Ys[0][np.all(np.isnan(Ys[0]), axis=1), 0] = 0.1
+    post, sts = _elbo(Xs, Ys, G, Ls, jitter=1e-10)
+    g = _ilmm.backward(sts[0], Xs[0], Ys[0], post.mu, post.A_inv)
+    assert g["noise_variance"][2] == 0.0 and g["offset"][2] == 0.0
+    C = _dense(Xs, G, Ls) + np.diag(_noise_diag(Xs, Ls))
+    y = np.concatenate([(Y - L["offset"]).ravel() for Y, L in zip(Ys, Ls)])
+    obs = np.isfinite(y)
+    Lc = np.linalg.cholesky(C[np.ix_(obs, obs)])
+    a = np.linalg.solve(Lc, y[obs])
+    lml = -0.5 * a @ a - np.sum(np.log(np.diag(Lc))) - 0.5 * obs.sum() * np.log(2 * np.pi)
+    assert abs(post.elbo - lml) < 1e-6
+
+
+def test_unseen_client_prediction_is_global_posterior_plus_priors(exact_setup):
+    """Prior moments for c: global posterior (exact) + deviation and local priors."""
+    Xs, Ys, G, Ls = exact_setup
+    Q = 3
+    post, _ = _elbo(Xs, Ys, G, Ls, jitter=1e-10)
+    Lnew = {**Ls[0], "Z_l": np.random.default_rng(8).uniform(size=(5, 2))}
+    Ng = post.mu.shape[0]
+    n_c = Ng + 5  # R_d = R_g: w has N_g entries; one local latent with 5 inducing points
+    mu_u = np.r_[post.mu, np.zeros(n_c)]
+    Sigma_u = np.zeros((Ng + n_c, Ng + n_c))
+    Sigma_u[:Ng, :Ng] = post.A_inv
+    Sigma_u[Ng:, Ng:] = np.eye(n_c)
+    Xt = np.random.default_rng(9).uniform(size=(3, 2))
+    m, c = _ilmm.predict(Xt, G, Lnew, ALL, mu_u, Sigma_u, full_cov=True, jitter=1e-10)
+    Cd = _dense(Xs, G, Ls) + np.diag(_noise_diag(Xs, Ls))
+    y = np.concatenate([(Y - L["offset"]).ravel() for Y, L in zip(Ys, Ls)])
+    obs = np.isfinite(y)
+    Xall = np.vstack(Xs)
+    Kx = sum(np.kron(se(Xt, Xall, G["lengthscale_g"][r]),
+                     np.outer(G["B_g"][:, r], G["B_g"][:, r])) for r in range(2))[:, obs]
+    Kss = np.zeros((3 * Q, 3 * Q))
+    for r in range(2):
+        b, bd = G["B_g"][:, r], Lnew["B_d"][:, r]
+        Kss += np.kron(se(Xt, Xt, G["lengthscale_g"][r]),
+                       np.outer(b, b) + G["phi"] * np.outer(bd, bd))
+    bl = Lnew["B_l"][:, 0]
+    Kss += np.kron(se(Xt, Xt, Lnew["lengthscale_l"][0]), np.outer(bl, bl))
+    Co = Cd[np.ix_(obs, obs)]
+    assert_allclose(m, (Kx @ np.linalg.solve(Co, y[obs])).reshape(3, Q), atol=1e-6)
+    assert_allclose(c, (Kss - Kx @ np.linalg.solve(Co, Kx.T)).reshape(3, Q, 3, Q), atol=1e-6)
+
+
+def test_per_component_prediction(exact_setup):
+    Xs, Ys, G, Ls = exact_setup
+    post, sts = _elbo(Xs, Ys, G, Ls)
+    mu_u, Sigma_u, H = _ilmm.posterior(sts[0], post.mu, post.A_inv)
+    assert H.shape == (mu_u.shape[0], post.mu.shape[0])
+    Xt = np.random.default_rng(4).uniform(size=(5, 2))
+    m, c = _ilmm.predict(Xt, G, Ls[0], ALL, mu_u, Sigma_u)
+    parts = _ilmm.predict(Xt, G, Ls[0], ALL, mu_u, Sigma_u, per_component=True)
+    assert set(parts) == set(ALL)
+    # the means add up; every covariance block is symmetric positive semi-definite
+    assert_allclose(sum(p[0] for p in parts.values()), m, atol=1e-10)
+    for _, cv in list(parts.values()) + [(m, c)]:
+        assert cv.shape == (5, 3, 3)
+        assert_allclose(cv, cv.transpose(0, 2, 1), atol=1e-12)
+        assert np.all(np.linalg.eigvalsh(cv) > -1e-10)
+    # the local part at an input far from the data is its prior B_l B_l^T
+    far = _ilmm.predict(np.array([[30.0, 30.0]]), G, Ls[0], ALL, mu_u, Sigma_u,
+                        per_component=True)
+    bl = Ls[0]["B_l"][:, 0]
+    assert_allclose(far["local"][1][0], np.outer(bl, bl), atol=1e-12)
+    assert_allclose(far["local"][0], 0.0, atol=1e-12)
+    # the diagonal-block prediction equals the blocks of the full covariance
+    _, cf = _ilmm.predict(Xt, G, Ls[0], ALL, mu_u, Sigma_u, full_cov=True)
+    assert_allclose(c, np.stack([cf[n, :, n, :] for n in range(5)]), atol=1e-12)
+
+
+def test_errors_name_the_problem():
+    Xs, Ys, G, Ls = _random_setup(True, sizes=(6,))
+    with pytest.raises(CholeskyError, match="client 'A'"):
+        _ilmm.forward(Xs[0], Ys[0], {**G, "lengthscale_g": np.full((2, 2), np.nan)}, Ls[0], ALL,
+                      client="A")
+    with pytest.raises(ValueError, match="Y"):
+        _ilmm.forward(Xs[0], Ys[0][:, :2], G, Ls[0], ALL)
+    with pytest.raises(ValueError, match="R_d"):
+        _ilmm.forward(Xs[0], Ys[0], G, {**Ls[0], "B_d": np.ones((3, 3))}, ALL)
+    with pytest.raises(ValueError, match="noise_variance"):
+        _ilmm.forward(Xs[0], Ys[0], G, {**Ls[0], "noise_variance": np.ones(2)}, ALL)
+    with pytest.raises(ValueError, match="components"):
+        _ilmm.forward(Xs[0], Ys[0], G, Ls[0], ())
