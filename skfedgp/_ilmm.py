@@ -269,13 +269,15 @@ def _check_data(X, Y, Q):
         Y = Y[:, None]
     if X.ndim != 2 or Y.ndim != 2 or Y.shape != (X.shape[0], Q):
         raise ValueError(f"X must be (n, d) and Y (n, {Q}); got {X.shape} and {Y.shape}")
+    if np.any(np.isinf(Y)):
+        raise ValueError("Y contains inf (only NaN marks a missing entry)")
     return X, Y
 
 
 def _chunk(X, Y, off, a):
     """Rows ``a:a+CHUNK_ROWS`` with at least one observed channel: ``Xc, O, Yc``."""
     Yc = Y[a:a + CHUNK_ROWS]
-    O = np.isfinite(Yc)
+    O = ~np.isnan(Yc)
     keep = O.any(axis=1)
     Xc = X[a:a + CHUNK_ROWS][keep]
     O = O[keep]
@@ -316,6 +318,8 @@ class ILMMState:
         Noise variance per channel.
     noise_iso : bool
         Whether the noise variance was given as one float.
+    noise_shape : tuple
+        Shape of the given noise variance (that of its gradient).
     trR : ndarray of shape (Q,)
         VFE trace term per channel.
     gam : ndarray of shape (Q, M_F)

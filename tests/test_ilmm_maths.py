@@ -448,6 +448,10 @@ def test_errors_name_the_problem():
                       client="A")
     with pytest.raises(ValueError, match="Y"):
         _ilmm.forward(Xs[0], Ys[0][:, :2], G, Ls[0], ALL)
+    Yinf = Ys[0].copy()
+    Yinf[0, 0] = np.inf
+    with pytest.raises(ValueError, match="inf"):
+        _ilmm.forward(Xs[0], Yinf, G, Ls[0], ALL)
     with pytest.raises(ValueError, match="R_d"):
         _ilmm.forward(Xs[0], Ys[0], G, {**Ls[0], "B_d": np.ones((3, 3))}, ALL)
     with pytest.raises(ValueError, match="noise_variance"):
