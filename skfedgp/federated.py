@@ -1852,7 +1852,8 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
             for c, p, s in zip(sclients, pilots, seeds))
         server.population_pilot = pop
         gbounds = log_bounds(gpack)
-        Mg = M if "global" in config.components else 0
+        Mg = 0 if "global" not in config.components else (
+            M * config.n_latent[0] if config.n_outputs else M)
         counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
 
         def evaluate(tg, r):

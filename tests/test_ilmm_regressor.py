@@ -163,7 +163,7 @@ def test_bad_input(data):
         est.fit(X, Yb, g)
     Yb = Y.copy()
     Yb[2, 1] = np.inf
-    with pytest.raises(ValueError, match="infinite"):
+    with pytest.raises(ValueError, match="infinit"):
         est.fit(X, Yb, g)
     Xb = X.copy()
     Xb[0, 0] = np.nan
