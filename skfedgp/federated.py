@@ -109,6 +109,15 @@ class ClientSummary:
         targets have a large offset).
     x_min, x_max : ndarray of shape (d,)
         Per-feature minimum and maximum of the inputs (the bounding box).
+    y_count : ndarray of shape (Q,) or None
+        Multi-output targets only: observed (non-NaN) entries per output;
+        ``y_sum`` and ``y_centred_sumsq`` are then per-output arrays (Q,)
+        over the observed entries.
+    y_cov : ndarray of shape (Q, Q) or None
+        Multi-output targets only: the client's covariance between outputs
+        (pairwise over the rows where both are observed; 0 where no row has
+        both), for the initial global loadings. ``Q + Q^2`` more numbers,
+        whatever ``n_i``.
     """
 
     n_samples: int
@@ -116,6 +125,8 @@ class ClientSummary:
     y_centred_sumsq: float
     x_min: np.ndarray
     x_max: np.ndarray
+    y_count: np.ndarray = None
+    y_cov: np.ndarray = None
 
 
 @dataclass(frozen=True)
@@ -124,8 +135,9 @@ class InitBroadcast:
 
     Attributes
     ----------
-    y_offset, y_scale : float
-        Targets are standardised as ``(y - y_offset) / y_scale``.
+    y_offset, y_scale : float or ndarray of shape (Q,)
+        Targets are standardised as ``(y - y_offset) / y_scale`` (per output
+        for multi-output targets).
     theta_global : ndarray of shape (P,)
         Initial global unconstrained vector.
     x_min, x_max : ndarray of shape (d,)
@@ -204,13 +216,19 @@ def message_arrays(msg):
     Returns
     -------
     dict of str to ndarray
-        Scalars are returned as 0-d arrays; absent (None) fields are left out.
+        Scalars are returned as 0-d arrays; absent (None) fields are left out;
+        a dict field gives one entry per key (``"field.key"``).
     """
-    return {
-        f.name: np.asarray(getattr(msg, f.name))
-        for f in dataclasses.fields(msg)
-        if getattr(msg, f.name) is not None
-    }
+    out = {}
+    for f in dataclasses.fields(msg):
+        v = getattr(msg, f.name)
+        if v is None:
+            continue
+        if isinstance(v, dict):  # e.g. per-component arrays: one entry per key
+            out.update({f"{f.name}.{k}": np.asarray(a) for k, a in v.items()})
+        else:
+            out[f.name] = np.asarray(v)
+    return out
 
 
 def message_nbytes(msg):
@@ -274,6 +292,12 @@ class ModelConfig:
     global_steps: int = 1
     jitter: float = 1e-6
     noise_prior_scale: object = 1.0
+    #: number of target columns Q of multi-output (ILMM) targets; 0 = scalar targets
+    n_outputs: int = 0
+    #: latent ranks (R_g, R_d, R_l) of the ILMM loadings (multi-output only)
+    n_latent: tuple = (1, 1, 1)
+    #: "isotropic" (one noise variance per client) or "diagonal" (one per output)
+    noise: str = "isotropic"
 
 
 #: With ``variational_update="closed_form"``, clients reset their own
@@ -317,6 +341,21 @@ def _default_lengthscale(value, ranges, fraction):
 # --------------------------------------------------------------------------
 # client
 # --------------------------------------------------------------------------
+
+
+def _multioutput_summary(X, Y):
+    """:class:`ClientSummary` of multi-output targets ``Y`` (n, Q), NaN = missing."""
+    obs = ~np.isnan(Y)
+    count = obs.sum(axis=0)
+    Y0 = np.where(obs, Y, 0.0)
+    ysum = Y0.sum(axis=0)
+    mean = np.where(count > 0, ysum / np.maximum(count, 1), 0.0)
+    R = np.where(obs, Y - mean, 0.0)
+    both = obs.T.astype(float) @ obs.astype(float)
+    cov = np.where(both > 0, (R.T @ R) / np.maximum(both, 1.0), 0.0)
+    return ClientSummary(
+        n_samples=int(Y.shape[0]), y_sum=ysum, y_centred_sumsq=np.sum(R**2, axis=0),
+        x_min=X.min(axis=0), x_max=X.max(axis=0), y_count=count.astype(float), y_cov=cov)
 
 
 class Client:
@@ -380,8 +419,11 @@ class Client:
         ClientSummary
             Count, sum and centred sum of squares of the targets and the
             per-feature bounding box of the inputs: ``3 + 2 d`` numbers,
-            whatever ``n_i``.
+            whatever ``n_i`` (multi-output targets: per output, plus the
+            ``Q x Q`` covariance between outputs).
         """
+        if self._y.ndim == 2:
+            return _multioutput_summary(self._X, self._y)
         return ClientSummary(
             n_samples=int(self.n_samples),
             y_sum=float(self._y.sum()),
@@ -638,6 +680,8 @@ class Server:
         InitBroadcast
             With an empty ``theta_global``.
         """
+        if any(s.y_count is not None for s in summaries):
+            return self._standardise_multioutput(summaries)
         n = sum(s.n_samples for s in summaries)
         mean = sum(s.y_sum for s in summaries) / n
         # pooled variance = within-client + between-client parts (Chan et al.)
@@ -662,6 +706,53 @@ class Server:
             mean, scale = 0.0, 1.0
         self.y_offset, self.y_scale = float(mean), float(scale)
         self.n_total = int(n)
+        x_min = np.min([s.x_min for s in summaries], axis=0)
+        x_max = np.max([s.x_max for s in summaries], axis=0)
+        self.x_offset, self.x_scale = input_scaling(x_min, x_max)
+        self.client_boxes = [(s.x_min, s.x_max) for s in summaries]
+        return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), x_min, x_max)
+
+    def _standardise_multioutput(self, summaries):
+        """Per-output standardisation of multi-output targets (structured family).
+
+        Output ``q`` is divided by the median over clients of their own
+        standard deviations of that output and, with ``normalize_y``, offset
+        by its pooled mean; each client then learns its own constant mean per
+        output. The clients' output covariances, in those units, are averaged
+        into ``channel_covariance`` (used once, for the initial global
+        loadings, then dropped).
+
+        Raises
+        ------
+        ValueError
+            If the clients do not all report the same number of outputs, or
+            an output is observed nowhere.
+        """
+        shapes = {np.shape(s.y_sum) for s in summaries}
+        if len(shapes) != 1 or any(s.y_count is None for s in summaries):
+            raise ValueError(
+                "the clients disagree on the number of outputs: target shapes "
+                f"{sorted(shapes)} (every client must hold the same Q target columns)")
+        Q = int(np.shape(summaries[0].y_sum)[0])
+        count = np.sum([s.y_count for s in summaries], axis=0)
+        if np.any(count == 0):
+            q = int(np.flatnonzero(count == 0)[0])
+            raise ValueError(f"output {q} has no observed (non-NaN) value in any client")
+        mean = np.sum([s.y_sum for s in summaries], axis=0) / count
+        scale = np.ones(Q)
+        for q in range(Q):
+            stds = [np.sqrt(s.y_centred_sumsq[q] / s.y_count[q]) for s in summaries
+                    if s.y_count[q] >= 2 and s.y_centred_sumsq[q] > 1e-24 * s.y_count[q]]
+            if stds:
+                scale[q] = float(np.median(stds))
+        if not self.config.normalize_y:
+            mean = np.zeros(Q)
+        self.y_offset, self.y_scale = mean.astype(float), scale
+        self.n_total = int(sum(s.n_samples for s in summaries))
+        self.n_outputs = Q
+        w = np.array([max(s.n_samples, 1) for s in summaries], dtype=float)
+        self.channel_covariance = np.average(
+            [s.y_cov / np.outer(scale, scale) for s in summaries], axis=0, weights=w)
         x_min = np.min([s.x_min for s in summaries], axis=0)
         x_max = np.max([s.x_max for s in summaries], axis=0)
         self.x_offset, self.x_scale = input_scaling(x_min, x_max)
@@ -701,15 +792,28 @@ class Server:
             M = int(cfg.n_inducing)
         # "auto": each client sizes its own local set (StructuredClient.initialise)
         M_local = None if cfg.n_inducing_local == "auto" else int(cfg.n_inducing_local)
-        gpack = structured_global_spec(cfg.components, M, d)
+        if cfg.n_outputs:
+            from ._ilmm import global_spec as ilmm_global_spec
+
+            gpack = ilmm_global_spec(cfg.components, M, d, cfg.n_outputs, cfg.n_latent[0])
+        else:
+            gpack = structured_global_spec(cfg.components, M, d)
         values = {}
         if "Z_g" in gpack.slices:
             if cand.shape[0] < M:
                 cand, _ = self._union_candidates(ell, at_least=M)
             values["Z_g"] = cand[:M]
-            var = pop.variance if cfg.variance is None else float(cfg.variance)
-            values.update(lengthscale_g=ell,
-                          variance_g=check_in_bounds("variance_g", var, cfg.variance is not None))
+            if cfg.n_outputs:
+                values["lengthscale_g"] = np.tile(ell, (cfg.n_latent[0], 1))
+            else:
+                var = pop.variance if cfg.variance is None else float(cfg.variance)
+                values.update(lengthscale_g=ell, variance_g=check_in_bounds(
+                    "variance_g", var, cfg.variance is not None))
+        if "B_g" in gpack.slices:
+            signal = pop.variance / max(pop.variance + pop.noise_variance, 1e-12)
+            values["B_g"] = initial_loadings(self.channel_covariance * signal,
+                                             cfg.n_latent[0], self.random_state)
+        self.channel_covariance = None  # used for the initial loadings only
         if "phi" in gpack.slices:
             values["phi"] = check_in_bounds("phi", 0.1 if cfg.phi is None else cfg.phi,
                                             cfg.phi is not None)
@@ -1164,15 +1268,20 @@ class LocalHyperparameters:
     lengthscale : ndarray of shape (d,) or None
     variance : float or None
     noise_variance : float
-    offset : float
+    offset : float or ndarray of shape (Q,)
         The client's learned constant mean (standardised units; structured
         family). The server keeps the mean over clients for unseen clients.
+    coregionalisation : dict or None
+        Multi-output targets: ``{"deviation": (R_d, Q, Q), "local": (R_l, Q, Q)}``,
+        the outer products ``B[:, r] B[:, r]^T`` of the client's loadings;
+        the server keeps their means for never-seen clients.
     """
 
     lengthscale: np.ndarray
     variance: float
     noise_variance: float
     offset: float = 0.0
+    coregionalisation: dict = None
 
 
 def structured_global_spec(components, M, d):
@@ -1864,6 +1973,16 @@ def _population_from(hypers, components):
 
     Geometric means of the local lengthscales, variances and noise variances.
     """
+    if hypers and hypers[0].coregionalisation is not None:  # multi-output targets
+        pop = {"noise_variance": np.exp(np.mean([np.log(h.noise_variance) for h in hypers],
+                                                axis=0)),
+               "offset": np.mean([h.offset for h in hypers], axis=0),
+               "coregionalisation": {k: np.mean([h.coregionalisation[k] for h in hypers], axis=0)
+                                     for k in hypers[0].coregionalisation}}
+        if "local" in components:
+            pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers],
+                                                  axis=0))
+        return pop
     pop = {"noise_variance": float(np.exp(np.mean([np.log(h.noise_variance) for h in hypers]))),
            "offset": float(np.mean([h.offset for h in hypers]))}
     if "local" in components:
@@ -2185,7 +2304,8 @@ class _StructuredRun:
         server.population_pilot = pop
         server.init_broadcast = init
         self.init, self.gpack, self.theta_g = init, gpack, theta_g
-        self.Mg = M if "global" in cfg.components else 0
+        self.Mg = 0 if "global" not in cfg.components else (
+            M * cfg.n_latent[0] if cfg.n_outputs else M)
         self.comm = [comm]
         self.history, self.objectives = [], []
         self.adam = Adam(cfg.global_learning_rate)
@@ -2210,7 +2330,8 @@ class _StructuredRun:
         # clients the interrupted run had excluded stay out
         self.active = [c for c in self.active if c not in state.excluded_clients]
         M = server.n_inducing_
-        self.Mg = M if "global" in cfg.components else 0
+        self.Mg = 0 if "global" not in cfg.components else (
+            M * cfg.n_latent[0] if cfg.n_outputs else M)
         summaries, n_calls = self.setup_all("summary", ())
         # the server needs the clients' counts again; the standardisation is kept
         self.counter["up"] += int(sum(message_nbytes(s) for s in summaries.values()))
@@ -2603,7 +2724,7 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
         If no client is left to form a model.
     """
     if transport is None:
-        transport = JoblibTransport([StructuredClient(c) for c in clients], n_jobs=n_jobs,
+        transport = JoblibTransport([structured_client(c, config) for c in clients], n_jobs=n_jobs,
                                     fault_hook=fault_hook)
     ids = transport.client_ids
     seeds = dict(zip(ids, seeds if seeds is not None else range(len(ids))))
@@ -2611,3 +2732,222 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
                          min_clients, max_retries, random_state, callback)
     with transport:
         return run.run(seeds, state)
+
+
+# --------------------------------------------------------------------------
+# multi-output (ILMM) targets, structured family
+# --------------------------------------------------------------------------
+
+
+def initial_loadings(covariance, rank, random_state):
+    """Initial ``Q x R`` loadings from an output covariance (principal axes).
+
+    Column ``r`` is the ``r``-th eigenvector of ``covariance`` times the
+    square root of its eigenvalue (floored at 1 % of the largest), so that
+    ``B B^T`` is the best rank-``R`` approximation of the covariance; columns
+    beyond ``Q`` (or with a vanishing eigenvalue) get small random entries,
+    seeded, so that no two latent functions start identical.
+
+    Parameters
+    ----------
+    covariance : ndarray of shape (Q, Q)
+    rank : int
+    random_state : int
+
+    Returns
+    -------
+    ndarray of shape (Q, rank)
+    """
+    C = 0.5 * (covariance + covariance.T)
+    Q = C.shape[0]
+    w, V = np.linalg.eigh(C)
+    w, V = w[::-1], V[:, ::-1]
+    top = max(float(w[0]), 1e-12)
+    rng = np.random.default_rng(random_state)
+    B = 0.1 * np.sqrt(top / max(Q, 1)) * rng.standard_normal((Q, rank))
+    k = min(rank, Q)
+    B[:, :k] = V[:, :k] * np.sqrt(np.maximum(w[:k], 0.01 * top))
+    return B
+
+
+def structured_client(client, config):
+    """The structured-family client of ``client``: scalar or multi-output targets."""
+    return ILMMStructuredClient(client) if config.n_outputs else StructuredClient(client)
+
+
+class ILMMStructuredClient(StructuredClient):
+    """Client side of the structured family for multi-output (ILMM) targets.
+
+    The client's outputs are ``y_q = offset_q + sum_r B_g[q, r] h_g,r +
+    sum_r B_d[q, r] h_d,r + sum_r B_l[q, r] h_l,r + eps_q``
+    (:mod:`skfedgp._ilmm`; Yan 2026, section 3.9, eqs. 34–39). The global
+    loadings ``B_g`` live on the server (in the global vector); the
+    deviation and local loadings ``B_d``, ``B_l``, the local kernels, the
+    noise variance(s) and the per-output constant mean are this client's own
+    vector. NaN entries of the targets are missing outputs, left out of the
+    likelihood.
+    """
+
+    def pilot(self, random_state):
+        """Pilot exact GPs on each output's observed rows; medians over outputs.
+
+        Returns
+        -------
+        PilotSummary or None
+        """
+        Y = self._y
+        fits = []
+        for q in range(Y.shape[1]):
+            rows = ~np.isnan(Y[:, q])
+            p = pilot_fit(self._Xs[rows], Y[rows, q], random_state)
+            if p is not None:
+                fits.append(p)
+        if not fits:
+            return None
+        return PilotSummary(
+            np.exp(np.median([np.log(p.lengthscale) for p in fits], axis=0)),
+            float(np.median([p.variance for p in fits])),
+            float(np.median([p.noise_variance for p in fits])))
+
+    def _own_covariance(self):
+        """This client's output covariance (standardised units, pairwise complete)."""
+        s = _multioutput_summary(self._Xs, self._y)
+        return s.y_cov, s.y_sum / np.maximum(s.y_count, 1)
+
+    def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
+        """Initial local vector of a multi-output client.
+
+        Local inducing inputs and lengthscales as for scalar targets (every
+        local latent function starts from the same lengthscales); loadings:
+        the principal axes of the client's own output covariance
+        (:func:`initial_loadings`), at full scale for the deviation (whose
+        prior scale is ``phi``) and at ``sqrt(0.1)`` of it for the local part;
+        noise: the pilot's (per output when ``noise="diagonal"``); constant
+        mean: the client's mean of each output.
+        """
+        from ._ilmm import local_spec as ilmm_local_spec
+
+        d = self._Xs.shape[1]
+        Q = self._y.shape[1]
+        R_g, R_d, R_l = config.n_latent
+        p = own if own is not None else population
+        cov, mean = self._own_covariance()
+        values = {}
+        M_l = 0
+        if "local" in config.components:
+            if M_local is None:
+                span = self._Xs.max(axis=0) - self._Xs.min(axis=0)
+                M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
+                                        minimum=min(AUTO_MIN_INDUCING, self.n_samples),
+                                        maximum=min(AUTO_MAX_LOCAL, self.n_samples))
+            Zl = _local_inducing(self._Xs, M_local, random_state)
+            M_l = Zl.shape[0]
+            ell = (p.lengthscale if config.local_lengthscale is None
+                   else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
+            ell = check_in_bounds("lengthscale_l", ell, config.local_lengthscale is not None)
+            values.update(Z_l=Zl, lengthscale_l=np.tile(ell, (R_l, 1)),
+                          B_l=np.sqrt(0.1) * initial_loadings(cov, R_l, random_state))
+        if "deviation" in config.components:
+            values["B_d"] = initial_loadings(cov, R_d, random_state + 1)
+        own_var = float(np.mean(np.diag(cov))) if np.any(np.diag(cov) > 1e-12) else 1.0
+        self.noise_floor = NOISE_FLOOR * own_var
+        self.prior_noise = float(np.clip(population.noise_variance, 2.0 * self.noise_floor,
+                                         LOG_BOUNDS["noise_variance"][1]))
+        if config.noise_variance is not None:
+            s2 = float(config.noise_variance) / float(np.mean(self._y_scale**2))
+            if s2 > LOG_BOUNDS["noise_variance"][1]:
+                check_in_bounds("noise_variance", s2, True)  # raises: above the range
+        else:
+            s2 = p.noise_variance
+        s2 = float(np.clip(max(s2, 2.0 * self.noise_floor), self.noise_floor * 1.01,
+                           LOG_BOUNDS["noise_variance"][1] * 0.99))
+        values["noise_variance"] = np.full(Q, s2) if config.noise == "diagonal" else s2
+        values["offset"] = np.asarray(mean, dtype=float)
+        self.pack = ilmm_local_spec(config.components, M_l, d, Q, R_d, R_l, noise=config.noise)
+        self.theta = self.pack.pack(values)
+
+    def _values(self, theta_g, gpack, theta=None):
+        return gpack.unpack(theta_g), self.pack.unpack(self.theta if theta is None else theta)
+
+    @single_threaded_blas()
+    def statistics(self, theta_g, gpack, config, round_):
+        """Forward pass at the broadcast global vector: :class:`StructuredStatistics`."""
+        from ._ilmm import forward
+
+        G, L = self._values(theta_g, gpack)
+        self._state = forward(self._Xs, self._y, G, L, config.components, jitter=config.jitter,
+                              client=self.client_id)
+        st = self._state
+        lp, _ = self.log_prior(self.theta, config)
+        return StructuredStatistics(round_, st.S, st.b, st.e, lp)
+
+    @single_threaded_blas()
+    def global_gradient(self, post, theta_g, gpack, config):
+        """Backward pass: this client's share of the global gradient (:class:`GlobalGradient`)."""
+        from ._ilmm import backward
+
+        if self._state is None:
+            self.statistics(theta_g, gpack, config, post.round)
+        g = backward(self._state, self._Xs, self._y, post.mean, post.covariance,
+                     want_global=True, want_local=False)
+        grad = gpack.flat_grad(theta_g, g) if gpack.size else np.zeros(0)
+        if not np.all(np.isfinite(grad)):
+            raise FloatingPointError(
+                f"client {self.client_id!r} produced a non-finite global gradient")
+        return GlobalGradient(post.round, grad)
+
+    def _surrogate(self, theta, theta_g, gpack, config, mu, A_inv):
+        from ._ilmm import backward, forward
+
+        G, L = self._values(theta_g, gpack, theta)
+        st = forward(self._Xs, self._y, G, L, config.components, jitter=config.jitter,
+                     client=self.client_id)
+        value = -0.5 * st.e
+        if mu.size:
+            value += float(st.b @ mu) - 0.5 * (float(np.sum(st.S * A_inv)) + float(mu @ st.S @ mu))
+        g = backward(st, self._Xs, self._y, mu, A_inv, want_global=False, want_local=True)
+        flat = self.pack.flat_grad(theta, g)
+        lp, dlp = self.log_prior(theta, config)
+        return value + lp, flat + dlp
+
+    def log_prior(self, theta, config):
+        """Log-normal hyperprior of the noise variance(s), as for scalar targets."""
+        grad = np.zeros_like(theta)
+        tau = config.noise_prior_scale
+        if tau is None:
+            return 0.0, grad
+        sl = self.pack.slices["noise_variance"]
+        delta = theta[sl] - float(np.log(self.prior_noise))
+        grad[sl] = -delta / tau**2
+        return float(-0.5 * np.sum((delta / tau) ** 2)), grad
+
+    def bounds(self):
+        b = log_bounds(self.pack)
+        sl = self.pack.slices["noise_variance"]
+        for k in range(sl.start, sl.stop):
+            b[k] = (float(np.log(self.noise_floor)), b[k][1])
+        return b
+
+    def finish(self, post, theta_g, gpack, config):
+        """Posterior moments at the final vectors (:meth:`close` then forgets the data).
+
+        Returns
+        -------
+        LocalHyperparameters
+            With ``coregionalisation``: ``B[:, r] B[:, r]^T`` per latent
+            function of the deviation and local parts (what a never-seen
+            client's prior needs; the loadings themselves stay here).
+        """
+        from ._ilmm import posterior
+
+        if self._state is None:
+            self.statistics(theta_g, gpack, config, post.round)
+        mu_u, Sigma_u, H = posterior(self._state, post.mean, post.covariance)
+        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
+        L = self.pack.unpack(self.theta)
+        coreg = {}
+        for key, name in (("B_d", "deviation"), ("B_l", "local")):
+            if key in L:
+                coreg[name] = np.einsum("qr,pr->rqp", L[key], L[key])
+        return LocalHyperparameters(L.get("lengthscale_l"), None, L["noise_variance"],
+                                    L["offset"], coreg)

@@ -9,6 +9,7 @@ leaves open are written down in ``docs/maths.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import warnings
@@ -123,6 +124,17 @@ def _warn_diagnostics(est, converged, n_rounds):
             f"floor, {LOG_BOUNDS['noise_variance'][0]:g} times the client's own target "
             f"variance, means nearly noise-free data): {', '.join(at[:10])}"
             + (" ..." if len(at) > 10 else ""), ConvergenceWarning, stacklevel=3)
+
+
+def _n_target_columns(y):
+    """Number of target columns of ``y`` as passed (1 for 1-D), without converting it."""
+    shape = getattr(y, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(y)
+        except ValueError:  # ragged: let the validation report it
+            return 1
+    return int(shape[1]) if len(shape) == 2 else 1
 
 
 def _is_fit_attribute(name):
@@ -246,6 +258,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         from driving its noise to zero and interpolating its few points; it
         is negligible for clients with many observations. None: no prior
         (maximum likelihood).
+    n_latent : int or tuple of 3 ints, default=2
+        Multi-output (ILMM) targets only: the numbers ``(R_g, R_d, R_l)`` of
+        latent functions of the global, deviation and local parts (an int
+        sets all three; ``R_d <= R_g``, since deviation latent ``r`` shares
+        global latent ``r``'s kernel and inducing inputs). Each latent
+        function has its own lengthscales and unit variance; the loadings
+        ``B_g`` (``Q x R_g``, on the server) and ``B_d``, ``B_l`` (each
+        client's own) carry the scales. Ignored for one target column.
+    noise : {"isotropic", "diagonal"}, default="isotropic"
+        Multi-output targets only: one noise variance per client shared by
+        its outputs (the paper's ``s2_i I_Q``), or one per client and
+        output.
     learning_rate : float, default=0.1
         Adam step size of the clients' local steps (``optimizer="adam"``).
     global_learning_rate : float, default=0.1
@@ -355,8 +379,19 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     components_ : tuple of str
         Components used, in canonical order.
     variational_family_ : str
-    y_offset_, y_scale_ : float
-        Target standardisation (``(y - y_offset_) / y_scale_``).
+    y_offset_, y_scale_ : float or ndarray of shape (n_outputs_,)
+        Target standardisation (``(y - y_offset_) / y_scale_``), per output
+        for multi-output targets.
+    n_outputs_ : int
+        Number of target columns ``Q`` (1 for a 1-D ``y``).
+    loadings_ : dict
+        Multi-output targets only: ``{"global": B_g (Q, R_g), "deviation":
+        {label: B_d (Q, R_d)}, "local": {label: B_l (Q, R_l)}}`` in target
+        units (row ``q`` multiplied by ``y_scale_[q]``), for the fitted
+        components; the deviation latent functions have variance ``phi_``,
+        the others 1.
+    phi_ : float
+        Fitted deviation scale ``phi`` (when the deviation is used).
     failed_clients_ : list of tuple
         Structured family: ``(round, client_id, method, error)`` for every
         failed client call (retries included); round 0 is the set-up.
@@ -438,6 +473,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         global_steps=None,
         tol=1e-4,
         noise_prior_scale=1.0,
+        n_latent=2,
+        noise="isotropic",
         learning_rate=0.1,
         global_learning_rate=0.1,
         variational_update="closed_form",
@@ -470,6 +507,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.global_steps = global_steps
         self.tol = tol
         self.noise_prior_scale = noise_prior_scale
+        self.n_latent = n_latent
+        self.noise = noise
         self.learning_rate = learning_rate
         self.global_learning_rate = global_learning_rate
         self.variational_update = variational_update
@@ -562,11 +601,38 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             tol=_nonneg_float(self.tol, "tol"),
             global_steps=_int("global_steps", 0, default=20 if lbfgs else 1),
             noise_prior_scale=_pos_float("noise_prior_scale"),
+            n_latent=self._check_n_latent(comps),
+            noise=self._check_noise(),
         )
         if config.learning_rate is None or config.global_learning_rate is None:
             raise ValueError("learning_rate and global_learning_rate must be positive numbers")
         n_rounds = _int("n_rounds", 0, default=100 if lbfgs else 20)
         return config, n_rounds
+
+    def _check_n_latent(self, comps):
+        v = self.n_latent
+        ranks = (v, v, v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+        try:
+            ranks = tuple(ranks)
+        except TypeError:
+            ranks = ()
+        if len(ranks) != 3 or not all(
+                isinstance(r, numbers.Integral) and not isinstance(r, bool) and r >= 1
+                for r in ranks):
+            raise ValueError(
+                f"n_latent must be an integer >= 1 or a tuple (R_g, R_d, R_l) of three, "
+                f"got {v!r}")
+        ranks = tuple(int(r) for r in ranks)
+        if "deviation" in comps and ranks[1] > ranks[0]:
+            raise ValueError(
+                f"n_latent=(R_g, R_d, R_l)={ranks}: R_d must be <= R_g (deviation latent r "
+                "shares global latent r's kernel)")
+        return ranks
+
+    def _check_noise(self):
+        if self.noise not in ("isotropic", "diagonal"):
+            raise ValueError(f"noise must be 'isotropic' or 'diagonal', got {self.noise!r}")
+        return self.noise
 
     def _check_variational_update(self):
         if self.variational_update not in ("adam", "closed_form"):
@@ -583,6 +649,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ``n_features_in_``/``feature_names_in_`` describe ``X`` as passed,
         label column included (see :func:`skfedgp._validation.split_client_column`).
         """
+        if _n_target_columns(y) > 1:  # multi-output: NaN marks a missing output
+            return self._validate_multioutput_fit_data(X, y, groups)
         if self.client_column is None:
             X, y = validate_data(
                 self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
@@ -593,14 +661,36 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             X, y = check_X_y(X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
                              dtype=np.float64, estimator=self)
         if y.ndim == 2:
-            if y.shape[1] != 1:
-                raise ValueError(
-                    f"y has {y.shape[1]} columns; multi-output (ILMM) targets are not "
-                    "supported yet — pass one target column (shape (n,) or (n, 1))"
-                )
             y = column_or_1d(y, warn=True)  # DataConversionWarning, as scikit-learn does
         groups = check_groups(groups, X.shape[0], "fit")
         if self.client_column is not None:  # the column overrides groups
+            check_labels_present(labels, f"client_column={self.client_column!r}")
+            groups = labels
+        return X, y, groups
+
+    def _validate_multioutput_fit_data(self, X, y, groups):
+        """Features, (n, Q) targets with NaN for missing outputs, and client labels."""
+        labels = None
+        if self.client_column is None:
+            X = validate_data(self, X, reset=True, ensure_min_samples=1, dtype=np.float64)
+        else:
+            X, labels = split_client_column(self, X, self.client_column, reset=True)
+            X = check_array(X, ensure_min_samples=1, dtype=np.float64, estimator=self)
+        y = check_array(y, ensure_all_finite="allow-nan", dtype=np.float64, input_name="y",
+                        estimator=self)
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(
+                f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
+        if np.any(np.isinf(y)):
+            raise ValueError("y contains infinite values; NaN marks a missing output, "
+                             "inf is not allowed")
+        empty = np.flatnonzero(np.all(np.isnan(y), axis=1))
+        if empty.size:
+            raise ValueError(
+                f"{empty.size} row(s) of y have every output missing (NaN), e.g. row "
+                f"{int(empty[0])}; drop them (a row needs at least one observed output)")
+        groups = check_groups(groups, X.shape[0], "fit")
+        if labels is not None:
             check_labels_present(labels, f"client_column={self.client_column!r}")
             groups = labels
         return X, y, groups
@@ -627,10 +717,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         X : array-like of shape (n_samples, n_features)
             Inputs (finite). With ``client_column`` set, one column holds the
             client labels.
-        y : array-like of shape (n_samples,) or (n_samples, 1)
-            Targets (finite); a column vector is accepted with a
-            ``DataConversionWarning``. Multi-output targets come with the
-            ILMM extension (not yet available).
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Targets; a column vector is accepted with a
+            ``DataConversionWarning``. With ``n_outputs > 1`` the model is
+            the multi-output (ILMM) hierarchy (``n_latent``, ``noise``;
+            ``docs/maths.md`` section 12; Yan 2026, section 3.9): a NaN entry
+            is a missing output (a sensor that dropped out) and is left out
+            of the likelihood, but every row needs at least one observed
+            output. One-column targets must be finite.
         groups : array-like of shape (n_samples,), default=None
             Client label of each row (any hashable, not None/NaN). None (and
             no ``client_column``) means a single client.
@@ -643,8 +737,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            NaN/inf in ``X`` or ``y``, inconsistent lengths, 1-D ``X``,
-            ``y`` with more than one column, wrong ``groups`` length, a
+            NaN/inf in ``X``, NaN/inf in a one-column ``y``, inf in a
+            multi-output ``y`` or a row of it with every output missing,
+            clients with different numbers of outputs, inconsistent
+            lengths, 1-D ``X``, wrong ``groups`` length, a
             missing (None/NaN) client label, a ``client_column`` that is
             not a column of ``X``, a client with fewer than 2 observations,
             or bad hyperparameters.
@@ -687,6 +783,17 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"client {lab!r} has {c} sample(s); at least {MIN_SAMPLES_PER_CLIENT} "
                 f"samples per client are needed ({len(small)} client(s) too small)"
             )
+        if y.ndim == 2:
+            if config.variational_family != "structured":
+                raise ValueError(
+                    "multi-output targets need variational_family='structured' (the "
+                    "mean-field family takes one target column)")
+            given = [k for k in ("variance", "local_variance") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} must be None with multi-output targets: the latent "
+                    "functions have unit variance and the loadings carry the scale")
+            config = dataclasses.replace(config, n_outputs=int(y.shape[1]))
         rng = check_random_state(self.random_state)
         seeds = rng.randint(0, 2**31 - 1, size=len(labels) + 1)
         self.n_features_model_ = Xf.shape[1]
@@ -714,6 +821,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.elbo_history_ = history
         self.communication_ = comm
         self.n_iter_ = len(history)
+        self.n_outputs_ = 1
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = config.n_inducing
@@ -770,6 +878,19 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self._population_local = res["population"]
         self.client_offsets_ = {lab: server.y_offset + server.y_scale * c.local_values()["offset"]
                                 for lab, c in self.clients_.items()}
+        self.n_outputs_ = config.n_outputs or 1
+        G = server.global_pack.unpack(server.theta_global)
+        if "phi" in G:
+            self.phi_ = float(G["phi"])
+        if config.n_outputs:
+            scale = np.asarray(server.y_scale)[:, None]
+            self.loadings_ = {}
+            if "B_g" in G:
+                self.loadings_["global"] = scale * G["B_g"]
+            for key, name in (("B_d", "deviation"), ("B_l", "local")):
+                if name in config.components:
+                    self.loadings_[name] = {lab: scale * c.local_values()[key]
+                                            for lab, c in self.clients_.items()}
         _warn_diagnostics(self, res["converged"], n_rounds)
         return self
 
@@ -847,13 +968,16 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
         Returns
         -------
-        y_mean : ndarray of shape (n_samples,)
+        y_mean : ndarray of shape (n_samples,) or (n_samples, n_outputs)
             Predictive mean, target units.
-        y_std : ndarray of shape (n_samples,), optional
+        y_std : ndarray of shape (n_samples,) or (n_samples, n_outputs), optional
             Predictive standard deviation of a new noisy observation
             (latent variance plus the client's noise variance), target units.
-        y_cov : ndarray of shape (n_samples, n_samples), optional
-            Joint predictive covariance of the noisy observations.
+        y_cov : ndarray of shape (n_samples, n_samples) or (n_samples, n_outputs, n_outputs), optional
+            One target column: the joint predictive covariance of the noisy
+            observations of all rows. Multi-output targets: the ``Q x Q``
+            predictive covariance of the outputs at each row (Yan 2026,
+            eqs. 38–39) — never an ``n Q x n Q`` matrix.
 
         Raises
         ------
@@ -892,6 +1016,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             raise ValueError("only one of return_std and return_cov can be requested")
         Xf, labels, inv = self._prepare_predict(X, groups, where, stacklevel=5)
         n = Xf.shape[0]
+        if getattr(self, "n_outputs_", 1) > 1 and hasattr(self, "loadings_"):
+            return self._predict_ilmm(Xf, labels, inv, return_std, return_cov)
         if return_cov:
             _check_cov_budget(n)
         if getattr(self, "variational_family_", "mean_field") == "structured":
@@ -935,6 +1061,80 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if return_cov:
             cov *= self.y_scale_**2  # in place: no second n x n array
             return y_mean, cov
+        return y_mean
+
+    # -- multi-output (ILMM) targets --------------------------------------------
+    def _ilmm_rows(self, Xs, lab, per_component=False):
+        """Latent-plus-noise prediction of one label's rows, standardised units.
+
+        Returns ``(mean (n, Q), cov (n, Q, Q))`` of the noisy outputs (offset
+        included), or with ``per_component`` a dict of latent ``(mean, cov)``
+        per component plus ``"offset"``. A never-seen label gets the exact
+        posterior of the global part and the *prior* of its deviation and
+        local parts: at one input a unit-variance latent function has
+        variance 1, so that prior is ``phi * sum_r C_d,r + sum_r C_l,r`` with
+        ``C_r`` the clients' mean ``B[:, r] B[:, r]^T`` (their final messages).
+        """
+        from ._ilmm import predict as ilmm_predict
+
+        comps = self.components_
+        G = self.server_.global_pack.unpack(self.server_.theta_global)
+        Q = self.n_outputs_
+        n = Xs.shape[0]
+        c = self.clients_.get(lab)
+        if c is not None:
+            L = c.local_values()
+            P = c.posterior
+            cid = lab
+            out = ilmm_predict(Xs, G, L, comps, P["mu_u"], P["Sigma_u"],
+                               per_component=per_component, client=cid)
+            s2, offset = L["noise_variance"], L["offset"]
+        else:
+            pop = self._population_local
+            s2, offset = pop["noise_variance"], pop["offset"]
+            out = {}
+            if "global" in comps:
+                Lg = {"noise_variance": s2, "offset": np.zeros(Q)}
+                out["global"] = ilmm_predict(Xs, G, Lg, ("global",),
+                                             self.global_posterior_["mean"],
+                                             self.global_posterior_["covariance"])
+            prior = {"deviation": self.phi_ if "deviation" in comps else 0.0, "local": 1.0}
+            for name in ("deviation", "local"):
+                if name in comps:
+                    C = prior[name] * pop["coregionalisation"][name].sum(axis=0)
+                    out[name] = (np.zeros((n, Q)), np.broadcast_to(C, (n, Q, Q)).copy())
+            if not per_component:
+                mean = sum(m for m, _ in out.values()) if out else np.zeros((n, Q))
+                cov = sum(cv for _, cv in out.values()) if out else np.zeros((n, Q, Q))
+                out = (mean, cov)
+        if per_component:
+            out = dict(out)
+            out["offset"] = (np.broadcast_to(offset, (n, Q)).copy(), np.zeros((n, Q, Q)))
+            return out
+        mean, cov = out
+        cov = np.array(cov, dtype=float)
+        idx = np.arange(Q)
+        cov[:, idx, idx] += np.broadcast_to(s2, (Q,))
+        return mean + offset, cov
+
+    def _predict_ilmm(self, Xf, labels, inv, return_std, return_cov):
+        """Multi-output prediction: (n, Q) means, (n, Q) std or (n, Q, Q) blocks."""
+        n, Q = Xf.shape[0], self.n_outputs_
+        mean = np.zeros((n, Q))
+        cov = np.zeros((n, Q, Q))
+        for k, lab in enumerate(labels):
+            for rows in _chunks(np.flatnonzero(inv == k)):
+                m, C = self._ilmm_rows(Xf[rows], lab)
+                mean[rows], cov[rows] = m, C
+        scale = np.asarray(self.y_scale_)
+        y_mean = self.y_offset_ + scale * mean
+        cov *= np.outer(scale, scale)
+        if not (np.all(np.isfinite(y_mean)) and np.all(np.isfinite(cov))):
+            raise FloatingPointError("prediction produced non-finite values")
+        if return_std:
+            return y_mean, np.sqrt(np.maximum(np.diagonal(cov, axis1=1, axis2=2), 0.0))
+        if return_cov:
+            return y_mean, 0.5 * (cov + np.swapaxes(cov, 1, 2))
         return y_mean
 
     # -- structured family ---------------------------------------------------
@@ -1051,6 +1251,20 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """
         Xf, labels, inv = self._prepare_predict(X, groups, "predict_components", stacklevel=4)
         n = Xf.shape[0]
+        if getattr(self, "n_outputs_", 1) > 1 and hasattr(self, "loadings_"):
+            Q = self.n_outputs_
+            scale = np.asarray(self.y_scale_)
+            out = {c: (np.zeros((n, Q)), np.zeros((n, Q)))
+                   for c in self.components_ + ("offset",)}
+            for k, lab in enumerate(labels):
+                for rows in _chunks(np.flatnonzero(inv == k)):
+                    parts = self._ilmm_rows(Xf[rows], lab, per_component=True)
+                    for name, (m, C) in parts.items():
+                        var = np.maximum(np.diagonal(C, axis1=1, axis2=2), 0.0)
+                        out[name][0][rows] = scale * m
+                        out[name][1][rows] = scale * np.sqrt(var)
+            out["offset"][0][:] += self.y_offset_
+            return out
         out = {c: (np.zeros(n), np.zeros(n)) for c in self.components_}
         if getattr(self, "variational_family_", "mean_field") == "structured":
             G = self.server_.global_pack.unpack(self.server_.theta_global)
@@ -1095,12 +1309,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         score : float
         """
         y_pred = self._predict(X, groups, False, False, "score")
+        y = np.asarray(y)
+        Q = getattr(self, "n_outputs_", 1)
+        if Q > 1 and (y.ndim != 2 or y.shape[1] != Q):
+            raise ValueError(
+                f"y has shape {y.shape}; the model was fitted with {Q} outputs, so y must "
+                f"have shape (n_samples, {Q})")
         return r2_score(y, y_pred, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.single_output = True
-        tags.target_tags.multi_output = False
+        tags.target_tags.multi_output = True
         return tags
 
 

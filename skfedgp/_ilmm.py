@@ -1,0 +1,878 @@
+"""Multi-output (ILMM) form of the structured (collapsed) posterior.
+
+Multi-output generalisation of :mod:`skfedgp._structured`: each client's
+``Q`` channels are linear mixtures of independent latent GPs (an
+instantaneous linear mixing model, ILMM)::
+
+    y_q(x) = offset_q + sum_r B_g[q, r] h_g,r(x) + sum_r B_d[q, r] h_d,r(x)
+             + sum_r B_l[q, r] h_l,r(x) + eps_q,          eps_q ~ N(0, s2_q)
+
+with ``R_g`` global latents ``h_g,r ~ GP(0, k_g,r)`` (shared by all
+clients), ``R_d <= R_g`` deviation latents ``h_d,r ~ GP(0, phi k_g,r)``
+(one set per client, deviation ``r`` uses global kernel ``r``) and ``R_l``
+local latents ``h_l,r ~ GP(0, k_l,r)``.  Every kernel is SE-ARD with *unit*
+variance; the loadings ``B_g`` (``Q x R_g``, server), ``B_d`` (``Q x R_d``)
+and ``B_l`` (``Q x R_l``, client) carry the scales.  Source: H. Yan (2026),
+"Personalized Federated Hierarchical Gaussian Processes for
+Privacy-Preserving Modeling of Heterogeneous Distributed Systems", arXiv
+preprint arXiv:2609.19337, section 3.9, eqs. 34-39; the collapsed form
+follows the scalar structured family (docs/maths.md, sections 9 and 12).
+
+Notation (one client, index ``i`` dropped).  The whitened feature blocks are
+``W_g,r = k_g,r(X, Z_g) L_g,r^{-T}`` (``n x M``) and
+``W_l,r = k_l,r(X, Z_l) L_l,r^{-T}`` (``n x M_l``);
+``F = [W_g,1 .. W_g,R, W_l,1 .. W_l,R_l]`` (``n x M_F``).  The inducing
+variables are ``u = (v_g, c)`` with ``v_g = (v_g,1, .., v_g,R_g)``
+(latent-major, ``N_g = R_g M``) and ``c = (w_1, .., w_R_d, v_l,1, ..,
+v_l,R_l)``, all with prior ``N(0, I)``.  Channel ``q`` of the latent function
+on the data is ``f_q = F E_q u``, where ``E_q`` (``M_F x N_u``) has exactly
+one non-zero per column: ``v_g,r -> B_g[q, r]`` on block ``g,r``,
+``w_r -> sqrt(phi) B_d[q, r]`` on block ``g,r``, ``v_l,r -> B_l[q, r]`` on
+block ``l,r``.  With the observed-row mask ``D_q`` of channel ``q``::
+
+    Lambda = sum_q E_q^T F^T D_q F E_q / s2_q,   h = sum_q E_q^T F^T D_q (y_q - offset_q) / s2_q
+    P = I + Lambda_cc,  G = Lambda_gc,  r = h_c
+    S = Lambda_gg - G P^{-1} G^T,  b = h_g - G P^{-1} r
+    e = sum_q [n_q log(2 pi s2_q) + ||D_q (y_q - offset_q)||^2 / s2_q + tr_R,q / s2_q]
+        + log|P| - r^T P^{-1} r
+
+which are the conventions of :func:`skfedgp._structured.combine`
+(``ELBO = -1/2 [sum_i e_i + log|A| - b^T A^{-1} b]``, ``A = I + sum_i S_i``).
+``tr_R,q`` is the VFE trace term of channel ``q``:
+``sum_r (B_g[q,r]^2 + phi B_d[q,r]^2)(n_q - ||D_q W_g,r||_F^2) +
+B_l[q,r]^2 (n_q - ||D_q W_l,r||_F^2)``.
+
+Every ``n``-sized product streams over row chunks; the per-channel
+statistics are ``M_F``-sized (``Q`` Gram matrices of ``M_F x M_F``).
+Rows whose channels are all observed share one Gram; only rows with some
+channel missing are added per channel, so complete data costs one Gram
+product per chunk.  A row with every channel missing contributes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+
+from ._hierarchy import Packer
+from ._linalg import DEFAULT_JITTER, cholesky_backward, jittered_cholesky, solve_lower
+from ._structured import CHUNK_ROWS, _chol, _chol_solve, _se, _se_grad, _se_grad_sym
+
+__all__ = [
+    "ILMMState",
+    "forward",
+    "backward",
+    "posterior",
+    "predict",
+    "global_spec",
+    "local_spec",
+]
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+_COMPONENTS = ("global", "deviation", "local")
+
+
+# ---------------------------------------------------------------------------
+# layout
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Layout:
+    """Feature blocks, the coordinates of ``u`` and their map to features.
+
+    Attributes
+    ----------
+    Q : int
+        Number of channels.
+    blocks : list of tuple
+        ``(kind, r, Z, lengthscale, start, stop)`` per feature block, kind
+        ``"g"`` or ``"l"``; ``[start, stop)`` its columns of ``F``.
+    idx : ndarray of shape (N_u,)
+        Feature (column of ``F``) of each coordinate of ``u``.
+    groups : list of tuple
+        ``(name, r, slice)``: the coordinates of ``u`` of latent ``r`` of
+        component ``name`` (``"global"``, ``"deviation"``, ``"local"``).
+    n_vg : int
+        Number of leading coordinates of ``u`` that are ``v_g``.
+    coef : ndarray of shape (Q, N_u)
+        The non-zero of each column of ``E_q``.
+    bsize : ndarray of shape (M_F,)
+        Size of the feature block of each feature.
+    R_gl : int
+        Rows of ``lengthscale_g`` given (0 without global kernels).
+    """
+
+    Q: int
+    blocks: list
+    idx: np.ndarray
+    groups: list
+    n_vg: int
+    coef: np.ndarray
+    bsize: np.ndarray
+    R_gl: int
+    phi: float
+
+    @property
+    def Mf(self):
+        return int(self.bsize.shape[0])
+
+    @property
+    def Nu(self):
+        return int(self.idx.shape[0])
+
+    @property
+    def n_c(self):
+        return self.Nu - self.n_vg
+
+    def sel(self):
+        """Sparse ``M_F x N_u`` 0/1 selection: ``E_q = sel @ diag(coef[q])``."""
+        return sparse.csr_matrix((np.ones(self.Nu), (self.idx, np.arange(self.Nu))),
+                                 shape=(self.Mf, self.Nu))
+
+
+def _components(components):
+    comps = tuple(components)
+    bad = [c for c in comps if c not in _COMPONENTS]
+    if bad or not comps:
+        raise ValueError(f"components must be a non-empty subset of {_COMPONENTS}, got {comps!r}")
+    return comps
+
+
+def _layout(G, L, components):
+    """Build the :class:`_Layout` of one client from the parameter dicts."""
+    comps = _components(components)
+    has_g, has_d, has_l = ("global" in comps, "deviation" in comps, "local" in comps)
+    Bg = np.asarray(G["B_g"], float) if has_g else None
+    Bd = np.asarray(L["B_d"], float) if has_d else None
+    Bl = np.asarray(L["B_l"], float) if has_l else None
+    Qs = {B.shape[0] for B in (Bg, Bd, Bl) if B is not None}
+    if len(Qs) != 1:
+        raise ValueError(f"the loadings disagree on the number of channels: {sorted(Qs)}")
+    Q = Qs.pop()
+    for name, B in (("B_g", Bg), ("B_d", Bd), ("B_l", Bl)):
+        if B is not None and (B.ndim != 2 or not np.all(np.isfinite(B))):
+            raise ValueError(f"{name} must be a finite (Q, R) matrix, got shape {B.shape}")
+    blocks, off = [], 0
+    R_gl = 0
+    if has_g or has_d:
+        Zg = np.asarray(G["Z_g"], float)
+        ell_g = np.atleast_2d(np.asarray(G["lengthscale_g"], float))
+        R_gl = ell_g.shape[0]
+        n_gf = Bg.shape[1] if has_g else Bd.shape[1]
+        if has_g and Bg.shape[1] != R_gl:
+            raise ValueError(f"B_g has {Bg.shape[1]} columns but lengthscale_g has {R_gl} rows")
+        if has_d and Bd.shape[1] > R_gl:
+            raise ValueError(f"R_d = {Bd.shape[1]} deviation latents need R_d <= R_g = {R_gl}")
+        for r in range(n_gf):
+            blocks.append(("g", r, Zg, ell_g[r], off, off + Zg.shape[0]))
+            off += Zg.shape[0]
+    if has_l:
+        Zl = np.asarray(L["Z_l"], float)
+        ell_l = np.atleast_2d(np.asarray(L["lengthscale_l"], float))
+        if Bl.shape[1] != ell_l.shape[0]:
+            raise ValueError(f"B_l has {Bl.shape[1]} columns but lengthscale_l has "
+                             f"{ell_l.shape[0]} rows")
+        for r in range(ell_l.shape[0]):
+            blocks.append(("l", r, Zl, ell_l[r], off, off + Zl.shape[0]))
+            off += Zl.shape[0]
+    Mf = off
+    bsize = np.empty(Mf)
+    for *_, a, b in blocks:
+        bsize[a:b] = b - a
+    gblk = [bl for bl in blocks if bl[0] == "g"]
+    lblk = [bl for bl in blocks if bl[0] == "l"]
+    phi = float(G["phi"]) if has_d else 0.0
+    idx, groups, coefs, col = [], [], [], 0
+    if has_g:
+        for r, bl in enumerate(gblk):
+            m = bl[5] - bl[4]
+            idx.append(np.arange(bl[4], bl[5]))
+            groups.append(("global", r, slice(col, col + m)))
+            coefs.append(np.repeat(Bg[:, r:r + 1], m, axis=1))
+            col += m
+    n_vg = col
+    if has_d:
+        for r in range(Bd.shape[1]):
+            bl = gblk[r]
+            m = bl[5] - bl[4]
+            idx.append(np.arange(bl[4], bl[5]))
+            groups.append(("deviation", r, slice(col, col + m)))
+            coefs.append(np.repeat(np.sqrt(phi) * Bd[:, r:r + 1], m, axis=1))
+            col += m
+    if has_l:
+        for r, bl in enumerate(lblk):
+            m = bl[5] - bl[4]
+            idx.append(np.arange(bl[4], bl[5]))
+            groups.append(("local", r, slice(col, col + m)))
+            coefs.append(np.repeat(Bl[:, r:r + 1], m, axis=1))
+            col += m
+    idx = np.concatenate(idx) if idx else np.zeros(0, int)
+    coef = np.hstack(coefs) if coefs else np.zeros((Q, 0))
+    return _Layout(Q, blocks, idx.astype(np.intp), groups, n_vg, coef, bsize, R_gl, phi)
+
+
+def _block_name(kind, r):
+    return f"K_zz ({'global' if kind == 'g' else 'local'}, latent {r})"
+
+
+def _factor_blocks(lay, jitter, client):
+    """``K_zz`` (unit variance) and its jittered Cholesky factor per feature block."""
+    Kzz, Ls = [], []
+    for kind, r, Z, ell, _, _ in lay.blocks:
+        K = _se(Z, Z, ell, 1.0)
+        Lc, _ = jittered_cholesky(K, scale=1.0, jitter=jitter, name=_block_name(kind, r),
+                                  client=client)
+        Kzz.append(K)
+        Ls.append(Lc)
+    return Kzz, Ls
+
+
+def _kernel_rows(Xc, lay):
+    if not lay.blocks:
+        return np.zeros((Xc.shape[0], 0))
+    return np.hstack([_se(Xc, Z, ell, 1.0) for _, _, Z, ell, _, _ in lay.blocks])
+
+
+def _lsolve(lay, Ls, B, trans=False):
+    """``Lambda^{-1} B`` (or ``Lambda^{-T} B``), ``Lambda`` the block-diagonal factor."""
+    out = np.empty_like(B, dtype=float)
+    for Lc, (*_, a, b) in zip(Ls, lay.blocks):
+        out[a:b] = solve_lower(Lc, B[a:b], trans=trans)
+    return out
+
+
+def _noise(L, Q):
+    s2 = np.asarray(L["noise_variance"], float)
+    iso = s2.ndim == 0
+    s2q = np.full(Q, float(s2)) if iso else s2.reshape(-1)
+    if s2q.shape != (Q,):
+        raise ValueError(f"noise_variance must be a float or shape ({Q},), got {s2.shape}")
+    if not np.all(np.isfinite(s2q)) or np.any(s2q <= 0):
+        raise ValueError(f"noise_variance must be finite and positive, got {s2}")
+    return s2q, iso, s2.shape
+
+
+def _offset(L, Q):
+    off = np.asarray(L.get("offset", np.zeros(Q)), float).reshape(-1)
+    if off.shape != (Q,):
+        raise ValueError(f"offset must have shape ({Q},), got {off.shape}")
+    return off
+
+
+def _check_data(X, Y, Q):
+    X = np.ascontiguousarray(X, dtype=float)
+    Y = np.asarray(Y, dtype=float)
+    if Y.ndim == 1 and Q == 1:
+        Y = Y[:, None]
+    if X.ndim != 2 or Y.ndim != 2 or Y.shape != (X.shape[0], Q):
+        raise ValueError(f"X must be (n, d) and Y (n, {Q}); got {X.shape} and {Y.shape}")
+    if np.any(np.isinf(Y)):
+        raise ValueError("Y contains inf (only NaN marks a missing entry)")
+    return X, Y
+
+
+def _chunk(X, Y, off, a):
+    """Rows ``a:a+CHUNK_ROWS`` with at least one observed channel: ``Xc, O, Yc``."""
+    Yc = Y[a:a + CHUNK_ROWS]
+    O = ~np.isnan(Yc)
+    keep = O.any(axis=1)
+    Xc = X[a:a + CHUNK_ROWS][keep]
+    O = O[keep]
+    Yc = np.where(O, Yc[keep] - off, 0.0)
+    return Xc, O, Yc
+
+
+# ---------------------------------------------------------------------------
+# forward: the client's statistics
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ILMMState:
+    """Everything one ILMM client keeps between its two exchanges (never sent).
+
+    Attributes
+    ----------
+    S : ndarray of shape (N_g, N_g)
+        Uploaded precision contribution on ``v_g`` (``N_g = R_g M``, 0
+        without the global component).
+    b : ndarray of shape (N_g,)
+        Uploaded linear term.
+    e : float
+        Uploaded scalar (``-2 x`` the client's collapsed terms).
+    layout : _Layout
+        Feature blocks and the map ``E_q`` (internal).
+    Wf : ndarray of shape (Q, M_F, M_F)
+        Whitened per-channel Grams ``F^T D_q F``.
+    wf : ndarray of shape (M_F, Q)
+        ``F^T D_q (y_q - offset_q)``.
+    wk : ndarray of shape (M_F, Q)
+        ``F^T D_q 1``.
+    yy, ysum, n_q : ndarray of shape (Q,)
+        ``||D_q (y_q - offset_q)||^2``, ``sum D_q (y_q - offset_q)`` and the
+        number of observed entries per channel.
+    s2 : ndarray of shape (Q,)
+        Noise variance per channel.
+    noise_iso : bool
+        Whether the noise variance was given as one float.
+    noise_shape : tuple
+        Shape of the given noise variance (that of its gradient).
+    trR : ndarray of shape (Q,)
+        VFE trace term per channel.
+    gam : ndarray of shape (Q, M_F)
+        Multiplier of ``(n_q / M_b - (F^T D_q F)_ff)`` in ``trR``.
+    Kzz, Ls : list of ndarray
+        Per feature block, ``K_zz`` and its jittered Cholesky factor.
+    Lp, PiGt, Pir : ndarray
+        ``chol(P)``, ``P^{-1} G^T`` (N_c, N_g), ``P^{-1} r`` (N_c,).
+    offset : ndarray of shape (Q,)
+    """
+
+    S: np.ndarray
+    b: np.ndarray
+    e: float
+    layout: _Layout
+    Wf: np.ndarray
+    wf: np.ndarray
+    wk: np.ndarray
+    yy: np.ndarray
+    ysum: np.ndarray
+    n_q: np.ndarray
+    s2: np.ndarray
+    noise_iso: bool
+    noise_shape: tuple
+    trR: np.ndarray
+    gam: np.ndarray
+    Kzz: list
+    Ls: list
+    Lp: np.ndarray
+    PiGt: np.ndarray
+    Pir: np.ndarray
+    offset: np.ndarray
+
+
+def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
+    """Statistics of one ILMM client for the structured posterior (its upload).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Client inputs (the model's scaled units).
+    Y : ndarray of shape (n, Q)
+        Client targets; NaN marks a missing entry (masked out of the
+        likelihood).  A row with every channel missing contributes nothing.
+    G : dict
+        Global constrained values: ``Z_g`` (M, d) and ``lengthscale_g``
+        (R_g, d) when the global or deviation component is used; ``B_g``
+        (Q, R_g) with the global component; ``phi`` (float) with the
+        deviation component.
+    L : dict
+        Local constrained values: ``Z_l`` (M_l, d), ``lengthscale_l``
+        (R_l, d), ``B_l`` (Q, R_l) with the local component; ``B_d``
+        (Q, R_d) with the deviation component; ``noise_variance`` (float, or
+        (Q,) per channel); ``offset`` (Q,).
+    components : tuple of str
+        Non-empty subset of ``("global", "deviation", "local")``.
+    jitter : float, default=DEFAULT_JITTER
+        Relative jitter of every ``K_zz`` (the kernels have unit variance).
+    client : hashable, optional
+        Label used in error messages.
+
+    Returns
+    -------
+    ILMMState
+        Its ``S`` (N_g, N_g), ``b`` (N_g,) and ``e`` (float) are the message,
+        for :func:`skfedgp._structured.combine` with ``M = N_g``.
+
+    Raises
+    ------
+    CholeskyError
+        If a ``K_zz`` or the client precision ``P`` cannot be factorised
+        (names the matrix and the client).
+    FloatingPointError
+        If the statistics are not finite.
+    ValueError
+        If the shapes of the parameters or the data disagree.
+    """
+    lay = _layout(G, L, components)
+    Q = lay.Q
+    X, Y = _check_data(X, Y, Q)
+    s2, iso, s2shape = _noise(L, Q)
+    off = _offset(L, Q)
+    Kzz, Ls = _factor_blocks(lay, jitter, client)
+    Mf = lay.Mf
+    Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
+    Phi = np.zeros((Q, Mf, Mf))  # per channel: rows with some channel missing
+    psi = np.zeros((Mf, Q))
+    kap = np.zeros((Mf, Q))
+    yy = np.zeros(Q)
+    ysum = np.zeros(Q)
+    n_q = np.zeros(Q)
+    for a in range(0, X.shape[0], CHUNK_ROWS):
+        Xc, O, Yc = _chunk(X, Y, off, a)
+        if Xc.shape[0] == 0:
+            continue
+        Kc = _kernel_rows(Xc, lay)
+        full = O.all(axis=1)
+        Kf = Kc[full]
+        Phi_all += Kf.T @ Kf
+        part = ~full
+        if part.any():
+            for q in range(Q):
+                rows = part & O[:, q]
+                if rows.any():
+                    Kp = Kc[rows]
+                    Phi[q] += Kp.T @ Kp
+        psi += Kc.T @ Yc
+        kap += Kc.T @ O
+        yy += np.sum(Yc**2, axis=0)
+        ysum += Yc.sum(axis=0)
+        n_q += O.sum(axis=0)
+    Wf = np.empty((Q, Mf, Mf))
+    for q in range(Q):
+        Pq = Phi[q] + Phi_all
+        T = _lsolve(lay, Ls, Pq)
+        W = _lsolve(lay, Ls, np.ascontiguousarray(T.T))
+        Wf[q] = 0.5 * (W + W.T)
+    wf = _lsolve(lay, Ls, psi)
+    wk = _lsolve(lay, Ls, kap)
+    idx, C = lay.idx, lay.coef
+    Nu = lay.Nu
+    Lam = np.zeros((Nu, Nu))
+    h = np.zeros(Nu)
+    gam = np.zeros((Q, Mf))
+    trR = np.zeros(Q)
+    for q in range(Q):
+        cq = C[q]
+        Lam += (cq[:, None] * Wf[q][np.ix_(idx, idx)] * cq[None, :]) / s2[q]
+        h += cq * wf[idx, q] / s2[q]
+        gam[q] = np.bincount(idx, weights=cq**2, minlength=Mf)
+        trR[q] = float(np.sum(gam[q] * (n_q[q] / lay.bsize - np.diag(Wf[q])))) if Mf else 0.0
+    ng = lay.n_vg
+    P = np.eye(lay.n_c) + Lam[ng:, ng:]
+    Lp = _chol(P, "P (client posterior precision)", client)
+    Gm = Lam[:ng, ng:]
+    r = h[ng:]
+    PiGt = _chol_solve(Lp, np.ascontiguousarray(Gm.T))
+    Pir = _chol_solve(Lp, r)
+    S = Lam[:ng, :ng] - Gm @ PiGt
+    S = 0.5 * (S + S.T)
+    b = h[:ng] - Gm @ Pir
+    logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp)))) if lay.n_c else 0.0
+    e = (float(np.sum(n_q * (_LOG_2PI + np.log(s2)))) + logdetP + float(np.sum(yy / s2))
+         - float(r @ Pir) + float(np.sum(trR / s2)))
+    if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
+        where = f" of client {client!r}" if client is not None else ""
+        raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
+    return ILMMState(S, b, float(e), lay, Wf, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
+                     gam, Kzz, Ls, Lp, PiGt, Pir, off)
+
+
+# ---------------------------------------------------------------------------
+# posterior moments of one client
+# ---------------------------------------------------------------------------
+
+
+def posterior(state, mu, A_inv):
+    """Mean and covariance of ``u = (v_g, c)`` under the optimal joint ``q``.
+
+    ``q(v_g) = N(mu, A^{-1})`` (from the server) and
+    ``q(c | v_g) = N(P^{-1}(r - G^T v_g), P^{-1})`` (the client's own).
+
+    Parameters
+    ----------
+    state : ILMMState
+    mu : ndarray of shape (N_g,)
+    A_inv : ndarray of shape (N_g, N_g)
+
+    Returns
+    -------
+    mu_u : ndarray of shape (N_u,)
+        Ordered ``(v_g,1 .. v_g,R_g, w_1 .. w_R_d, v_l,1 .. v_l,R_l)``.
+    Sigma_u : ndarray of shape (N_u, N_u)
+    H : ndarray of shape (N_u, N_g)
+        ``u = H v_g + (a part independent of v_g)``, i.e.
+        ``H = [I; -P^{-1} G^T]``; the covariance between two clients'
+        variables is ``H_i A^{-1} H_j^T`` (and between their channel-``q``
+        feature coefficients ``E_q,i H_i A^{-1} H_j^T E_q',j^T``).  Unlike
+        :func:`skfedgp._structured.client_posterior`, whose ``H`` is already
+        mapped to the (single) feature coefficients, this ``H`` is on ``u``
+        because the map ``E_q`` differs per channel.
+    """
+    lay = state.layout
+    mu = np.asarray(mu, float)
+    A_inv = np.asarray(A_inv, float)
+    mu_c = state.Pir - state.PiGt @ mu
+    Sgc = -A_inv @ state.PiGt.T
+    Pinv = _chol_solve(state.Lp, np.eye(lay.n_c)) if lay.n_c else np.zeros((0, 0))
+    Scc = Pinv + state.PiGt @ A_inv @ state.PiGt.T
+    mu_u = np.concatenate([mu, mu_c])
+    Sigma = np.block([[A_inv, Sgc], [Sgc.T, Scc]])
+    Sigma = 0.5 * (Sigma + Sigma.T)
+    H = np.vstack([np.eye(lay.n_vg), -state.PiGt])
+    return mu_u, Sigma, H
+
+
+# ---------------------------------------------------------------------------
+# backward: gradients (Danskin)
+# ---------------------------------------------------------------------------
+
+
+def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
+    """Gradient of the client's surrogate with respect to the constrained values.
+
+    The surrogate ``-1/2 e_i + mu^T b_i - 1/2 tr(S_i (A^{-1} + mu mu^T))`` is
+    the client's part of the uncollapsed bound with ``q(v_g) = N(mu, A^{-1})``
+    fixed and its own ``q(c | v_g)`` optimal; by Danskin's theorem its
+    gradient is the partial derivative of the client's expected log
+    likelihood (minus the trace term) at the optimal ``q``.  When ``mu``,
+    ``A_inv`` come from :func:`skfedgp._structured.combine` at the current
+    parameters, the global parts summed over clients are the gradient of the
+    whole collapsed ELBO.
+
+    Parameters
+    ----------
+    state : ILMMState
+        From :func:`forward` at the current parameters.
+    X : ndarray of shape (n, d)
+    Y : ndarray of shape (n, Q)
+        The same data as given to :func:`forward` (NaN = missing).
+    mu : ndarray of shape (N_g,)
+    A_inv : ndarray of shape (N_g, N_g)
+    want_global, want_local : bool, default=True
+        Which groups of gradients to compute.
+
+    Returns
+    -------
+    grads : dict
+        Global keys (``want_global``) among ``Z_g`` (M, d),
+        ``lengthscale_g`` (R_g, d), ``B_g`` (Q, R_g), ``phi`` (float); local
+        keys (``want_local``) among ``Z_l`` (M_l, d), ``lengthscale_l``
+        (R_l, d), ``B_d`` (Q, R_d), ``B_l`` (Q, R_l), ``noise_variance``
+        (float or (Q,), as given) and ``offset`` (Q,).
+    """
+    lay = state.layout
+    Q, idx, C = lay.Q, lay.idx, lay.coef
+    X, Y = _check_data(X, Y, Q)
+    s2, n_q = state.s2, state.n_q
+    mu_u, Sigma_u, _ = posterior(state, mu, A_inv)
+    Sel = lay.sel()
+    Mf = lay.Mf
+    gcoef = np.zeros((Q, lay.Nu))
+    g_s2 = np.zeros(Q)
+    g_off = np.zeros(Q)
+    Wbar = np.zeros((Q, Mf, Mf))
+    wbar = np.zeros((Mf, Q))
+    for q in range(Q):
+        cq = C[q]
+        Wf, wf = state.Wf[q], state.wf[:, q]
+        mu_z = Sel @ (cq * mu_u)
+        ES = Sel @ (cq[:, None] * Sigma_u)  # E_q Sigma_u, (M_F, N_u)
+        Sz = np.asarray((Sel @ (ES * cq[None, :]).T).T)  # E_q Sigma_u E_q^T
+        Xi = Sz + np.outer(mu_z, mu_z)
+        quad = state.yy[q] - 2.0 * float(mu_z @ wf) + float(np.sum(Xi * Wf)) + state.trR[q]
+        g_s2[q] = -0.5 * n_q[q] / s2[q] + quad / (2.0 * s2[q] ** 2)
+        g_off[q] = (state.ysum[q] - float(state.wk[:, q] @ mu_z)) / s2[q]
+        res = wf - Wf @ mu_z
+        t = np.einsum("jk,kj->j", Wf[idx], ES)
+        dWf = np.diag(Wf)[idx] if Mf else np.zeros(0)
+        gcoef[q] = (mu_u * res[idx] - t - cq * (n_q[q] / lay.bsize[idx] - dWf)) / s2[q]
+        Wbar[q] = -(Xi - np.diag(state.gam[q])) / (2.0 * s2[q])
+        wbar[:, q] = mu_z / s2[q]
+    grads = {}
+    sphi = np.sqrt(lay.phi)
+    gB = {"global": None, "deviation": None, "local": None}
+    dphi = 0.0
+    for name, r, sl in lay.groups:
+        tot = gcoef[:, sl].sum(axis=1)  # d/d(coefficient of latent r in channel q), (Q,)
+        if gB[name] is None:
+            gB[name] = np.zeros((Q, sum(1 for g in lay.groups if g[0] == name)))
+        if name == "deviation":
+            # coefficient sqrt(phi) B_d[q, r]:
+            # d/dB_d = sqrt(phi) tot, d/dphi = B_d tot / (2 sqrt(phi))
+            gB[name][:, r] = sphi * tot
+            dphi += float(np.sum(tot * C[:, sl.start])) / (2.0 * lay.phi)
+        else:
+            gB[name][:, r] = tot
+    if want_global:
+        if gB["global"] is not None:
+            grads["B_g"] = gB["global"]
+        if gB["deviation"] is not None:
+            grads["phi"] = dphi
+    if want_local:
+        if gB["deviation"] is not None:
+            grads["B_d"] = gB["deviation"]
+        if gB["local"] is not None:
+            grads["B_l"] = gB["local"]
+        grads["noise_variance"] = (float(np.sum(g_s2)) if state.noise_iso
+                                   else g_s2.reshape(state.noise_shape))
+        grads["offset"] = g_off
+    want = {"g": want_global, "l": want_local}
+    active = [k for k, bl in enumerate(lay.blocks) if want[bl[0]]]
+    if not active:
+        return grads
+    Ls = state.Ls
+    # adjoints of the raw statistics Phi_q = K^T D_q K, psi_q = K^T D_q (y_q - c_q), Lambda
+    Pb = np.empty((Q, Mf, Mf))
+    Rsum = np.zeros((Mf, Mf))
+    for q in range(Q):
+        T = _lsolve(lay, Ls, Wbar[q], trans=True)
+        Pq = _lsolve(lay, Ls, np.ascontiguousarray(T.T), trans=True).T
+        Pb[q] = (Pq + Pq.T)  # = 2 Phibar (symmetric)
+        Rsum += 2.0 * Wbar[q] @ state.Wf[q] + np.outer(wbar[:, q], state.wf[:, q])
+    psibar = _lsolve(lay, Ls, wbar, trans=True)  # (M_F, Q)
+    Pb_all = Pb.sum(axis=0)
+    acc = {}
+    for k in active:
+        kind, r, Z, ell, a, b_ = lay.blocks[k]
+        Lbar = -np.tril(solve_lower(Ls[k], Rsum[a:b_, a:b_], trans=True))
+        Kbar_zz = cholesky_backward(Ls[k], Lbar)
+        dZ, dell, _ = _se_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, 1.0)
+        acc[k] = [dZ, dell]
+    off = state.offset
+    for a0 in range(0, X.shape[0], CHUNK_ROWS):
+        Xc, O, Yc = _chunk(X, Y, off, a0)
+        if Xc.shape[0] == 0:
+            continue
+        Kc = _kernel_rows(Xc, lay)
+        full = O.all(axis=1)
+        Kbar = Yc @ psibar.T
+        Kbar[full] += Kc[full] @ Pb_all
+        part = ~full
+        if part.any():
+            for q in range(Q):
+                rows = part & O[:, q]
+                if rows.any():
+                    Kbar[rows] += Kc[rows] @ Pb[q]
+        for k in active:
+            kind, r, Z, ell, a, b_ = lay.blocks[k]
+            dZ, dell, _ = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, 1.0)
+            acc[k][0] += dZ
+            acc[k][1] += dell
+    for kind, key in (("g", "g"), ("l", "l")):
+        ks = [k for k in active if lay.blocks[k][0] == kind]
+        if not ks:
+            continue
+        Z = lay.blocks[ks[0]][2]
+        dZ = np.zeros_like(Z)
+        n_rows = lay.R_gl if kind == "g" else len(ks)
+        dell = np.zeros((n_rows, Z.shape[1]))
+        for k in ks:
+            dZ += acc[k][0]
+            dell[lay.blocks[k][1]] = acc[k][1]
+        grads[f"Z_{key}"] = dZ
+        grads[f"lengthscale_{key}"] = dell
+    return grads
+
+
+# ---------------------------------------------------------------------------
+# prediction
+# ---------------------------------------------------------------------------
+
+
+def _test_features(Xs, lay, Ls):
+    """Whitened test features ``F* = [k_b(X*, Z_b) L_b^{-T}]_b`` (n*, M_F)."""
+    Fs = np.empty((Xs.shape[0], lay.Mf))
+    for Lc, (_, _, Z, ell, a, b) in zip(Ls, lay.blocks):
+        Fs[:, a:b] = solve_lower(Lc, _se(Xs, Z, ell, 1.0).T).T
+    return Fs
+
+
+def _block_of_feature(lay, f):
+    for k, (*_, a, b) in enumerate(lay.blocks):
+        if a <= f < b:
+            return k
+    raise IndexError(f)  # pragma: no cover - the layout maps every coordinate
+
+
+def _moments(Xs, lay, Ls, mu_u, Sigma_u, names, full_cov):
+    """Latent moments using only the coordinates of ``u`` of components ``names``."""
+    Q, idx = lay.Q, lay.idx
+    coef = np.zeros_like(lay.coef)
+    Gam = [np.zeros((Q, Q)) for _ in lay.blocks]  # residual loading per feature block
+    for name, r, sl in lay.groups:
+        if name not in names:
+            continue
+        coef[:, sl] = lay.coef[:, sl]
+        c = lay.coef[:, sl.start]
+        Gam[_block_of_feature(lay, int(idx[sl.start]))] += np.outer(c, c)
+    nst = Xs.shape[0]
+    if full_cov:
+        Fs = _test_features(Xs, lay, Ls)
+        A = Fs[:, idx][:, None, :] * coef[None]  # (n*, Q, N_u)
+        mean = A @ mu_u
+        A2 = A.reshape(nst * Q, -1)
+        cov = (A2 @ Sigma_u @ A2.T).reshape(nst, Q, nst, Q)
+        for k, (_, _, Z, ell, a, b) in enumerate(lay.blocks):
+            if np.any(Gam[k]):
+                W = Fs[:, a:b]
+                Rk = _se(Xs, Xs, ell, 1.0) - W @ W.T
+                cov += np.einsum("nm,qp->nqmp", Rk, Gam[k])
+        cov = 0.5 * (cov + cov.transpose(2, 3, 0, 1))
+        return mean, cov
+    mean = np.empty((nst, Q))
+    cov = np.empty((nst, Q, Q))
+    for a0 in range(0, nst, CHUNK_ROWS):
+        Fs = _test_features(Xs[a0:a0 + CHUNK_ROWS], lay, Ls)
+        A = Fs[:, idx][:, None, :] * coef[None]  # (c, Q, N_u)
+        mean[a0:a0 + CHUNK_ROWS] = A @ mu_u
+        cv = np.einsum("nqj,npj->nqp", A @ Sigma_u, A)
+        for k, (*_, a, b) in enumerate(lay.blocks):
+            if np.any(Gam[k]):
+                W = Fs[:, a:b]
+                rk = np.maximum(1.0 - np.einsum("ij,ij->i", W, W), 0.0)
+                cv += rk[:, None, None] * Gam[k][None]
+        cov[a0:a0 + CHUNK_ROWS] = 0.5 * (cv + cv.transpose(0, 2, 1))
+    return mean, cov
+
+
+def predict(Xs, G, L, components, mu_u, Sigma_u, *, full_cov=False, per_component=False,
+            client=None, jitter=DEFAULT_JITTER):
+    """Latent predictive mean and covariance of one ILMM client (no offset, no noise).
+
+    Paper eqs. 38-39 (H. Yan 2026, section 3.9) with the structured
+    posterior: channel ``q`` at ``x`` is ``f_q(x) = F*(x) E_q u`` plus the
+    VFE residual ``sum_b Gamma_b[q, q'] (k_b(x, x') - W*_b(x) W*_b(x')^T)``,
+    ``Gamma_{g,r} = B_g[:, r] B_g[:, r]^T + phi B_d[:, r] B_d[:, r]^T``,
+    ``Gamma_{l,r} = B_l[:, r] B_l[:, r]^T``.
+
+    Parameters
+    ----------
+    Xs : ndarray of shape (n*, d)
+        Test inputs (the model's scaled units).
+    G, L : dict
+        Constrained values as for :func:`forward` (``noise_variance`` and
+        ``offset`` are not used).
+    components : tuple of str
+    mu_u : ndarray of shape (N_u,)
+    Sigma_u : ndarray of shape (N_u, N_u)
+        Moments of ``u = (v_g, c)`` from :func:`posterior`; for a client
+        never seen in training pass ``(mu_g, 0)`` and
+        ``[[A^{-1}, 0], [0, I]]`` (the prior of its deviation and local
+        variables).
+    full_cov : bool, default=False
+        Return the joint covariance over all test inputs and channels.
+    per_component : bool, default=False
+        Return ``{name: (mean, cov)}`` for each component present, each using
+        only that component's variables and residual (cross-covariances
+        between components are left out, so the parts' covariances do not
+        add up to the total).
+    client : hashable, optional
+        Label used in error messages.
+    jitter : float, default=DEFAULT_JITTER
+        Relative jitter of every ``K_zz`` (use the value given to
+        :func:`forward`).
+
+    Returns
+    -------
+    mean : ndarray of shape (n*, Q)
+    cov : ndarray of shape (n*, Q, Q), or (n*, Q, n*, Q) with ``full_cov``
+        Per-input ``Q x Q`` blocks, or the full joint covariance.
+    parts : dict
+        With ``per_component``: ``{"global"|"deviation"|"local": (mean, cov)}``.
+
+    Raises
+    ------
+    CholeskyError
+        If a ``K_zz`` cannot be factorised.
+    ValueError
+        If ``mu_u`` or ``Sigma_u`` do not match the layout.
+    """
+    comps = _components(components)
+    lay = _layout(G, L, comps)
+    Xs = np.ascontiguousarray(Xs, dtype=float)
+    mu_u = np.asarray(mu_u, float)
+    Sigma_u = np.asarray(Sigma_u, float)
+    if mu_u.shape != (lay.Nu,) or Sigma_u.shape != (lay.Nu, lay.Nu):
+        raise ValueError(f"mu_u must be ({lay.Nu},) and Sigma_u ({lay.Nu}, {lay.Nu}); got "
+                         f"{mu_u.shape} and {Sigma_u.shape}")
+    _, Ls = _factor_blocks(lay, jitter, client)
+    if per_component:
+        return {name: _moments(Xs, lay, Ls, mu_u, Sigma_u, (name,), full_cov)
+                for name in _COMPONENTS if name in comps}
+    return _moments(Xs, lay, Ls, mu_u, Sigma_u, comps, full_cov)
+
+
+# ---------------------------------------------------------------------------
+# packing
+# ---------------------------------------------------------------------------
+
+
+def global_spec(components, M, d, Q, R_g):
+    """Packer of the ILMM global vector (lengthscales and ``phi`` in log space).
+
+    Parameters
+    ----------
+    components : tuple of str
+    M : int
+        Number of global inducing points.
+    d : int
+        Input dimension.
+    Q : int
+        Number of channels.
+    R_g : int
+        Number of global latents (and global kernels).
+
+    Returns
+    -------
+    Packer
+        ``Z_g`` (M, d, free) and ``lengthscale_g`` (R_g, d, log) with the
+        global or deviation component; ``B_g`` (Q, R_g, free) with the global
+        component; ``phi`` ((), log) with the deviation component.
+    """
+    comps = _components(components)
+    spec = []
+    if "global" in comps or "deviation" in comps:
+        spec += [("Z_g", (M, d), "free"), ("lengthscale_g", (R_g, d), "log")]
+    if "global" in comps:
+        spec.append(("B_g", (Q, R_g), "free"))
+    if "deviation" in comps:
+        spec.append(("phi", (), "log"))
+    return Packer(spec)
+
+
+def local_spec(components, M_l, d, Q, R_d, R_l, noise="isotropic"):
+    """Packer of one ILMM client's local vector (lengthscales and noise in log space).
+
+    Parameters
+    ----------
+    components : tuple of str
+    M_l : int
+        Number of local inducing points.
+    d : int
+    Q : int
+    R_d : int
+        Number of deviation latents (``<= R_g``).
+    R_l : int
+        Number of local latents.
+    noise : {"isotropic", "diagonal"}, default="isotropic"
+        One noise variance for all channels, or one per channel.
+
+    Returns
+    -------
+    Packer
+        ``Z_l`` (M_l, d, free), ``lengthscale_l`` (R_l, d, log) and ``B_l``
+        (Q, R_l, free) with the local component; ``B_d`` (Q, R_d, free) with
+        the deviation component; ``noise_variance`` ((), or (Q,), log);
+        ``offset`` (Q, free).
+
+    Raises
+    ------
+    ValueError
+        If ``noise`` is not one of the two options.
+    """
+    comps = _components(components)
+    if noise not in ("isotropic", "diagonal"):
+        raise ValueError(f"noise must be 'isotropic' or 'diagonal', got {noise!r}")
+    spec = []
+    if "local" in comps:
+        spec += [("Z_l", (M_l, d), "free"), ("lengthscale_l", (R_l, d), "log"),
+                 ("B_l", (Q, R_l), "free")]
+    if "deviation" in comps:
+        spec.append(("B_d", (Q, R_d), "free"))
+    spec.append(("noise_variance", () if noise == "isotropic" else (Q,), "log"))
+    spec.append(("offset", (Q,), "free"))
+    return Packer(spec)

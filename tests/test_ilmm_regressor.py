@@ -1,0 +1,200 @@
+"""Multi-output (ILMM) targets in FederatedHierarchicalGPRegressor (issue 7)."""
+
+import numpy as np
+import pytest
+
+from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp.datasets import make_hierarchical_regression
+from skfedgp.federated import Client, ModelConfig, Server
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, Y, g, Xt, Yt, gt = make_hierarchical_regression(
+        n_clients=3, n_samples=30, n_outputs=3, scenario="A", n_test=20, random_state=1)
+    return X, Y, g, Xt, Yt, gt
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    X, Y, g = data[:3]
+    return FederatedHierarchicalGPRegressor(n_rounds=8, random_state=0).fit(X, Y, g)
+
+
+def test_shapes_and_consistency(data, fitted):
+    Xt, Yt, gt = data[3:]
+    est = fitted
+    Q = Yt.shape[1]
+    assert est.n_outputs_ == Q
+    m = est.predict(Xt, gt)
+    m2, s = est.predict(Xt, gt, return_std=True)
+    m3, C = est.predict(Xt, gt, return_cov=True)
+    assert m.shape == s.shape == (Xt.shape[0], Q) and C.shape == (Xt.shape[0], Q, Q)
+    np.testing.assert_allclose(m, m2)
+    np.testing.assert_allclose(m, m3)
+    np.testing.assert_allclose(C, np.swapaxes(C, 1, 2), atol=1e-12)
+    assert np.all(np.linalg.eigvalsh(C) > 0)
+    np.testing.assert_allclose(s, np.sqrt(np.diagonal(C, axis1=1, axis2=2)), rtol=1e-12)
+    # the components (and the clients' constant means) add up to the mean
+    parts = est.predict_components(Xt, gt)
+    assert set(parts) == {"global", "deviation", "local", "offset"}
+    np.testing.assert_allclose(sum(p[0] for p in parts.values()), m, atol=1e-8)
+    # loadings in target units
+    R_g, R_d, R_l = 2, 2, 2
+    assert est.loadings_["global"].shape == (Q, R_g)
+    for lab in np.unique(data[2]):
+        assert est.loadings_["deviation"][lab].shape == (Q, R_d)
+        assert est.loadings_["local"][lab].shape == (Q, R_l)
+    # the ELBO history is finite and the model beats a constant predictor
+    assert np.all(np.isfinite(est.elbo_history_))
+    assert est.score(Xt, Yt, gt) > 0.5
+
+
+def test_unseen_client_is_wider(data, fitted):
+    Xt, gt = data[3], data[5]
+    est = fitted
+    rows = gt == gt[0]
+    _, s_seen = est.predict(Xt[rows], gt[rows], return_std=True)
+    _, s_new = est.predict(Xt[rows], np.full(rows.sum(), "new"), return_std=True)
+    assert s_new.shape == s_seen.shape
+    assert np.all(s_new >= s_seen - 1e-9)
+    assert np.mean(s_new) > np.mean(s_seen)
+
+
+def test_reproducible(data):
+    X, Y, g, Xt, _, gt = data
+    kw = dict(n_rounds=2, random_state=3)
+    a = FederatedHierarchicalGPRegressor(**kw).fit(X, Y, g).predict(Xt, gt, return_cov=True)
+    b = FederatedHierarchicalGPRegressor(**kw).fit(X, Y, g).predict(Xt, gt, return_cov=True)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_missing_outputs_are_masked(data):
+    """NaN entries are missing outputs: the fit uses the others, and the hidden
+    values are recovered through the other outputs and the loadings."""
+    X, Y, g, Xt, _, gt = data
+    Ym = Y.copy()
+    rng = np.random.default_rng(0)
+    holes = rng.random(Y.shape) < 0.2
+    holes[np.all(holes, axis=1), 0] = False  # keep one output per row
+    Ym[holes] = np.nan
+    est = FederatedHierarchicalGPRegressor(n_rounds=5, random_state=0).fit(X, Ym, g)
+    m, s = est.predict(X, g, return_std=True)
+    assert np.all(np.isfinite(m)) and np.all(np.isfinite(s))
+    err = (m - Y)[holes]
+    assert np.sqrt(np.mean(err**2)) < 0.5 * np.std(Y)
+    # calibrated at the hidden entries (a loose check: few points)
+    assert np.mean(np.abs(err) > 3 * s[holes]) < 0.1
+
+
+def test_diagonal_noise_and_ranks(data):
+    X, Y, g, Xt, _, gt = data
+    est = FederatedHierarchicalGPRegressor(n_rounds=2, n_latent=(2, 1, 1), noise="diagonal",
+                                           random_state=0).fit(X, Y, g)
+    Q = Y.shape[1]
+    lab = g[0]
+    assert np.shape(est.clients_[lab].local_values()["noise_variance"]) == (Q,)
+    assert est.loadings_["deviation"][lab].shape == (Q, 1)
+    m, C = est.predict(Xt, gt, return_cov=True)
+    assert C.shape == (Xt.shape[0], Q, Q)
+
+
+@pytest.mark.parametrize("components", [("global", "local"), ("global", "deviation"),
+                                        ("global",), ("local",)])
+def test_ablations(data, components):
+    X, Y, g, Xt, Yt, gt = data
+    est = FederatedHierarchicalGPRegressor(components=components, n_rounds=2,
+                                           random_state=0).fit(X, Y, g)
+    m, s = est.predict(Xt, gt, return_std=True)
+    assert m.shape == Yt.shape and np.all(np.isfinite(s)) and np.all(s > 0)
+    assert set(est.predict_components(Xt, gt)) == set(components) | {"offset"}
+    # unseen clients too
+    m, s = est.predict(Xt[:3], np.array(["new"] * 3), return_std=True)
+    assert np.all(np.isfinite(m)) and np.all(s > 0)
+
+
+def test_close_to_exact_gp_with_many_inducing_points():
+    """One client, 1-D inputs, far more inducing points than the function's
+    detail needs: the sparse posterior equals the exact ILMM GP posterior at the
+    fitted hyperparameters (Titsias' bound is tight when the inducing points
+    resolve the kernel)."""
+    from skfedgp.kernels import se_ard
+
+    rng = np.random.default_rng(0)
+    n, Q = 25, 2
+    X = np.sort(rng.uniform(0, 5, (n, 1)), axis=0)
+    f = np.c_[np.sin(X[:, 0]), np.sin(X[:, 0]) + 0.5 * np.cos(2 * X[:, 0])]
+    Y = f + 0.05 * rng.standard_normal((n, Q))
+    est = FederatedHierarchicalGPRegressor(components=("global",), n_latent=1,
+                                           n_inducing=60, n_rounds=5, random_state=0)
+    est.fit(X, Y)
+    Xt = np.linspace(0, 5, 7)[:, None]
+    m, C = est.predict(Xt, return_cov=True)
+    # exact GP with the fitted hyperparameters (scaled units inside the model)
+    srv = est.server_
+    G = srv.global_pack.unpack(srv.theta_global)
+    lab = next(iter(est.clients_))
+    L = est.clients_[lab].local_values()
+    xs = (X - srv.x_offset) / srv.x_scale
+    xt = (Xt - srv.x_offset) / srv.x_scale
+    B = G["B_g"]
+    ell = G["lengthscale_g"][0]
+    K = np.kron(se_ard(xs, xs, ell, 1.0), B @ B.T) + L["noise_variance"] * np.eye(n * Q)
+    Ks = np.kron(se_ard(xt, xs, ell, 1.0), B @ B.T)
+    Kss = np.kron(se_ard(xt, xt, ell, 1.0), B @ B.T)
+    ys = ((Y - est.y_offset_) / est.y_scale_ - L["offset"]).ravel()
+    mu = L["offset"] + (Ks @ np.linalg.solve(K, ys)).reshape(-1, Q)
+    S = Kss - Ks @ np.linalg.solve(K, Ks.T)
+    scale = np.asarray(est.y_scale_)
+    np.testing.assert_allclose(m, est.y_offset_ + scale * mu, atol=2e-3 * scale.max())
+    for k in range(Xt.shape[0]):
+        blk = S[k * Q:(k + 1) * Q, k * Q:(k + 1) * Q] + L["noise_variance"] * np.eye(Q)
+        np.testing.assert_allclose(C[k], np.outer(scale, scale) * blk,
+                                   atol=2e-3 * scale.max() ** 2)
+
+
+def test_bad_input(data):
+    X, Y, g = data[:3]
+    est = FederatedHierarchicalGPRegressor(n_rounds=1)
+    Yb = Y.copy()
+    Yb[4] = np.nan
+    with pytest.raises(ValueError, match="every output missing"):
+        est.fit(X, Yb, g)
+    Yb = Y.copy()
+    Yb[2, 1] = np.inf
+    with pytest.raises(ValueError, match="infinit"):
+        est.fit(X, Yb, g)
+    Xb = X.copy()
+    Xb[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        est.fit(Xb, Y, g)
+    with pytest.raises(ValueError, match="rows"):
+        est.fit(X, Y[:-1], g)
+    with pytest.raises(ValueError, match="mean-field|structured"):
+        FederatedHierarchicalGPRegressor(variational_family="mean_field",
+                                         optimizer="adam").fit(X, Y, g)
+    with pytest.raises(ValueError, match="variance"):
+        FederatedHierarchicalGPRegressor(variance=1.0).fit(X, Y, g)
+    with pytest.raises(ValueError, match="n_latent"):
+        FederatedHierarchicalGPRegressor(n_latent=(1, 2, 1)).fit(X, Y, g)
+    with pytest.raises(ValueError, match="n_latent"):
+        FederatedHierarchicalGPRegressor(n_latent=0).fit(X, Y, g)
+    with pytest.raises(ValueError, match="noise"):
+        FederatedHierarchicalGPRegressor(noise="full").fit(X, Y, g)
+
+
+def test_wrong_number_of_outputs(data, fitted):
+    X, Y, g, Xt, Yt, gt = data
+    with pytest.raises(ValueError, match="outputs"):
+        fitted.score(Xt, Yt[:, :2], gt)
+    # clients that disagree on the number of outputs (each holds its own data)
+    cfg = ModelConfig(components=("global",), n_inducing=5, n_inducing_local=5,
+                      lengthscale=None, local_lengthscale=None, variance=None,
+                      local_variance=None, noise_variance=None, phi=None, local_steps=1,
+                      learning_rate=0.1, global_learning_rate=0.1, normalize_y=True,
+                      variational_family="structured", n_outputs=3)
+    a = Client("a", X[:10], Y[:10])
+    b = Client("b", X[10:20], Y[10:20, :2])
+    with pytest.raises(ValueError, match="number of outputs"):
+        Server(cfg, 1, 0).standardise([a.summary(), b.summary()])
