@@ -51,10 +51,9 @@ product per chunk.  A row with every channel missing contributes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import sparse
 
 from ._hierarchy import Packer
 from ._linalg import DEFAULT_JITTER, cholesky_backward, jittered_cholesky, solve_lower
@@ -127,10 +126,32 @@ class _Layout:
     def n_c(self):
         return self.Nu - self.n_vg
 
-    def sel(self):
-        """Sparse ``M_F x N_u`` 0/1 selection: ``E_q = sel @ diag(coef[q])``."""
-        return sparse.csr_matrix((np.ones(self.Nu), (self.idx, np.arange(self.Nu))),
-                                 shape=(self.Mf, self.Nu))
+    def pairs(self):
+        """``(u-slice, feature-slice)`` per group: ``idx[u-slice]`` is the feature range."""
+        return [(sl, slice(int(self.idx[sl.start]), int(self.idx[sl.start]) + sl.stop - sl.start))
+                for _, _, sl in self.groups]
+
+    def scatter(self, A):
+        """``Sel @ A`` (``Sel`` the ``M_F x N_u`` 0/1 map ``u -> F``; ``E_q = Sel diag(coef[q])``).
+
+        Rows of ``A`` (``N_u``, ...) are summed into their feature (``M_F``, ...).
+        """
+        out = np.zeros((self.Mf,) + A.shape[1:])
+        for us, fs in self.pairs():
+            out[fs] += A[us]
+        return out
+
+    def scatter2(self, A):
+        """``Sel @ A @ Sel^T`` for ``A`` of shape (N_u, N_u): shape (M_F, M_F)."""
+        T = self.scatter(A)
+        out = np.zeros((self.Mf, self.Mf))
+        for us, fs in self.pairs():
+            out[:, fs] += T[:, us]
+        return out
+
+    def gather2(self, W):
+        """``W[idx][:, idx]`` for ``W`` of shape (M_F, M_F): the Gram on ``u`` coordinates."""
+        return W[self.idx][:, self.idx]
 
 
 def _components(components):
@@ -352,6 +373,21 @@ class ILMMState:
     PiGt: np.ndarray
     Pir: np.ndarray
     offset: np.ndarray
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+def _whiten(lay, Ls, P):
+    """``Lambda^{-1} P Lambda^{-T}`` (symmetrised), ``Lambda`` the block-diagonal factor."""
+    T = _lsolve(lay, Ls, P)
+    W = _lsolve(lay, Ls, np.ascontiguousarray(T.T))
+    return 0.5 * (W + W.T)
+
+
+def _whiten_adjoint(lay, Ls, Wbar):
+    """``2 sym(Lambda^{-T} Wbar Lambda^{-1})``: adjoint of the raw Gram given that of its whitening."""
+    T = _lsolve(lay, Ls, Wbar, trans=True)
+    Pq = _lsolve(lay, Ls, np.ascontiguousarray(T.T), trans=True).T
+    return Pq + Pq.T
 
 
 def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
@@ -405,7 +441,7 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     Kzz, Ls = _factor_blocks(lay, jitter, client)
     Mf = lay.Mf
     Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
-    Phi = np.zeros((Q, Mf, Mf))  # per channel: rows with some channel missing
+    Phi = {}  # per channel with partially observed rows: the Gram of those rows
     psi = np.zeros((Mf, Q))
     kap = np.zeros((Mf, Q))
     yy = np.zeros(Q)
@@ -425,32 +461,37 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
                 rows = part & O[:, q]
                 if rows.any():
                     Kp = Kc[rows]
-                    Phi[q] += Kp.T @ Kp
+                    Phi[q] = Phi[q] + Kp.T @ Kp if q in Phi else Kp.T @ Kp
         psi += Kc.T @ Yc
         kap += Kc.T @ O
         yy += np.sum(Yc**2, axis=0)
         ysum += Yc.sum(axis=0)
         n_q += O.sum(axis=0)
+    # whiten the shared Gram once; channels without partial rows need no correction
+    W_all = _whiten(lay, Ls, Phi_all)
+    Wc = {q: _whiten(lay, Ls, Phi[q]) for q in sorted(Phi)}
     Wf = np.empty((Q, Mf, Mf))
-    for q in range(Q):
-        Pq = Phi[q] + Phi_all
-        T = _lsolve(lay, Ls, Pq)
-        W = _lsolve(lay, Ls, np.ascontiguousarray(T.T))
-        Wf[q] = 0.5 * (W + W.T)
+    Wf[:] = W_all
+    for q, Wq in Wc.items():
+        Wf[q] += Wq
     wf = _lsolve(lay, Ls, psi)
     wk = _lsolve(lay, Ls, kap)
     idx, C = lay.idx, lay.coef
-    Nu = lay.Nu
-    Lam = np.zeros((Nu, Nu))
-    h = np.zeros(Nu)
+    Cs = C / s2[:, None]
+    # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx]
+    U_all = lay.gather2(W_all)
+    Lam = (Cs.T @ C) * U_all
+    for q, Wq in Wc.items():
+        Lam += np.outer(Cs[q], C[q]) * lay.gather2(Wq)
+    h = np.einsum("qj,jq->j", Cs, wf[idx])
     gam = np.zeros((Q, Mf))
-    trR = np.zeros(Q)
     for q in range(Q):
-        cq = C[q]
-        Lam += (cq[:, None] * Wf[q][np.ix_(idx, idx)] * cq[None, :]) / s2[q]
-        h += cq * wf[idx, q] / s2[q]
-        gam[q] = np.bincount(idx, weights=cq**2, minlength=Mf)
-        trR[q] = float(np.sum(gam[q] * (n_q[q] / lay.bsize - np.diag(Wf[q])))) if Mf else 0.0
+        gam[q] = np.bincount(idx, weights=C[q] ** 2, minlength=Mf)
+    dWf = np.repeat(np.diag(W_all)[None], Q, axis=0)
+    for q, Wq in Wc.items():
+        dWf[q] += np.diag(Wq)
+    trR = (np.sum(gam * (n_q[:, None] / lay.bsize[None, :] - dWf), axis=1) if Mf
+           else np.zeros(Q))
     ng = lay.n_vg
     P = np.eye(lay.n_c) + Lam[ng:, ng:]
     Lp = _chol(P, "P (client posterior precision)", client)
@@ -468,7 +509,8 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
     return ILMMState(S, b, float(e), lay, Wf, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
-                     gam, Kzz, Ls, Lp, PiGt, Pir, off)
+                     gam, Kzz, Ls, Lp, PiGt, Pir, off,
+                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc})
 
 
 # ---------------------------------------------------------------------------
@@ -502,23 +544,55 @@ def posterior(state, mu, A_inv):
         mapped to the (single) feature coefficients, this ``H`` is on ``u``
         because the map ``E_q`` differs per channel.
     """
+    mu_u, Sigma = _joint_moments(state, mu, A_inv)
+    H = np.vstack([np.eye(state.layout.n_vg), -state.PiGt])
+    return mu_u, Sigma, H
+
+
+def _p_inverse(state):
+    """``P^{-1}`` (cached on the state: forward's factor serves posterior and backward)."""
+    Pinv = state._cache.get("Pinv")
+    if Pinv is None:
+        n_c = state.layout.n_c
+        Pinv = _chol_solve(state.Lp, np.eye(n_c)) if n_c else np.zeros((0, 0))
+        state._cache["Pinv"] = Pinv
+    return Pinv
+
+
+def _joint_moments(state, mu, A_inv):
+    """``mu_u`` (N_u,) and ``Sigma_u`` (N_u, N_u) of :func:`posterior` (without ``H``)."""
     lay = state.layout
     mu = np.asarray(mu, float)
     A_inv = np.asarray(A_inv, float)
-    mu_c = state.Pir - state.PiGt @ mu
+    ng = lay.n_vg
+    mu_u = np.concatenate([mu, state.Pir - state.PiGt @ mu])
+    Sigma = np.empty((lay.Nu, lay.Nu))
     Sgc = -A_inv @ state.PiGt.T
-    Pinv = _chol_solve(state.Lp, np.eye(lay.n_c)) if lay.n_c else np.zeros((0, 0))
-    Scc = Pinv + state.PiGt @ A_inv @ state.PiGt.T
-    mu_u = np.concatenate([mu, mu_c])
-    Sigma = np.block([[A_inv, Sgc], [Sgc.T, Scc]])
-    Sigma = 0.5 * (Sigma + Sigma.T)
-    H = np.vstack([np.eye(lay.n_vg), -state.PiGt])
-    return mu_u, Sigma, H
+    Sigma[:ng, :ng] = A_inv
+    Sigma[:ng, ng:] = Sgc
+    Sigma[ng:, :ng] = Sgc.T
+    Sigma[ng:, ng:] = _p_inverse(state) - state.PiGt @ Sgc
+    Sigma += Sigma.T
+    Sigma *= 0.5
+    return mu_u, Sigma
 
 
 # ---------------------------------------------------------------------------
 # backward: gradients (Danskin)
 # ---------------------------------------------------------------------------
+
+
+def _split_grams(state):
+    """``(W_all, W_all[idx, idx], {q: correction})`` with ``Wf_q = W_all + correction_q``.
+
+    From forward's cache; a state built otherwise is treated as having every
+    channel corrected (``W_all = 0``), which gives the same results.
+    """
+    c = state._cache
+    if "W_all" in c:
+        return c["W_all"], c["U_all"], c["Wc"]
+    Nu, Mf = state.layout.Nu, state.layout.Mf
+    return np.zeros((Mf, Mf)), np.zeros((Nu, Nu)), {q: W for q, W in enumerate(state.Wf)}
 
 
 def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
@@ -558,30 +632,31 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     Q, idx, C = lay.Q, lay.idx, lay.coef
     X, Y = _check_data(X, Y, Q)
     s2, n_q = state.s2, state.n_q
-    mu_u, Sigma_u, _ = posterior(state, mu, A_inv)
-    Sel = lay.sel()
-    Mf = lay.Mf
-    gcoef = np.zeros((Q, lay.Nu))
-    g_s2 = np.zeros(Q)
-    g_off = np.zeros(Q)
-    Wbar = np.zeros((Q, Mf, Mf))
-    wbar = np.zeros((Mf, Q))
-    for q in range(Q):
-        cq = C[q]
-        Wf, wf = state.Wf[q], state.wf[:, q]
-        mu_z = Sel @ (cq * mu_u)
-        ES = Sel @ (cq[:, None] * Sigma_u)  # E_q Sigma_u, (M_F, N_u)
-        Sz = np.asarray((Sel @ (ES * cq[None, :]).T).T)  # E_q Sigma_u E_q^T
-        Xi = Sz + np.outer(mu_z, mu_z)
-        quad = state.yy[q] - 2.0 * float(mu_z @ wf) + float(np.sum(Xi * Wf)) + state.trR[q]
-        g_s2[q] = -0.5 * n_q[q] / s2[q] + quad / (2.0 * s2[q] ** 2)
-        g_off[q] = (state.ysum[q] - float(state.wk[:, q] @ mu_z)) / s2[q]
-        res = wf - Wf @ mu_z
-        t = np.einsum("jk,kj->j", Wf[idx], ES)
-        dWf = np.diag(Wf)[idx] if Mf else np.zeros(0)
-        gcoef[q] = (mu_u * res[idx] - t - cq * (n_q[q] / lay.bsize[idx] - dWf)) / s2[q]
-        Wbar[q] = -(Xi - np.diag(state.gam[q])) / (2.0 * s2[q])
-        wbar[:, q] = mu_z / s2[q]
+    mu_u, Sigma_u = _joint_moments(state, mu, A_inv)
+    W_all, U_all, Wc = _split_grams(state)
+    # Per channel q (E_q = Sel diag(c_q), U_q = Wf_q[idx, idx]):
+    #   mu_z = E_q mu_u,  Xi_q = E_q (Sigma_u + mu_u mu_u^T) E_q^T,
+    #   tr(Xi_q Wf_q) = c_q^T (U_q o Sig2) c_q,
+    #   d/dc_q = [mu_u o (wf_q[idx] - U_q (c_q o mu_u)) - (U_q o Sigma_u) c_q - ...] / s2_q
+    #          = [mu_u o wf_q[idx] - (U_q o Sig2) c_q - ...] / s2_q.
+    # With U_q = U_all + (correction of the channels with partially observed rows)
+    # the Hadamard product is formed once.
+    Sig2 = Sigma_u + np.outer(mu_u, mu_u)
+    CT = C.T  # (N_u, Q)
+    MC = (U_all * Sig2) @ CT  # column q: (U_q o Sig2) c_q
+    for q, Wq in Wc.items():
+        MC[:, q] += (lay.gather2(Wq) * Sig2) @ C[q]
+    cmu = CT * mu_u[:, None]  # column q: c_q o mu_u
+    wf_u, wk_u = state.wf[idx], state.wk[idx]
+    trXW = np.sum(CT * MC, axis=0)
+    quad = state.yy - 2.0 * np.sum(cmu * wf_u, axis=0) + trXW + state.trR
+    g_s2 = -0.5 * n_q / s2 + quad / (2.0 * s2**2)
+    g_off = (state.ysum - np.sum(cmu * wk_u, axis=0)) / s2
+    dW = np.diag(W_all)[idx][:, None] + np.zeros((1, Q))
+    for q, Wq in Wc.items():
+        dW[:, q] += np.diag(Wq)[idx]
+    gcoef = ((mu_u[:, None] * wf_u - MC - CT * (n_q[None, :] / lay.bsize[idx][:, None] - dW))
+             / s2[None, :]).T  # (Q, N_u)
     grads = {}
     sphi = np.sqrt(lay.phi)
     gB = {"global": None, "deviation": None, "local": None}
@@ -615,20 +690,42 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     if not active:
         return grads
     Ls = state.Ls
-    # adjoints of the raw statistics Phi_q = K^T D_q K, psi_q = K^T D_q (y_q - c_q), Lambda
-    Pb = np.empty((Q, Mf, Mf))
-    Rsum = np.zeros((Mf, Mf))
-    for q in range(Q):
-        T = _lsolve(lay, Ls, Wbar[q], trans=True)
-        Pq = _lsolve(lay, Ls, np.ascontiguousarray(T.T), trans=True).T
-        Pb[q] = (Pq + Pq.T)  # = 2 Phibar (symmetric)
-        Rsum += 2.0 * Wbar[q] @ state.Wf[q] + np.outer(wbar[:, q], state.wf[:, q])
+    Mf = lay.Mf
+    # adjoints of the whitened statistics: Wbar_q = -(Xi_q - diag(gam_q)) / (2 s2_q),
+    # wbar_q = mu_z,q / s2_q; only their sum over channels is needed for the rows with
+    # every channel observed, and per channel only where a channel has partial rows.
+    Cs = C / s2[:, None]
+    Wbar_all = -0.5 * lay.scatter2((Cs.T @ C) * Sig2)
+    Wbar_all[np.diag_indices(Mf)] += 0.5 * (state.gam / s2[:, None]).sum(axis=0)
+    wbar = lay.scatter(cmu) / s2[None, :]  # (M_F, Q)
+
+    def wbar_q(q):
+        Xi = lay.scatter2(np.outer(C[q], C[q]) * Sig2)
+        Xi[np.diag_indices(Mf)] -= state.gam[q]
+        return -Xi / (2.0 * s2[q])
+
+    Wbar_c = {q: wbar_q(q) for q in Wc}
+    # Rsum = sum_q 2 Wbar_q Wf_q + wbar_q wf_q^T (only its diagonal blocks are used)
+    Rblk = {}
+    for k in active:
+        a, b_ = lay.blocks[k][4:6]
+        R = 2.0 * Wbar_all[a:b_] @ W_all[:, a:b_] + wbar[a:b_] @ state.wf[a:b_].T
+        for q, Wq in Wc.items():
+            R += 2.0 * Wbar_c[q][a:b_] @ Wq[:, a:b_]
+        Rblk[k] = R
     psibar = _lsolve(lay, Ls, wbar, trans=True)  # (M_F, Q)
-    Pb_all = Pb.sum(axis=0)
+    Pb_all = _whiten_adjoint(lay, Ls, Wbar_all)  # = 2 Phibar summed over channels
+    Pb = {}
+
+    def pb(q):  # 2 Phibar_q for the channel's partially observed rows
+        if q not in Pb:
+            Pb[q] = _whiten_adjoint(lay, Ls, Wbar_c[q] if q in Wbar_c else wbar_q(q))
+        return Pb[q]
+
     acc = {}
     for k in active:
         kind, r, Z, ell, a, b_ = lay.blocks[k]
-        Lbar = -np.tril(solve_lower(Ls[k], Rsum[a:b_, a:b_], trans=True))
+        Lbar = -np.tril(solve_lower(Ls[k], Rblk[k], trans=True))
         Kbar_zz = cholesky_backward(Ls[k], Lbar)
         dZ, dell, _ = _se_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, 1.0)
         acc[k] = [dZ, dell]
@@ -646,7 +743,7 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
             for q in range(Q):
                 rows = part & O[:, q]
                 if rows.any():
-                    Kbar[rows] += Kc[rows] @ Pb[q]
+                    Kbar[rows] += Kc[rows] @ pb(q)
         for k in active:
             kind, r, Z, ell, a, b_ = lay.blocks[k]
             dZ, dell, _ = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, 1.0)
