@@ -54,10 +54,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.linalg import lapack
 
 from ._hierarchy import Packer
 from ._linalg import DEFAULT_JITTER, cholesky_backward, jittered_cholesky, solve_lower
-from ._structured import CHUNK_ROWS, _chol, _chol_solve, _se, _se_grad, _se_grad_sym
+from ._structured import CHUNK_ROWS, _se, _se_grad, _se_grad_sym
 
 __all__ = [
     "ILMMState",
@@ -492,19 +493,29 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
         dWf[q] += np.diag(Wq)
     trR = (np.sum(gam * (n_q[:, None] / lay.bsize[None, :] - dWf), axis=1) if Mf
            else np.zeros(Q))
-    ng = lay.n_vg
-    P = np.eye(lay.n_c) + Lam[ng:, ng:]
-    Lp = _chol(P, "P (client posterior precision)", client)
+    ng, n_c = lay.n_vg, lay.n_c
+    P = Lam[ng:, ng:].copy()
+    P[np.diag_indices(n_c)] += 1.0
     Gm = Lam[:ng, ng:]
     r = h[ng:]
-    PiGt = _chol_solve(Lp, np.ascontiguousarray(Gm.T))
-    Pir = _chol_solve(Lp, r)
-    S = Lam[:ng, :ng] - Gm @ PiGt
+    if n_c:
+        # jittered_cholesky reads the lower triangle only
+        Lp, _ = jittered_cholesky(P, scale=1.0, jitter=1e-12,
+                                  name="P (client posterior precision)", client=client)
+        V = solve_lower(Lp, Gm.T)  # Lp^{-1} G^T, (N_c, N_g)
+        z = solve_lower(Lp, r)
+        PiGt = solve_lower(Lp, V, trans=True)
+        Pir = solve_lower(Lp, z, trans=True)
+        S = Lam[:ng, :ng] - V.T @ V
+        b = h[:ng] - V.T @ z
+        rPr = float(z @ z)
+        logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp))))
+    else:
+        Lp, PiGt, Pir = np.zeros((0, 0)), np.zeros((0, ng)), np.zeros(0)
+        S, b, rPr, logdetP = Lam[:ng, :ng].copy(), h[:ng].copy(), 0.0, 0.0
     S = 0.5 * (S + S.T)
-    b = h[:ng] - Gm @ Pir
-    logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp)))) if lay.n_c else 0.0
     e = (float(np.sum(n_q * (_LOG_2PI + np.log(s2)))) + logdetP + float(np.sum(yy / s2))
-         - float(r @ Pir) + float(np.sum(trR / s2)))
+         - rPr + float(np.sum(trR / s2)))
     if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
@@ -553,8 +564,14 @@ def _p_inverse(state):
     """``P^{-1}`` (cached on the state: forward's factor serves posterior and backward)."""
     Pinv = state._cache.get("Pinv")
     if Pinv is None:
-        n_c = state.layout.n_c
-        Pinv = _chol_solve(state.Lp, np.eye(n_c)) if n_c else np.zeros((0, 0))
+        if state.layout.n_c:
+            Pinv, info = lapack.dpotri(state.Lp, lower=1)  # from the factor, in place of 2 solves
+            if info != 0:  # pragma: no cover - Lp is a valid factor
+                raise FloatingPointError(f"dpotri failed (info={info})")
+            Pinv = np.tril(Pinv)
+            Pinv += np.tril(Pinv, -1).T
+        else:
+            Pinv = np.zeros((0, 0))
         state._cache["Pinv"] = Pinv
     return Pinv
 
@@ -569,11 +586,15 @@ def _joint_moments(state, mu, A_inv):
     Sigma = np.empty((lay.Nu, lay.Nu))
     Sgc = -A_inv @ state.PiGt.T
     Sigma[:ng, :ng] = A_inv
+    Sigma[:ng, :ng] += A_inv.T
+    Sigma[:ng, :ng] *= 0.5
     Sigma[:ng, ng:] = Sgc
     Sigma[ng:, :ng] = Sgc.T
-    Sigma[ng:, ng:] = _p_inverse(state) - state.PiGt @ Sgc
-    Sigma += Sigma.T
-    Sigma *= 0.5
+    Scc = state.PiGt @ Sgc
+    Scc -= _p_inverse(state)
+    Scc += Scc.T
+    Scc *= -0.5
+    Sigma[ng:, ng:] = Scc
     return mu_u, Sigma
 
 
