@@ -296,12 +296,12 @@ def _check_data(X, Y, Q):
     return X, Y
 
 
-def _chunk(X, Y, off, a):
-    """Rows ``a:a+CHUNK_ROWS`` with at least one observed channel: ``Xc, O, Yc``."""
-    Yc = Y[a:a + CHUNK_ROWS]
+def _chunk(X, Y, off, a, step=CHUNK_ROWS):
+    """Rows ``a:a+step`` with at least one observed channel: ``Xc, O, Yc``."""
+    Yc = Y[a:a + step]
     O = ~np.isnan(Yc)
     keep = O.any(axis=1)
-    Xc = X[a:a + CHUNK_ROWS][keep]
+    Xc = X[a:a + step][keep]
     O = O[keep]
     Yc = np.where(O, Yc[keep] - off, 0.0)
     return Xc, O, Yc
@@ -391,6 +391,81 @@ def _whiten_adjoint(lay, Ls, Wbar):
     return Pq + Pq.T
 
 
+def _use_features(Y, Mf):
+    """Whiten the rows (``F = K Lambda^{-T}``) rather than the Gram matrices?
+
+    Whitening a Gram costs ``2 M_F^2 M_b`` per Gram (one shared Gram plus one
+    per channel with partially observed rows), whitening the rows ``n M_F
+    M_b``: rows win when ``n < 2 M_F (1 + p)``; they are then processed in one
+    block.  Both are exact; for large ``n`` the Grams are accumulated over row
+    chunks instead.
+    """
+    O = ~np.isnan(Y)
+    O = O[O.any(axis=1)]
+    n_k = O.shape[0]
+    if n_k > 2 * Mf * (1 + Y.shape[1]):  # cheap bound first
+        return False
+    p = int(np.count_nonzero(O[~O.all(axis=1)].any(axis=0)))
+    return n_k <= 2 * Mf * (1 + p)
+
+
+def _data_statistics(X, Y, off, lay, Ls):
+    """Whitened data statistics of one client.
+
+    Returns
+    -------
+    W_all : ndarray of shape (M_F, M_F)
+        ``F^T F`` over the rows with every channel observed.
+    Wc : dict
+        ``{q: F^T D_q F}`` over the rows with some channel missing and ``q``
+        observed, for the channels that have such rows (``Wf_q = W_all + Wc[q]``).
+    wf, wk : ndarray of shape (M_F, Q)
+    yy, ysum, n_q : ndarray of shape (Q,)
+    """
+    Q, Mf = lay.Q, lay.Mf
+    use = _use_features(Y, Mf)  # few rows: whiten them in one block
+    Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
+    Phi = {}  # per channel with partially observed rows: the Gram of those rows
+    psi = np.zeros((Mf, Q))
+    kap = np.zeros((Mf, Q))
+    yy = np.zeros(Q)
+    ysum = np.zeros(Q)
+    n_q = np.zeros(Q)
+    step = X.shape[0] if use else CHUNK_ROWS
+    for a in range(0, X.shape[0], max(step, 1)):
+        Xc, O, Yc = _chunk(X, Y, off, a, step)
+        if Xc.shape[0] == 0:
+            continue
+        Kc = _kernel_rows(Xc, lay)
+        if use:
+            Kc = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T  # F = K Lambda^{-T}
+        full = O.all(axis=1)
+        Kf = Kc[full]
+        Phi_all += Kf.T @ Kf
+        part = ~full
+        if part.any():
+            for q in range(Q):
+                rows = part & O[:, q]
+                if rows.any():
+                    Kp = Kc[rows]
+                    Phi[q] = Phi[q] + Kp.T @ Kp if q in Phi else Kp.T @ Kp
+        psi += Kc.T @ Yc
+        kap += Kc.T @ O
+        yy += np.sum(Yc**2, axis=0)
+        ysum += Yc.sum(axis=0)
+        n_q += O.sum(axis=0)
+    if use:
+        sym = [Phi_all] + list(Phi.values())
+        for W in sym:  # exactly symmetric
+            W += W.T
+            W *= 0.5
+        return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q
+    # whiten the shared Gram once; channels without partial rows need no correction
+    W_all = _whiten(lay, Ls, Phi_all)
+    Wc = {q: _whiten(lay, Ls, Phi[q]) for q in sorted(Phi)}
+    return W_all, Wc, _lsolve(lay, Ls, psi), _lsolve(lay, Ls, kap), yy, ysum, n_q
+
+
 def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     """Statistics of one ILMM client for the structured posterior (its upload).
 
@@ -441,42 +516,11 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     off = _offset(L, Q)
     Kzz, Ls = _factor_blocks(lay, jitter, client)
     Mf = lay.Mf
-    Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
-    Phi = {}  # per channel with partially observed rows: the Gram of those rows
-    psi = np.zeros((Mf, Q))
-    kap = np.zeros((Mf, Q))
-    yy = np.zeros(Q)
-    ysum = np.zeros(Q)
-    n_q = np.zeros(Q)
-    for a in range(0, X.shape[0], CHUNK_ROWS):
-        Xc, O, Yc = _chunk(X, Y, off, a)
-        if Xc.shape[0] == 0:
-            continue
-        Kc = _kernel_rows(Xc, lay)
-        full = O.all(axis=1)
-        Kf = Kc[full]
-        Phi_all += Kf.T @ Kf
-        part = ~full
-        if part.any():
-            for q in range(Q):
-                rows = part & O[:, q]
-                if rows.any():
-                    Kp = Kc[rows]
-                    Phi[q] = Phi[q] + Kp.T @ Kp if q in Phi else Kp.T @ Kp
-        psi += Kc.T @ Yc
-        kap += Kc.T @ O
-        yy += np.sum(Yc**2, axis=0)
-        ysum += Yc.sum(axis=0)
-        n_q += O.sum(axis=0)
-    # whiten the shared Gram once; channels without partial rows need no correction
-    W_all = _whiten(lay, Ls, Phi_all)
-    Wc = {q: _whiten(lay, Ls, Phi[q]) for q in sorted(Phi)}
+    W_all, Wc, wf, wk, yy, ysum, n_q = _data_statistics(X, Y, off, lay, Ls)
     Wf = np.empty((Q, Mf, Mf))
     Wf[:] = W_all
     for q, Wq in Wc.items():
         Wf[q] += Wq
-    wf = _lsolve(lay, Ls, psi)
-    wk = _lsolve(lay, Ls, kap)
     idx, C = lay.idx, lay.coef
     Cs = C / s2[:, None]
     # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx]
@@ -734,14 +778,24 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         for q, Wq in Wc.items():
             R += 2.0 * Wbar_c[q][a:b_] @ Wq[:, a:b_]
         Rblk[k] = R
-    psibar = _lsolve(lay, Ls, wbar, trans=True)  # (M_F, Q)
-    Pb_all = _whiten_adjoint(lay, Ls, Wbar_all)  # = 2 Phibar summed over channels
+    # the rows' adjoint: Kbar = Y_c psibar^T + sum over the row's channels of K Phibar_q
+    # (2 Phibar_q = Lambda^{-T} 2 sym(Wbar_q) Lambda^{-1}); with few rows it is formed
+    # on whitened rows, Kbar = (Y_c wbar^T + F 2 sym(Wbar)) Lambda^{-1}, with no Gram
+    # whitening (as in forward).
+    use = _use_features(Y, Mf)
     Pb = {}
 
-    def pb(q):  # 2 Phibar_q for the channel's partially observed rows
+    def pb(q):  # 2 sym(Wbar_q) (whitened rows) or 2 Phibar_q, for the partially observed rows
         if q not in Pb:
-            Pb[q] = _whiten_adjoint(lay, Ls, Wbar_c[q] if q in Wbar_c else wbar_q(q))
+            Wq = Wbar_c[q] if q in Wbar_c else wbar_q(q)
+            Pb[q] = Wq + Wq.T if use else _whiten_adjoint(lay, Ls, Wq)
         return Pb[q]
+
+    if use:
+        Pb_all = Wbar_all + Wbar_all.T
+    else:
+        psibar = _lsolve(lay, Ls, wbar, trans=True)  # (M_F, Q)
+        Pb_all = _whiten_adjoint(lay, Ls, Wbar_all)  # = 2 Phibar summed over channels
 
     acc = {}
     for k in active:
@@ -751,17 +805,27 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         dZ, dell, _ = _se_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, 1.0)
         acc[k] = [dZ, dell]
     off = state.offset
-    for a0 in range(0, X.shape[0], CHUNK_ROWS):
-        Xc, O, Yc = _chunk(X, Y, off, a0)
+    step = max(X.shape[0], 1) if use else CHUNK_ROWS
+    for a0 in range(0, X.shape[0], step):
+        Xc, O, Yc = _chunk(X, Y, off, a0, step)
         if Xc.shape[0] == 0:
             continue
         Kc = _kernel_rows(Xc, lay)
         full = O.all(axis=1)
-        Kbar = Yc @ psibar.T
-        Kbar[full] += Kc[full] @ Pb_all
         part = ~full
-        if part.any():
-            for q in range(Q):
+        if use:
+            F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T  # K Lambda^{-T}
+            Kbar = Yc @ wbar.T
+            Kbar[full] += F[full] @ Pb_all
+            for q in range(Q) if part.any() else ():
+                rows = part & O[:, q]
+                if rows.any():
+                    Kbar[rows] += F[rows] @ pb(q)
+            Kbar = _lsolve(lay, Ls, np.ascontiguousarray(Kbar.T), trans=True).T
+        else:
+            Kbar = Yc @ psibar.T
+            Kbar[full] += Kc[full] @ Pb_all
+            for q in range(Q) if part.any() else ():
                 rows = part & O[:, q]
                 if rows.any():
                     Kbar[rows] += Kc[rows] @ pb(q)
