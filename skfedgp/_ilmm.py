@@ -44,9 +44,23 @@ B_l[q,r]^2 (n_q - ||D_q W_l,r||_F^2)``.
 
 Every ``n``-sized product streams over row chunks; the per-channel
 statistics are ``M_F``-sized (``Q`` Gram matrices of ``M_F x M_F``).
-Rows whose channels are all observed share one Gram; only rows with some
-channel missing are added per channel, so complete data costs one Gram
-product per chunk.  A row with every channel missing contributes nothing.
+Rows whose channels are all observed share one Gram ``W_all``; only rows
+with some channel missing are added per channel (``Wf_q = W_all + Wc_q``,
+``Wc_q = 0`` for a channel observed on every row), so complete data costs one
+Gram product per chunk and one whitening.  A row with every channel missing
+contributes nothing.
+
+Cost.  The channel sums collapse: with ``U = W_all[idx, idx]`` (the shared
+Gram on the coordinates of ``u``) and ``C = [c_1 .. c_Q]^T`` (``coef``),
+``Lambda = (C^T diag(1/s2) C) o U + sum_q (c_q c_q^T / s2_q) o Wc_q[idx, idx]``;
+in the gradient ``tr(Xi_q Wf_q) = c_q^T (U_q o Sig2) c_q`` and
+``d/dc_q = [mu_u o wf_q[idx] - (U_q o Sig2) c_q - ...] / s2_q`` with
+``Sig2 = Sigma_u + mu_u mu_u^T``, so one Hadamard product serves all
+channels, and the adjoints of the whitened Grams are needed summed over the
+channels (one back-whitening) plus once per channel with partial rows.  With
+few rows (``n < 2 M_F (1 + p)``, ``p`` the channels with partial rows) the
+rows are whitened (``F = K Lambda^{-T}``) instead of the Gram matrices.  No
+sparse matrices: ``E_q`` is applied by slicing the contiguous groups.
 """
 
 from __future__ import annotations
@@ -351,6 +365,12 @@ class ILMMState:
     Lp, PiGt, Pir : ndarray
         ``chol(P)``, ``P^{-1} G^T`` (N_c, N_g), ``P^{-1} r`` (N_c,).
     offset : ndarray of shape (Q,)
+    _cache : dict
+        Internal, filled by :func:`forward` and reused by :func:`posterior`
+        and :func:`backward`: ``W_all`` (M_F, M_F), its ``U_all = W_all[idx,
+        idx]`` (N_u, N_u), ``Wc`` ``{q: (M_F, M_F)}`` and, once computed,
+        ``Pinv`` (N_c, N_c).  Without it :func:`backward` treats every
+        channel as partially observed (same results, slower).
     """
 
     S: np.ndarray
