@@ -632,16 +632,19 @@ def test_fast_path_equals_per_channel_reference(comps, missing):
         assert_allclose(g2[key], g[key], rtol=1e-9, atol=1e-10 * (np.abs(g[key]).max() + 1e-300))
 
 
-def test_fast_path_streams_over_chunks():
-    """More rows than one chunk, complete and partial rows in both chunks."""
+@pytest.mark.parametrize("missing", [False, True], ids=["complete", "missing"])
+def test_fast_path_streams_over_chunks(missing):
+    """More rows than one chunk (the Gram path), partial rows in both chunks."""
     from skfedgp._structured import CHUNK_ROWS
 
     Xs, Ys, G, Ls = _random_setup(True, sizes=(CHUNK_ROWS + 40,), seed=12)
     G = {**G, "Z_g": G["Z_g"][:3]}
     L = {**Ls[0], "Z_l": Ls[0]["Z_l"][:2]}
-    X, Y = Xs[0], Ys[0]
-    Y[np.random.default_rng(3).uniform(size=Y.shape) < 0.2] = np.nan
-    Y[np.all(np.isnan(Y), axis=1), 2] = 0.1
+    X, Y = Xs[0], np.where(np.isnan(Ys[0]), 0.3, Ys[0])
+    assert not _ilmm._use_features(Y, 3 * 2 + 2)  # M_F = 8: rows are not whitened
+    if missing:
+        Y[np.random.default_rng(3).uniform(size=Y.shape) < 0.2] = np.nan
+        Y[np.all(np.isnan(Y), axis=1), 2] = 0.1
     st = _ilmm.forward(X, Y, G, L, ALL)
     Ng = st.S.shape[0]
     mu, A_inv = np.linspace(-1, 1, Ng), 0.3 * np.eye(Ng)
@@ -649,6 +652,9 @@ def test_fast_path_streams_over_chunks():
     assert_allclose(st.S, S, rtol=1e-10, atol=1e-10)
     assert_allclose(st.e, e, rtol=1e-11)
     g = _ilmm.backward(st, X, Y, mu, A_inv)
+    st._cache.clear()
+    g2 = _ilmm.backward(st, X, Y, mu, A_inv)
     for key in g_ref:
-        assert_allclose(g[key], g_ref[key], rtol=1e-9,
-                        atol=1e-10 * np.abs(g_ref[key]).max(), err_msg=key)
+        for gg in (g, g2):
+            assert_allclose(gg[key], g_ref[key], rtol=1e-9,
+                            atol=1e-10 * np.abs(g_ref[key]).max(), err_msg=key)
