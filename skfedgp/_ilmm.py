@@ -405,7 +405,7 @@ def _whiten(lay, Ls, P):
 
 
 def _whiten_adjoint(lay, Ls, Wbar):
-    """``2 sym(Lambda^{-T} Wbar Lambda^{-1})``: adjoint of the raw Gram given that of its whitening."""
+    """``2 sym(Lambda^{-T} Wbar Lambda^{-1})``: adjoint of a raw Gram from that of its whitening."""
     T = _lsolve(lay, Ls, Wbar, trans=True)
     Pq = _lsolve(lay, Ls, np.ascontiguousarray(T.T), trans=True).T
     return Pq + Pq.T
