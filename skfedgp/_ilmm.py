@@ -726,7 +726,8 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     #          = [mu_u o wf_q[idx] - (U_q o Sig2) c_q - ...] / s2_q.
     # With U_q = U_all + (correction of the channels with partially observed rows)
     # the Hadamard product is formed once.
-    Sig2 = Sigma_u + np.outer(mu_u, mu_u)
+    Sig2 = Sigma_u  # (own copy) Sigma_u + mu_u mu_u^T
+    Sig2 += mu_u[:, None] * mu_u[None, :]
     CT = C.T  # (N_u, Q)
     MC = (U_all * Sig2) @ CT  # column q: (U_q o Sig2) c_q
     for q, Wq in Wc.items():
@@ -794,9 +795,10 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     Rblk = {}
     for k in active:
         a, b_ = lay.blocks[k][4:6]
-        R = 2.0 * Wbar_all[a:b_] @ W_all[:, a:b_] + wbar[a:b_] @ state.wf[a:b_].T
+        # the Grams are symmetric: W[:, a:b] = W[a:b].T (a contiguous operand for BLAS)
+        R = 2.0 * Wbar_all[a:b_] @ W_all[a:b_].T + wbar[a:b_] @ state.wf[a:b_].T
         for q, Wq in Wc.items():
-            R += 2.0 * Wbar_c[q][a:b_] @ Wq[:, a:b_]
+            R += 2.0 * Wbar_c[q][a:b_] @ Wq[a:b_].T
         Rblk[k] = R
     # the rows' adjoint: Kbar = Y_c psibar^T + sum over the row's channels of K Phibar_q
     # (2 Phibar_q = Lambda^{-T} 2 sym(Wbar_q) Lambda^{-1}); with few rows it is formed
