@@ -44,21 +44,35 @@ B_l[q,r]^2 (n_q - ||D_q W_l,r||_F^2)``.
 
 Every ``n``-sized product streams over row chunks; the per-channel
 statistics are ``M_F``-sized (``Q`` Gram matrices of ``M_F x M_F``).
-Rows whose channels are all observed share one Gram; only rows with some
-channel missing are added per channel, so complete data costs one Gram
-product per chunk.  A row with every channel missing contributes nothing.
+Rows whose channels are all observed share one Gram ``W_all``; only rows
+with some channel missing are added per channel (``Wf_q = W_all + Wc_q``,
+``Wc_q = 0`` for a channel observed on every row), so complete data costs one
+Gram product per chunk and one whitening.  A row with every channel missing
+contributes nothing.
+
+Cost.  The channel sums collapse: with ``U = W_all[idx, idx]`` (the shared
+Gram on the coordinates of ``u``) and ``C = [c_1 .. c_Q]^T`` (``coef``),
+``Lambda = (C^T diag(1/s2) C) o U + sum_q (c_q c_q^T / s2_q) o Wc_q[idx, idx]``;
+in the gradient ``tr(Xi_q Wf_q) = c_q^T (U_q o Sig2) c_q`` and
+``d/dc_q = [mu_u o wf_q[idx] - (U_q o Sig2) c_q - ...] / s2_q`` with
+``Sig2 = Sigma_u + mu_u mu_u^T``, so one Hadamard product serves all
+channels, and the adjoints of the whitened Grams are needed summed over the
+channels (one back-whitening) plus once per channel with partial rows.  With
+few rows (``n < 2 M_F (1 + p)``, ``p`` the channels with partial rows) the
+rows are whitened (``F = K Lambda^{-T}``) instead of the Gram matrices.  No
+sparse matrices: ``E_q`` is applied by slicing the contiguous groups.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import sparse
+from scipy.linalg import lapack
 
 from ._hierarchy import Packer
 from ._linalg import DEFAULT_JITTER, cholesky_backward, jittered_cholesky, solve_lower
-from ._structured import CHUNK_ROWS, _chol, _chol_solve, _se, _se_grad, _se_grad_sym
+from ._structured import CHUNK_ROWS, _se, _se_grad, _se_grad_sym
 
 __all__ = [
     "ILMMState",
@@ -127,10 +141,32 @@ class _Layout:
     def n_c(self):
         return self.Nu - self.n_vg
 
-    def sel(self):
-        """Sparse ``M_F x N_u`` 0/1 selection: ``E_q = sel @ diag(coef[q])``."""
-        return sparse.csr_matrix((np.ones(self.Nu), (self.idx, np.arange(self.Nu))),
-                                 shape=(self.Mf, self.Nu))
+    def pairs(self):
+        """``(u-slice, feature-slice)`` per group: ``idx[u-slice]`` is the feature range."""
+        return [(sl, slice(int(self.idx[sl.start]), int(self.idx[sl.start]) + sl.stop - sl.start))
+                for _, _, sl in self.groups]
+
+    def scatter(self, A):
+        """``Sel @ A`` (``Sel`` the ``M_F x N_u`` 0/1 map ``u -> F``; ``E_q = Sel diag(coef[q])``).
+
+        Rows of ``A`` (``N_u``, ...) are summed into their feature (``M_F``, ...).
+        """
+        out = np.zeros((self.Mf,) + A.shape[1:])
+        for us, fs in self.pairs():
+            out[fs] += A[us]
+        return out
+
+    def scatter2(self, A):
+        """``Sel @ A @ Sel^T`` for ``A`` of shape (N_u, N_u): shape (M_F, M_F)."""
+        T = self.scatter(A)
+        out = np.zeros((self.Mf, self.Mf))
+        for us, fs in self.pairs():
+            out[:, fs] += T[:, us]
+        return out
+
+    def gather2(self, W):
+        """``W[idx][:, idx]`` for ``W`` of shape (M_F, M_F): the Gram on ``u`` coordinates."""
+        return W[self.idx][:, self.idx]
 
 
 def _components(components):
@@ -274,12 +310,12 @@ def _check_data(X, Y, Q):
     return X, Y
 
 
-def _chunk(X, Y, off, a):
-    """Rows ``a:a+CHUNK_ROWS`` with at least one observed channel: ``Xc, O, Yc``."""
-    Yc = Y[a:a + CHUNK_ROWS]
+def _chunk(X, Y, off, a, step=CHUNK_ROWS):
+    """Rows ``a:a+step`` with at least one observed channel: ``Xc, O, Yc``."""
+    Yc = Y[a:a + step]
     O = ~np.isnan(Yc)
     keep = O.any(axis=1)
-    Xc = X[a:a + CHUNK_ROWS][keep]
+    Xc = X[a:a + step][keep]
     O = O[keep]
     Yc = np.where(O, Yc[keep] - off, 0.0)
     return Xc, O, Yc
@@ -329,6 +365,12 @@ class ILMMState:
     Lp, PiGt, Pir : ndarray
         ``chol(P)``, ``P^{-1} G^T`` (N_c, N_g), ``P^{-1} r`` (N_c,).
     offset : ndarray of shape (Q,)
+    _cache : dict
+        Internal, filled by :func:`forward` and reused by :func:`posterior`
+        and :func:`backward`: ``W_all`` (M_F, M_F), its ``U_all = W_all[idx,
+        idx]`` (N_u, N_u), ``Wc`` ``{q: (M_F, M_F)}`` and, once computed,
+        ``Pinv`` (N_c, N_c).  Without it :func:`backward` treats every
+        channel as partially observed (same results, slower).
     """
 
     S: np.ndarray
@@ -352,6 +394,96 @@ class ILMMState:
     PiGt: np.ndarray
     Pir: np.ndarray
     offset: np.ndarray
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+def _whiten(lay, Ls, P):
+    """``Lambda^{-1} P Lambda^{-T}`` (symmetrised), ``Lambda`` the block-diagonal factor."""
+    T = _lsolve(lay, Ls, P)
+    W = _lsolve(lay, Ls, np.ascontiguousarray(T.T))
+    return 0.5 * (W + W.T)
+
+
+def _whiten_adjoint(lay, Ls, Wbar):
+    """``2 sym(Lambda^{-T} Wbar Lambda^{-1})``: adjoint of a raw Gram from that of its whitening."""
+    T = _lsolve(lay, Ls, Wbar, trans=True)
+    Pq = _lsolve(lay, Ls, np.ascontiguousarray(T.T), trans=True).T
+    return Pq + Pq.T
+
+
+def _use_features(Y, Mf):
+    """Whiten the rows (``F = K Lambda^{-T}``) rather than the Gram matrices?
+
+    Whitening a Gram costs ``2 M_F^2 M_b`` per Gram (one shared Gram plus one
+    per channel with partially observed rows), whitening the rows ``n M_F
+    M_b``: rows win when ``n < 2 M_F (1 + p)``; they are then processed in one
+    block.  Both are exact; for large ``n`` the Grams are accumulated over row
+    chunks instead.
+    """
+    O = ~np.isnan(Y)
+    O = O[O.any(axis=1)]
+    n_k = O.shape[0]
+    if n_k > 2 * Mf * (1 + Y.shape[1]):  # cheap bound first
+        return False
+    p = int(np.count_nonzero(O[~O.all(axis=1)].any(axis=0)))
+    return n_k <= 2 * Mf * (1 + p)
+
+
+def _data_statistics(X, Y, off, lay, Ls):
+    """Whitened data statistics of one client.
+
+    Returns
+    -------
+    W_all : ndarray of shape (M_F, M_F)
+        ``F^T F`` over the rows with every channel observed.
+    Wc : dict
+        ``{q: F^T D_q F}`` over the rows with some channel missing and ``q``
+        observed, for the channels that have such rows (``Wf_q = W_all + Wc[q]``).
+    wf, wk : ndarray of shape (M_F, Q)
+    yy, ysum, n_q : ndarray of shape (Q,)
+    """
+    Q, Mf = lay.Q, lay.Mf
+    use = _use_features(Y, Mf)  # few rows: whiten them in one block
+    Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
+    Phi = {}  # per channel with partially observed rows: the Gram of those rows
+    psi = np.zeros((Mf, Q))
+    kap = np.zeros((Mf, Q))
+    yy = np.zeros(Q)
+    ysum = np.zeros(Q)
+    n_q = np.zeros(Q)
+    step = X.shape[0] if use else CHUNK_ROWS
+    for a in range(0, X.shape[0], max(step, 1)):
+        Xc, O, Yc = _chunk(X, Y, off, a, step)
+        if Xc.shape[0] == 0:
+            continue
+        Kc = _kernel_rows(Xc, lay)
+        if use:
+            Kc = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T  # F = K Lambda^{-T}
+        full = O.all(axis=1)
+        Kf = Kc[full]
+        Phi_all += Kf.T @ Kf
+        part = ~full
+        if part.any():
+            for q in range(Q):
+                rows = part & O[:, q]
+                if rows.any():
+                    Kp = Kc[rows]
+                    Phi[q] = Phi[q] + Kp.T @ Kp if q in Phi else Kp.T @ Kp
+        psi += Kc.T @ Yc
+        kap += Kc.T @ O
+        yy += np.sum(Yc**2, axis=0)
+        ysum += Yc.sum(axis=0)
+        n_q += O.sum(axis=0)
+    if use:
+        sym = [Phi_all] + list(Phi.values())
+        for W in sym:  # exactly symmetric
+            W += W.T
+            W *= 0.5
+        return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q
+    # whiten the shared Gram once; channels without partial rows need no correction
+    W_all = _whiten(lay, Ls, Phi_all)
+    Wc = {q: _whiten(lay, Ls, Phi[q]) for q in sorted(Phi)}
+    return W_all, Wc, _lsolve(lay, Ls, psi), _lsolve(lay, Ls, kap), yy, ysum, n_q
 
 
 def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
@@ -404,71 +536,56 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     off = _offset(L, Q)
     Kzz, Ls = _factor_blocks(lay, jitter, client)
     Mf = lay.Mf
-    Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
-    Phi = np.zeros((Q, Mf, Mf))  # per channel: rows with some channel missing
-    psi = np.zeros((Mf, Q))
-    kap = np.zeros((Mf, Q))
-    yy = np.zeros(Q)
-    ysum = np.zeros(Q)
-    n_q = np.zeros(Q)
-    for a in range(0, X.shape[0], CHUNK_ROWS):
-        Xc, O, Yc = _chunk(X, Y, off, a)
-        if Xc.shape[0] == 0:
-            continue
-        Kc = _kernel_rows(Xc, lay)
-        full = O.all(axis=1)
-        Kf = Kc[full]
-        Phi_all += Kf.T @ Kf
-        part = ~full
-        if part.any():
-            for q in range(Q):
-                rows = part & O[:, q]
-                if rows.any():
-                    Kp = Kc[rows]
-                    Phi[q] += Kp.T @ Kp
-        psi += Kc.T @ Yc
-        kap += Kc.T @ O
-        yy += np.sum(Yc**2, axis=0)
-        ysum += Yc.sum(axis=0)
-        n_q += O.sum(axis=0)
+    W_all, Wc, wf, wk, yy, ysum, n_q = _data_statistics(X, Y, off, lay, Ls)
     Wf = np.empty((Q, Mf, Mf))
-    for q in range(Q):
-        Pq = Phi[q] + Phi_all
-        T = _lsolve(lay, Ls, Pq)
-        W = _lsolve(lay, Ls, np.ascontiguousarray(T.T))
-        Wf[q] = 0.5 * (W + W.T)
-    wf = _lsolve(lay, Ls, psi)
-    wk = _lsolve(lay, Ls, kap)
+    Wf[:] = W_all
+    for q, Wq in Wc.items():
+        Wf[q] += Wq
     idx, C = lay.idx, lay.coef
-    Nu = lay.Nu
-    Lam = np.zeros((Nu, Nu))
-    h = np.zeros(Nu)
+    Cs = C / s2[:, None]
+    # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx]
+    U_all = lay.gather2(W_all)
+    Lam = (Cs.T @ C) * U_all
+    for q, Wq in Wc.items():
+        Lam += np.outer(Cs[q], C[q]) * lay.gather2(Wq)
+    h = np.einsum("qj,jq->j", Cs, wf[idx])
     gam = np.zeros((Q, Mf))
-    trR = np.zeros(Q)
     for q in range(Q):
-        cq = C[q]
-        Lam += (cq[:, None] * Wf[q][np.ix_(idx, idx)] * cq[None, :]) / s2[q]
-        h += cq * wf[idx, q] / s2[q]
-        gam[q] = np.bincount(idx, weights=cq**2, minlength=Mf)
-        trR[q] = float(np.sum(gam[q] * (n_q[q] / lay.bsize - np.diag(Wf[q])))) if Mf else 0.0
-    ng = lay.n_vg
-    P = np.eye(lay.n_c) + Lam[ng:, ng:]
-    Lp = _chol(P, "P (client posterior precision)", client)
+        gam[q] = np.bincount(idx, weights=C[q] ** 2, minlength=Mf)
+    dWf = np.repeat(np.diag(W_all)[None], Q, axis=0)
+    for q, Wq in Wc.items():
+        dWf[q] += np.diag(Wq)
+    trR = (np.sum(gam * (n_q[:, None] / lay.bsize[None, :] - dWf), axis=1) if Mf
+           else np.zeros(Q))
+    ng, n_c = lay.n_vg, lay.n_c
+    P = Lam[ng:, ng:].copy()
+    P[np.diag_indices(n_c)] += 1.0
     Gm = Lam[:ng, ng:]
     r = h[ng:]
-    PiGt = _chol_solve(Lp, np.ascontiguousarray(Gm.T))
-    Pir = _chol_solve(Lp, r)
-    S = Lam[:ng, :ng] - Gm @ PiGt
+    if n_c:
+        # jittered_cholesky reads the lower triangle only
+        Lp, _ = jittered_cholesky(P, scale=1.0, jitter=1e-12,
+                                  name="P (client posterior precision)", client=client)
+        V = solve_lower(Lp, Gm.T)  # Lp^{-1} G^T, (N_c, N_g)
+        z = solve_lower(Lp, r)
+        PiGt = solve_lower(Lp, V, trans=True)
+        Pir = solve_lower(Lp, z, trans=True)
+        S = Lam[:ng, :ng] - V.T @ V
+        b = h[:ng] - V.T @ z
+        rPr = float(z @ z)
+        logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp))))
+    else:
+        Lp, PiGt, Pir = np.zeros((0, 0)), np.zeros((0, ng)), np.zeros(0)
+        S, b, rPr, logdetP = Lam[:ng, :ng].copy(), h[:ng].copy(), 0.0, 0.0
     S = 0.5 * (S + S.T)
-    b = h[:ng] - Gm @ Pir
-    logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp)))) if lay.n_c else 0.0
     e = (float(np.sum(n_q * (_LOG_2PI + np.log(s2)))) + logdetP + float(np.sum(yy / s2))
-         - float(r @ Pir) + float(np.sum(trR / s2)))
+         - rPr + float(np.sum(trR / s2)))
     if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
     return ILMMState(S, b, float(e), lay, Wf, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
-                     gam, Kzz, Ls, Lp, PiGt, Pir, off)
+                     gam, Kzz, Ls, Lp, PiGt, Pir, off,
+                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc})
 
 
 # ---------------------------------------------------------------------------
@@ -502,23 +619,65 @@ def posterior(state, mu, A_inv):
         mapped to the (single) feature coefficients, this ``H`` is on ``u``
         because the map ``E_q`` differs per channel.
     """
+    mu_u, Sigma = _joint_moments(state, mu, A_inv)
+    H = np.vstack([np.eye(state.layout.n_vg), -state.PiGt])
+    return mu_u, Sigma, H
+
+
+def _p_inverse(state):
+    """``P^{-1}`` (cached on the state: forward's factor serves posterior and backward)."""
+    Pinv = state._cache.get("Pinv")
+    if Pinv is None:
+        if state.layout.n_c:
+            Pinv, info = lapack.dpotri(state.Lp, lower=1)  # from the factor, in place of 2 solves
+            if info != 0:  # pragma: no cover - Lp is a valid factor
+                raise FloatingPointError(f"dpotri failed (info={info})")
+            Pinv = np.tril(Pinv)
+            Pinv += np.tril(Pinv, -1).T
+        else:
+            Pinv = np.zeros((0, 0))
+        state._cache["Pinv"] = Pinv
+    return Pinv
+
+
+def _joint_moments(state, mu, A_inv):
+    """``mu_u`` (N_u,) and ``Sigma_u`` (N_u, N_u) of :func:`posterior` (without ``H``)."""
     lay = state.layout
     mu = np.asarray(mu, float)
     A_inv = np.asarray(A_inv, float)
-    mu_c = state.Pir - state.PiGt @ mu
+    ng = lay.n_vg
+    mu_u = np.concatenate([mu, state.Pir - state.PiGt @ mu])
+    Sigma = np.empty((lay.Nu, lay.Nu))
     Sgc = -A_inv @ state.PiGt.T
-    Pinv = _chol_solve(state.Lp, np.eye(lay.n_c)) if lay.n_c else np.zeros((0, 0))
-    Scc = Pinv + state.PiGt @ A_inv @ state.PiGt.T
-    mu_u = np.concatenate([mu, mu_c])
-    Sigma = np.block([[A_inv, Sgc], [Sgc.T, Scc]])
-    Sigma = 0.5 * (Sigma + Sigma.T)
-    H = np.vstack([np.eye(lay.n_vg), -state.PiGt])
-    return mu_u, Sigma, H
+    Sigma[:ng, :ng] = A_inv
+    Sigma[:ng, :ng] += A_inv.T
+    Sigma[:ng, :ng] *= 0.5
+    Sigma[:ng, ng:] = Sgc
+    Sigma[ng:, :ng] = Sgc.T
+    Scc = state.PiGt @ Sgc
+    Scc -= _p_inverse(state)
+    Scc += Scc.T
+    Scc *= -0.5
+    Sigma[ng:, ng:] = Scc
+    return mu_u, Sigma
 
 
 # ---------------------------------------------------------------------------
 # backward: gradients (Danskin)
 # ---------------------------------------------------------------------------
+
+
+def _split_grams(state):
+    """``(W_all, W_all[idx, idx], {q: correction})`` with ``Wf_q = W_all + correction_q``.
+
+    From forward's cache; a state built otherwise is treated as having every
+    channel corrected (``W_all = 0``), which gives the same results.
+    """
+    c = state._cache
+    if "W_all" in c:
+        return c["W_all"], c["U_all"], c["Wc"]
+    Nu, Mf = state.layout.Nu, state.layout.Mf
+    return np.zeros((Mf, Mf)), np.zeros((Nu, Nu)), {q: W for q, W in enumerate(state.Wf)}
 
 
 def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
@@ -558,30 +717,32 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     Q, idx, C = lay.Q, lay.idx, lay.coef
     X, Y = _check_data(X, Y, Q)
     s2, n_q = state.s2, state.n_q
-    mu_u, Sigma_u, _ = posterior(state, mu, A_inv)
-    Sel = lay.sel()
-    Mf = lay.Mf
-    gcoef = np.zeros((Q, lay.Nu))
-    g_s2 = np.zeros(Q)
-    g_off = np.zeros(Q)
-    Wbar = np.zeros((Q, Mf, Mf))
-    wbar = np.zeros((Mf, Q))
-    for q in range(Q):
-        cq = C[q]
-        Wf, wf = state.Wf[q], state.wf[:, q]
-        mu_z = Sel @ (cq * mu_u)
-        ES = Sel @ (cq[:, None] * Sigma_u)  # E_q Sigma_u, (M_F, N_u)
-        Sz = np.asarray((Sel @ (ES * cq[None, :]).T).T)  # E_q Sigma_u E_q^T
-        Xi = Sz + np.outer(mu_z, mu_z)
-        quad = state.yy[q] - 2.0 * float(mu_z @ wf) + float(np.sum(Xi * Wf)) + state.trR[q]
-        g_s2[q] = -0.5 * n_q[q] / s2[q] + quad / (2.0 * s2[q] ** 2)
-        g_off[q] = (state.ysum[q] - float(state.wk[:, q] @ mu_z)) / s2[q]
-        res = wf - Wf @ mu_z
-        t = np.einsum("jk,kj->j", Wf[idx], ES)
-        dWf = np.diag(Wf)[idx] if Mf else np.zeros(0)
-        gcoef[q] = (mu_u * res[idx] - t - cq * (n_q[q] / lay.bsize[idx] - dWf)) / s2[q]
-        Wbar[q] = -(Xi - np.diag(state.gam[q])) / (2.0 * s2[q])
-        wbar[:, q] = mu_z / s2[q]
+    mu_u, Sigma_u = _joint_moments(state, mu, A_inv)
+    W_all, U_all, Wc = _split_grams(state)
+    # Per channel q (E_q = Sel diag(c_q), U_q = Wf_q[idx, idx]):
+    #   mu_z = E_q mu_u,  Xi_q = E_q (Sigma_u + mu_u mu_u^T) E_q^T,
+    #   tr(Xi_q Wf_q) = c_q^T (U_q o Sig2) c_q,
+    #   d/dc_q = [mu_u o (wf_q[idx] - U_q (c_q o mu_u)) - (U_q o Sigma_u) c_q - ...] / s2_q
+    #          = [mu_u o wf_q[idx] - (U_q o Sig2) c_q - ...] / s2_q.
+    # With U_q = U_all + (correction of the channels with partially observed rows)
+    # the Hadamard product is formed once.
+    Sig2 = Sigma_u  # (own copy) Sigma_u + mu_u mu_u^T
+    Sig2 += mu_u[:, None] * mu_u[None, :]
+    CT = C.T  # (N_u, Q)
+    MC = (U_all * Sig2) @ CT  # column q: (U_q o Sig2) c_q
+    for q, Wq in Wc.items():
+        MC[:, q] += (lay.gather2(Wq) * Sig2) @ C[q]
+    cmu = CT * mu_u[:, None]  # column q: c_q o mu_u
+    wf_u, wk_u = state.wf[idx], state.wk[idx]
+    trXW = np.sum(CT * MC, axis=0)
+    quad = state.yy - 2.0 * np.sum(cmu * wf_u, axis=0) + trXW + state.trR
+    g_s2 = -0.5 * n_q / s2 + quad / (2.0 * s2**2)
+    g_off = (state.ysum - np.sum(cmu * wk_u, axis=0)) / s2
+    dW = np.diag(W_all)[idx][:, None] + np.zeros((1, Q))
+    for q, Wq in Wc.items():
+        dW[:, q] += np.diag(Wq)[idx]
+    gcoef = ((mu_u[:, None] * wf_u - MC - CT * (n_q[None, :] / lay.bsize[idx][:, None] - dW))
+             / s2[None, :]).T  # (Q, N_u)
     grads = {}
     sphi = np.sqrt(lay.phi)
     gB = {"global": None, "deviation": None, "local": None}
@@ -615,38 +776,81 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     if not active:
         return grads
     Ls = state.Ls
-    # adjoints of the raw statistics Phi_q = K^T D_q K, psi_q = K^T D_q (y_q - c_q), Lambda
-    Pb = np.empty((Q, Mf, Mf))
-    Rsum = np.zeros((Mf, Mf))
-    for q in range(Q):
-        T = _lsolve(lay, Ls, Wbar[q], trans=True)
-        Pq = _lsolve(lay, Ls, np.ascontiguousarray(T.T), trans=True).T
-        Pb[q] = (Pq + Pq.T)  # = 2 Phibar (symmetric)
-        Rsum += 2.0 * Wbar[q] @ state.Wf[q] + np.outer(wbar[:, q], state.wf[:, q])
-    psibar = _lsolve(lay, Ls, wbar, trans=True)  # (M_F, Q)
-    Pb_all = Pb.sum(axis=0)
+    Mf = lay.Mf
+    # adjoints of the whitened statistics: Wbar_q = -(Xi_q - diag(gam_q)) / (2 s2_q),
+    # wbar_q = mu_z,q / s2_q; only their sum over channels is needed for the rows with
+    # every channel observed, and per channel only where a channel has partial rows.
+    Cs = C / s2[:, None]
+    Wbar_all = -0.5 * lay.scatter2((Cs.T @ C) * Sig2)
+    Wbar_all[np.diag_indices(Mf)] += 0.5 * (state.gam / s2[:, None]).sum(axis=0)
+    wbar = lay.scatter(cmu) / s2[None, :]  # (M_F, Q)
+
+    def wbar_q(q):
+        Xi = lay.scatter2(np.outer(C[q], C[q]) * Sig2)
+        Xi[np.diag_indices(Mf)] -= state.gam[q]
+        return -Xi / (2.0 * s2[q])
+
+    Wbar_c = {q: wbar_q(q) for q in Wc}
+    # Rsum = sum_q 2 Wbar_q Wf_q + wbar_q wf_q^T (only its diagonal blocks are used)
+    Rblk = {}
+    for k in active:
+        a, b_ = lay.blocks[k][4:6]
+        # the Grams are symmetric: W[:, a:b] = W[a:b].T (a contiguous operand for BLAS)
+        R = 2.0 * Wbar_all[a:b_] @ W_all[a:b_].T + wbar[a:b_] @ state.wf[a:b_].T
+        for q, Wq in Wc.items():
+            R += 2.0 * Wbar_c[q][a:b_] @ Wq[a:b_].T
+        Rblk[k] = R
+    # the rows' adjoint: Kbar = Y_c psibar^T + sum over the row's channels of K Phibar_q
+    # (2 Phibar_q = Lambda^{-T} 2 sym(Wbar_q) Lambda^{-1}); with few rows it is formed
+    # on whitened rows, Kbar = (Y_c wbar^T + F 2 sym(Wbar)) Lambda^{-1}, with no Gram
+    # whitening (as in forward).
+    use = _use_features(Y, Mf)
+    Pb = {}
+
+    def pb(q):  # 2 sym(Wbar_q) (whitened rows) or 2 Phibar_q, for the partially observed rows
+        if q not in Pb:
+            Wq = Wbar_c[q] if q in Wbar_c else wbar_q(q)
+            Pb[q] = Wq + Wq.T if use else _whiten_adjoint(lay, Ls, Wq)
+        return Pb[q]
+
+    if use:
+        Pb_all = Wbar_all + Wbar_all.T
+    else:
+        psibar = _lsolve(lay, Ls, wbar, trans=True)  # (M_F, Q)
+        Pb_all = _whiten_adjoint(lay, Ls, Wbar_all)  # = 2 Phibar summed over channels
+
     acc = {}
     for k in active:
         kind, r, Z, ell, a, b_ = lay.blocks[k]
-        Lbar = -np.tril(solve_lower(Ls[k], Rsum[a:b_, a:b_], trans=True))
+        Lbar = -np.tril(solve_lower(Ls[k], Rblk[k], trans=True))
         Kbar_zz = cholesky_backward(Ls[k], Lbar)
         dZ, dell, _ = _se_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, 1.0)
         acc[k] = [dZ, dell]
     off = state.offset
-    for a0 in range(0, X.shape[0], CHUNK_ROWS):
-        Xc, O, Yc = _chunk(X, Y, off, a0)
+    step = max(X.shape[0], 1) if use else CHUNK_ROWS
+    for a0 in range(0, X.shape[0], step):
+        Xc, O, Yc = _chunk(X, Y, off, a0, step)
         if Xc.shape[0] == 0:
             continue
         Kc = _kernel_rows(Xc, lay)
         full = O.all(axis=1)
-        Kbar = Yc @ psibar.T
-        Kbar[full] += Kc[full] @ Pb_all
         part = ~full
-        if part.any():
-            for q in range(Q):
+        if use:
+            F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T  # K Lambda^{-T}
+            Kbar = Yc @ wbar.T
+            Kbar[full] += F[full] @ Pb_all
+            for q in range(Q) if part.any() else ():
                 rows = part & O[:, q]
                 if rows.any():
-                    Kbar[rows] += Kc[rows] @ Pb[q]
+                    Kbar[rows] += F[rows] @ pb(q)
+            Kbar = _lsolve(lay, Ls, np.ascontiguousarray(Kbar.T), trans=True).T
+        else:
+            Kbar = Yc @ psibar.T
+            Kbar[full] += Kc[full] @ Pb_all
+            for q in range(Q) if part.any() else ():
+                rows = part & O[:, q]
+                if rows.any():
+                    Kbar[rows] += Kc[rows] @ pb(q)
         for k in active:
             kind, r, Z, ell, a, b_ = lay.blocks[k]
             dZ, dell, _ = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, 1.0)

@@ -458,3 +458,203 @@ def test_errors_name_the_problem():
         _ilmm.forward(Xs[0], Ys[0], G, {**Ls[0], "noise_variance": np.ones(2)}, ALL)
     with pytest.raises(ValueError, match="components"):
         _ilmm.forward(Xs[0], Ys[0], G, Ls[0], ())
+
+
+# --------------------------------------------------------------------------
+# the fast (collapsed-channel) implementation against the per-channel one
+# --------------------------------------------------------------------------
+
+
+def _reference(X, Y, G, L, comps, mu, A_inv, jitter=1e-6):
+    """The direct per-channel algorithm (one whitened Gram, one ``E_q`` per channel).
+
+    The first implementation of ``_ilmm.forward`` / ``backward``, kept as an
+    independent reference for the collapsed one: returns ``(S, b, e, Wf, trR,
+    gam, mu_u, Sigma_u, grads)``.
+    """
+    from scipy import sparse
+
+    from skfedgp._linalg import cholesky_backward, solve_lower
+    from skfedgp._structured import (CHUNK_ROWS, _chol, _chol_solve, _se_grad,
+                                     _se_grad_sym)
+
+    lay = _ilmm._layout(G, L, comps)
+    Q, Mf, idx, C = lay.Q, lay.Mf, lay.idx, lay.coef
+    X, Y = _ilmm._check_data(X, Y, Q)
+    s2, iso, s2shape = _ilmm._noise(L, Q)
+    off = _ilmm._offset(L, Q)
+    Kzz, Ls = _ilmm._factor_blocks(lay, jitter, None)
+    Phi = np.zeros((Q, Mf, Mf))
+    psi, kap = np.zeros((Mf, Q)), np.zeros((Mf, Q))
+    yy, ysum, n_q = np.zeros(Q), np.zeros(Q), np.zeros(Q)
+    for a in range(0, X.shape[0], CHUNK_ROWS):
+        Xc, O, Yc = _ilmm._chunk(X, Y, off, a)
+        Kc = _ilmm._kernel_rows(Xc, lay)
+        for q in range(Q):
+            Phi[q] += Kc[O[:, q]].T @ Kc[O[:, q]]
+        psi += Kc.T @ Yc
+        kap += Kc.T @ O
+        yy += np.sum(Yc**2, axis=0)
+        ysum += Yc.sum(axis=0)
+        n_q += O.sum(axis=0)
+    Wf = np.empty((Q, Mf, Mf))
+    for q in range(Q):
+        W = _ilmm._lsolve(lay, Ls, _ilmm._lsolve(lay, Ls, Phi[q]).T)
+        Wf[q] = 0.5 * (W + W.T)
+    wf, wk = _ilmm._lsolve(lay, Ls, psi), _ilmm._lsolve(lay, Ls, kap)
+    Lam, h = np.zeros((lay.Nu, lay.Nu)), np.zeros(lay.Nu)
+    gam, trR = np.zeros((Q, Mf)), np.zeros(Q)
+    for q in range(Q):
+        cq = C[q]
+        Lam += cq[:, None] * Wf[q][np.ix_(idx, idx)] * cq[None, :] / s2[q]
+        h += cq * wf[idx, q] / s2[q]
+        gam[q] = np.bincount(idx, weights=cq**2, minlength=Mf)
+        trR[q] = np.sum(gam[q] * (n_q[q] / lay.bsize - np.diag(Wf[q])))
+    ng = lay.n_vg
+    Lp = _chol(np.eye(lay.n_c) + Lam[ng:, ng:], "P", None)
+    Gm, r = Lam[:ng, ng:], h[ng:]
+    PiGt, Pir = _chol_solve(Lp, Gm.T), _chol_solve(Lp, r)
+    S = Lam[:ng, :ng] - Gm @ PiGt
+    S = 0.5 * (S + S.T)
+    b = h[:ng] - Gm @ Pir
+    logdetP = 2.0 * np.sum(np.log(np.diag(Lp))) if lay.n_c else 0.0
+    e = np.sum(n_q * (np.log(2 * np.pi) + np.log(s2))) + logdetP + np.sum(yy / s2) - r @ Pir \
+        + np.sum(trR / s2)
+    # posterior moments of u
+    Pinv = _chol_solve(Lp, np.eye(lay.n_c)) if lay.n_c else np.zeros((0, 0))
+    Sgc = -A_inv @ PiGt.T
+    mu_u = np.concatenate([mu, Pir - PiGt @ mu])
+    Sigma_u = np.block([[A_inv, Sgc], [Sgc.T, Pinv + PiGt @ A_inv @ PiGt.T]])
+    Sigma_u = 0.5 * (Sigma_u + Sigma_u.T)
+    # backward, channel by channel
+    Sel = sparse.csr_matrix((np.ones(lay.Nu), (idx, np.arange(lay.Nu))), shape=(Mf, lay.Nu))
+    gcoef, g_s2, g_off = np.zeros((Q, lay.Nu)), np.zeros(Q), np.zeros(Q)
+    Wbar, wbar = np.zeros((Q, Mf, Mf)), np.zeros((Mf, Q))
+    for q in range(Q):
+        cq = C[q]
+        mu_z = Sel @ (cq * mu_u)
+        ES = Sel @ (cq[:, None] * Sigma_u)
+        Xi = np.asarray((Sel @ (ES * cq[None, :]).T).T) + np.outer(mu_z, mu_z)
+        quad = yy[q] - 2.0 * mu_z @ wf[:, q] + np.sum(Xi * Wf[q]) + trR[q]
+        g_s2[q] = -0.5 * n_q[q] / s2[q] + quad / (2.0 * s2[q] ** 2)
+        g_off[q] = (ysum[q] - wk[:, q] @ mu_z) / s2[q]
+        res = wf[:, q] - Wf[q] @ mu_z
+        t = np.einsum("jk,kj->j", Wf[q][idx], ES)
+        gcoef[q] = (mu_u * res[idx] - t - cq * (n_q[q] / lay.bsize[idx]
+                                                - np.diag(Wf[q])[idx])) / s2[q]
+        Wbar[q] = -(Xi - np.diag(gam[q])) / (2.0 * s2[q])
+        wbar[:, q] = mu_z / s2[q]
+    grads = {"offset": g_off, "noise_variance": g_s2.sum() if iso else g_s2.reshape(s2shape)}
+    names = {"global": "B_g", "deviation": "B_d", "local": "B_l"}
+    for name, rr, sl in lay.groups:
+        tot = gcoef[:, sl].sum(axis=1)
+        B = grads.setdefault(names[name], np.zeros((Q, len([g for g in lay.groups
+                                                            if g[0] == name]))))
+        B[:, rr] = np.sqrt(lay.phi) * tot if name == "deviation" else tot
+        if name == "deviation":
+            grads["phi"] = grads.get("phi", 0.0) + np.sum(tot * C[:, sl.start]) / (2 * lay.phi)
+    Pb = np.empty((Q, Mf, Mf))
+    Rsum = np.zeros((Mf, Mf))
+    for q in range(Q):
+        T = _ilmm._lsolve(lay, Ls, Wbar[q], trans=True)
+        Pq = _ilmm._lsolve(lay, Ls, np.ascontiguousarray(T.T), trans=True).T
+        Pb[q] = Pq + Pq.T
+        Rsum += 2.0 * Wbar[q] @ Wf[q] + np.outer(wbar[:, q], wf[:, q])
+    psibar = _ilmm._lsolve(lay, Ls, wbar, trans=True)
+    acc = {}
+    for k, (kind, rr, Z, ell, a, b_) in enumerate(lay.blocks):
+        Lbar = -np.tril(solve_lower(Ls[k], Rsum[a:b_, a:b_], trans=True))
+        dZ, dell, _ = _se_grad_sym(Z, Kzz[k], cholesky_backward(Ls[k], Lbar), ell, 1.0)
+        acc[k] = [dZ, dell]
+    for a0 in range(0, X.shape[0], CHUNK_ROWS):
+        Xc, O, Yc = _ilmm._chunk(X, Y, off, a0)
+        Kc = _ilmm._kernel_rows(Xc, lay)
+        Kbar = Yc @ psibar.T
+        for q in range(Q):
+            Kbar[O[:, q]] += Kc[O[:, q]] @ Pb[q]
+        for k, (kind, rr, Z, ell, a, b_) in enumerate(lay.blocks):
+            dZ, dell, _ = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, 1.0)
+            acc[k][0] += dZ
+            acc[k][1] += dell
+    for kind in ("g", "l"):
+        ks = [k for k, bl in enumerate(lay.blocks) if bl[0] == kind]
+        if ks:
+            Z = lay.blocks[ks[0]][2]
+            grads[f"Z_{kind}"] = sum(acc[k][0] for k in ks)
+            dell = np.zeros((lay.R_gl if kind == "g" else len(ks), Z.shape[1]))
+            for k in ks:
+                dell[lay.blocks[k][1]] = acc[k][1]
+            grads[f"lengthscale_{kind}"] = dell
+    return S, b, e, Wf, trR, gam, mu_u, Sigma_u, grads
+
+
+@pytest.mark.parametrize("missing", ["complete", "missing", "channel-absent"])
+@pytest.mark.parametrize("comps", SUBSETS, ids=IDS)
+def test_fast_path_equals_per_channel_reference(comps, missing):
+    sizes = (12, 9) if missing != "complete" else (12, 0)
+    Xs, Ys, G, Ls = _random_setup(missing == "missing", sizes=sizes[:1], seed=11)
+    X, Y, L = Xs[0], Ys[0], Ls[0]
+    if missing == "complete":
+        Y = np.where(np.isnan(Y), 0.2, Y)
+    elif missing == "channel-absent":  # channel 1 never seen, channel 0 partly
+        Y = np.where(np.isnan(Y), 0.2, Y)
+        Y[:, 1] = np.nan
+        Y[::3, 0] = np.nan
+    st = _ilmm.forward(X, Y, G, L, comps)
+    rng = np.random.default_rng(0)
+    Ng = st.S.shape[0]
+    mu = rng.normal(size=Ng)
+    A = rng.normal(size=(Ng, Ng))
+    A_inv = A @ A.T / max(Ng, 1) + 0.5 * np.eye(Ng)
+    S, b, e, Wf, trR, gam, mu_u, Sigma_u, g_ref = _reference(X, Y, G, L, comps, mu, A_inv)
+    tight = dict(rtol=1e-10, atol=1e-12)
+    assert_allclose(st.S, S, **tight)
+    assert_allclose(st.b, b, **tight)
+    assert_allclose(st.e, e, rtol=1e-11)
+    assert_allclose(st.Wf, Wf, rtol=1e-10, atol=1e-11)
+    assert_allclose(st.trR, trR, rtol=1e-10, atol=1e-11)
+    assert_allclose(st.gam, gam, rtol=0, atol=0)
+    m, Sg, H = _ilmm.posterior(st, mu, A_inv)
+    assert_allclose(m, mu_u, **tight)
+    assert_allclose(Sg, Sigma_u, **tight)
+    assert_allclose(H, np.vstack([np.eye(Ng), -st.PiGt]), rtol=0, atol=0)
+    g = _ilmm.backward(st, X, Y, mu, A_inv)
+    assert set(g) == set(g_ref)
+    for key in g_ref:
+        ref = np.asarray(g_ref[key], float)
+        assert np.shape(g[key]) == ref.shape, key
+        assert_allclose(g[key], ref, rtol=1e-9, atol=1e-10 * (np.abs(ref).max() + 1e-300),
+                        err_msg=key)
+    # a state without forward's cache (every channel treated as corrected) agrees too
+    st._cache.clear()
+    g2 = _ilmm.backward(st, X, Y, mu, A_inv)
+    for key in g_ref:
+        assert_allclose(g2[key], g[key], rtol=1e-9, atol=1e-10 * (np.abs(g[key]).max() + 1e-300))
+
+
+@pytest.mark.parametrize("missing", [False, True], ids=["complete", "missing"])
+def test_fast_path_streams_over_chunks(missing):
+    """More rows than one chunk (the Gram path), partial rows in both chunks."""
+    from skfedgp._structured import CHUNK_ROWS
+
+    Xs, Ys, G, Ls = _random_setup(True, sizes=(CHUNK_ROWS + 40,), seed=12)
+    G = {**G, "Z_g": G["Z_g"][:3]}
+    L = {**Ls[0], "Z_l": Ls[0]["Z_l"][:2]}
+    X, Y = Xs[0], np.where(np.isnan(Ys[0]), 0.3, Ys[0])
+    assert not _ilmm._use_features(Y, 3 * 2 + 2)  # M_F = 8: rows are not whitened
+    if missing:
+        Y[np.random.default_rng(3).uniform(size=Y.shape) < 0.2] = np.nan
+        Y[np.all(np.isnan(Y), axis=1), 2] = 0.1
+    st = _ilmm.forward(X, Y, G, L, ALL)
+    Ng = st.S.shape[0]
+    mu, A_inv = np.linspace(-1, 1, Ng), 0.3 * np.eye(Ng)
+    S, b, e, Wf, *_, g_ref = _reference(X, Y, G, L, ALL, mu, A_inv)
+    assert_allclose(st.S, S, rtol=1e-10, atol=1e-10)
+    assert_allclose(st.e, e, rtol=1e-11)
+    g = _ilmm.backward(st, X, Y, mu, A_inv)
+    st._cache.clear()
+    g2 = _ilmm.backward(st, X, Y, mu, A_inv)
+    for key in g_ref:
+        for gg in (g, g2):
+            assert_allclose(gg[key], g_ref[key], rtol=1e-9,
+                            atol=1e-10 * np.abs(g_ref[key]).max(), err_msg=key)
