@@ -257,8 +257,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         grid: ``k * n_points + j``). ``"multioutput"`` (unfinished) would
         model the channels as the outputs of the ILMM extension (pFedHGP paper,
         section 1); it needs a regressor whose tags declare multi-output
-        support, which :class:`~skfedgp.FederatedHierarchicalGPRegressor`
-        does not yet, so ``fit`` raises a ``ValueError`` for it.
+        support and the joint covariance of all points and channels of a curve;
+        :class:`~skfedgp.FederatedHierarchicalGPRegressor` gives per-point
+        ``Q x Q`` blocks only, so ``fit`` raises a ``ValueError`` for it.
     curve_variation : {"ppca", "none"}, default="ppca"
         Within-class law of a new curve: ``"ppca"`` fits the covariance
         above on each class's residual curves (a class with fewer than 3
@@ -479,13 +480,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         reg = self._make_regressor()
 
         if self.channel_mode == "multioutput":
-            if not get_tags(reg).target_tags.multi_output:
-                raise ValueError(
-                    "channel_mode='multioutput' needs the multi-output (ILMM) "
-                    f"regressor, which {type(reg).__name__} does not support yet "
-                    "(its tags declare single-output targets); use "
-                    "channel_mode='concatenate'"
-                )
+            raise ValueError(
+                "channel_mode='multioutput' is unfinished: scoring a whole curve needs the "
+                "joint (n_points * n_channels)-square predictive covariance of the "
+                "multi-output (ILMM) regressor, whose predict returns per-point "
+                "n_channels x n_channels blocks; use channel_mode='concatenate'")
             if np.any(~observed):
                 raise ValueError("channel_mode='multioutput' does not accept NaN points yet")
             n = X.shape[0]

@@ -46,6 +46,7 @@ from ._validation import (
     warn_unmatched_labels,
 )
 from .federated import (
+    _default_lengthscale,
     LOG_BOUNDS,
     Client,
     ModelConfig,
@@ -131,8 +132,8 @@ def _n_target_columns(y):
     shape = getattr(y, "shape", None)
     if shape is None:
         try:
-            shape = np.shape(y)
-        except ValueError:  # ragged: let the validation report it
+            shape = np.asarray(y).shape
+        except (ValueError, TypeError):  # ragged: let the validation report it
             return 1
     return int(shape[1]) if len(shape) == 2 else 1
 
@@ -794,6 +795,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                     f"{', '.join(given)} must be None with multi-output targets: the latent "
                     "functions have unit variance and the loadings carry the scale")
             config = dataclasses.replace(config, n_outputs=int(y.shape[1]))
+        for name in ("lengthscale", "local_lengthscale"):  # before any client sees them
+            if getattr(self, name) is not None:
+                try:
+                    _default_lengthscale(getattr(self, name), np.ones(Xf.shape[1]), 0.0)
+                except ValueError as exc:
+                    raise ValueError(str(exc).replace("lengthscale", name, 1)) from None
         rng = check_random_state(self.random_state)
         seeds = rng.randint(0, 2**31 - 1, size=len(labels) + 1)
         self.n_features_model_ = Xf.shape[1]

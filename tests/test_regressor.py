@@ -150,14 +150,15 @@ def test_groups_none_with_one_client_is_that_client(data):
     assert_array_equal(est.predict(X[:30]), est.predict(X[:30], [label] * 30))
 
 
-def test_y_column_vector_accepted_two_columns_rejected(data):
+def test_y_column_vector_accepted_two_columns_multioutput(data):
     X, y, g = data
     ref = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, g).predict(X, g)
     with pytest.warns(DataConversionWarning):
         est = FederatedHierarchicalGPRegressor(**FAST).fit(X, y[:, None], g)
     assert_array_equal(est.predict(X, g), ref)
-    with pytest.raises(ValueError, match="multi-output"):
-        FederatedHierarchicalGPRegressor(**FAST).fit(X, np.c_[y, y], g)
+    # two columns: the multi-output (ILMM) model, (n, 2) predictions
+    est2 = FederatedHierarchicalGPRegressor(**FAST).fit(X, np.c_[y, 2 * y], g)
+    assert est2.n_outputs_ == 2 and est2.predict(X, g).shape == (X.shape[0], 2)
 
 
 @pytest.mark.parametrize(
