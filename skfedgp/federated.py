@@ -1158,11 +1158,6 @@ LOG_BOUNDS = {
     "phi": (1e-6, 1e4),
     "noise_variance": (NOISE_FLOOR, 1e4),
 }
-#: Step factors ``(min, max)`` of the end-of-round extrapolation of the
-#: structured family with L-BFGS (:meth:`_StructuredRun.extrapolate`); it
-#: starts at 1 (stepping on by the round's own displacement). ``None``
-#: switches the extrapolation off.
-EXTRAPOLATION = (0.5, 16.0)
 #: ``n_inducing="auto"``: about this many inducing points per lengthscale
 #: along each input dimension (:func:`auto_inducing`) ...
 AUTO_PER_LENGTHSCALE = 2.5
@@ -1733,7 +1728,6 @@ class StructuredClient:
             return -v / n, -g / n
 
         theta0 = self.theta.copy()
-        self._round_start, self._saved_theta = theta0, None  # for :meth:`extrapolate`
         if config.optimizer == "lbfgs":
             try:
                 res = minimize(fun, theta0, jac=True, method="L-BFGS-B", bounds=bounds,
@@ -1751,26 +1745,6 @@ class StructuredClient:
                 _, g = fun(t)
                 t = clip_to_bounds(adam.step(t, -g * n), bounds)
             self.theta = t
-        self._state = None
-
-    def extrapolate(self, beta):
-        """Step on along this round's own displacement (a trial the server proposes).
-
-        ``theta <- theta + beta (theta - theta_round_start)``, clipped to the
-        bounds; :meth:`revert` undoes it. See :data:`EXTRAPOLATION`. Returns None.
-        """
-        start = getattr(self, "_round_start", None)
-        self._saved_theta = self.theta.copy()
-        if start is not None:
-            self.theta = clip_to_bounds(self.theta + float(beta) * (self.theta - start),
-                                        self.bounds())
-        self._state = None
-
-    def revert(self):
-        """Undo :meth:`extrapolate` (the trial did not raise the objective). Returns None."""
-        if getattr(self, "_saved_theta", None) is not None:
-            self.theta = self._saved_theta
-        self._saved_theta = None
         self._state = None
 
     def bounds(self):
@@ -2090,8 +2064,6 @@ class TrainingState:
         Client id to :class:`ClientState`. In simulation the clients' own
         vectors are saved with the server's; in a real deployment each
         client checkpoints its own part and this is empty.
-    extrapolation : float
-        Step factor of the end-of-round extrapolation (L-BFGS).
     """
 
     round: int
@@ -2113,7 +2085,6 @@ class TrainingState:
     failed_clients: list = dataclasses.field(default_factory=list)
     excluded_clients: list = dataclasses.field(default_factory=list)
     client_states: dict = dataclasses.field(default_factory=dict)
-    extrapolation: float = 1.0
 
     def save(self, path):
         """Write the state to ``path`` (:func:`joblib.dump`)."""
@@ -2197,7 +2168,6 @@ class _StructuredRun:
         self.messages = {}
         self.fresh = set()
         self.counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
-        self.beta = 1.0  # step factor of :meth:`extrapolate`
 
     # -- calls ------------------------------------------------------------------
     def call(self, method, args, ids, r, trial=False):
@@ -2393,7 +2363,6 @@ class _StructuredRun:
             cfg.global_learning_rate)
         if state.rng_state is not None:
             self.rng.set_state(state.rng_state)
-        self.beta = float(getattr(state, "extrapolation", 1.0))
         self.round0 = state.round
         if new or set(self.messages) != set(self.active) or state.post is None:
             # new clients or missing messages: every client sends fresh ones
@@ -2414,7 +2383,7 @@ class _StructuredRun:
             fresh=[c for c in self.active if c in self.fresh],
             history=list(self.history), objectives=list(self.objectives),
             communication=copy.deepcopy(self.comm), n_evaluations=self.counter["evals"],
-            rng_state=self.rng.get_state(), adam=copy.deepcopy(self.adam), extrapolation=self.beta,
+            rng_state=self.rng.get_state(), adam=copy.deepcopy(self.adam),
             failed_clients=list(self.failures), excluded_clients=list(self.excluded),
             client_states=states)
 
@@ -2448,9 +2417,6 @@ class _StructuredRun:
             if len(live) < self.min_clients:
                 raise _TooFewClients
             changed = self.global_phase(r, live, N)
-            if (cfg.optimizer == "lbfgs" and not changed and EXTRAPOLATION
-                    and len(live) == len(self.active)):
-                self.extrapolate(r, live, start_theta)
         except _TooFewClients:
             warnings.warn(
                 f"round {r}: fewer than min_clients={self.min_clients} clients answered "
@@ -2461,44 +2427,6 @@ class _StructuredRun:
             self.fresh = set()
             return False, prev, N
         return not changed, prev, N
-
-    def extrapolate(self, r, live, start_theta):
-        """Try a step along the whole round's displacement; keep it if it helps.
-
-        Block-coordinate ascent (local phase, then global phase) zig-zags in
-        the narrow valleys of the ELBO; stepping on along the direction the
-        whole round moved (server: ``theta_g - theta_g,start``; each client:
-        its own local displacement) is the parallel-tangents (PARTAN)
-        acceleration of coordinate methods (Shah, Buehler and Kempthorne,
-        "Some algorithms for minimizing a function of several variables",
-        J. SIAM 12, 1964; cf. SQUAREM, Varadhan and Roland, Scand. J. Stat.,
-        2008). One evaluation: the trial is kept only if the objective rises
-        (so every round still increases it), and the step factor ``beta``
-        doubles after a success and halves after a failure (within
-        :data:`EXTRAPOLATION`). Only rounds in which every client took part.
-        """
-        lo, hi = EXTRAPOLATION
-        beta = self.beta
-        e0, _, _, lp0 = self.last
-        cand = clip_to_bounds(self.theta_g + beta * (self.theta_g - start_theta), self.gbounds)
-        saved_msgs, saved_fresh = dict(self.messages), set(self.fresh)
-        _, n_calls, lost = self.call("extrapolate", (beta,), live, r)
-        self.counter["down"] += 8 * n_calls
-        self.counter["msgs"] += n_calls
-        res = None
-        if not lost:
-            try:
-                res, lost = self.evaluate(cand, r, live, trial=True)
-            except (np.linalg.LinAlgError, FloatingPointError, _TrialRejected):
-                res = None
-        if res is not None and not lost and res[0] + res[3] > e0 + lp0:
-            self.theta_g, self.last = cand, res
-            self.beta = min(2.0 * beta, hi)
-            return True
-        self.call("revert", (), live, r)
-        self.messages, self.fresh = saved_msgs, saved_fresh
-        self.beta = max(0.5 * beta, lo)
-        return False
 
     def global_phase(self, r, live, N):
         """The server's L-BFGS-B (or Adam) steps on the global vector."""

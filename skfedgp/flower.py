@@ -321,8 +321,7 @@ MESSAGE_CATEGORY = "train"
 #: :class:`~skfedgp.federated.StructuredClient` the training loop uses),
 #: plus ``"hello"`` (client id and number of features, the first exchange).
 METHODS = ("hello", "summary", "prepare", "pilot", "initialise", "statistics",
-           "global_gradient", "local_phase", "extrapolate", "revert", "finish", "close",
-           "get_state", "set_state")
+           "global_gradient", "local_phase", "finish", "close", "get_state", "set_state")
 _STATE_KEY = "skfedgp"
 
 #: Per-process registry: ``(run_id, node_id) -> _Node``. A SuperNode in
