@@ -13,6 +13,10 @@ MaxEvidenceClassifier
 OperatorClustering
     Clusters clients by their trace-normalised kernel operators (same paper,
     section 3.8).
+PFedGPRegressor
+    The pFedHGP paper's comparison baseline (Achituve et al., NeurIPS 2021, as
+    adapted in section 4.4): per-client multi-output GPs whose kernel
+    lengthscales are averaged FedAvg-style each round.
 AsyncDGPRegressor
     Asynchronous distributed GP experts aggregated through an information set
     of past predictions (Async DGP), with MoE/PoE/gPoE/BCM/rBCM baselines.
@@ -32,6 +36,7 @@ __all__ = [
     "MaxEvidenceClassifier",
     "OperatorClustering",
     "AsyncDGPRegressor",
+    "PFedGPRegressor",
     "CholeskyError",
     "ClientLabelWarning",
     "__version__",
