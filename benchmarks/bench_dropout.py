@@ -160,7 +160,7 @@ def main(argv=None):
     print(f"n_rounds={args.n_rounds}, tol={args.tol:g}, dropout probability {DROP}")
     print(f"{'data':10s} {'seed':>4s} {'run':13s} {'ELBO':>12s} {'ratio':>8s} {'gap':>8s} "
           f"{'rounds':>6s} {'failed':>6s} {'NaN':>4s} {'time s':>7s}")
-    worst = 0.0
+    worst = -np.inf
     for name in args.only.split(","):
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             data = DATASETS[name](seed, args.data_dir)
