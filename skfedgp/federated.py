@@ -83,6 +83,7 @@ __all__ = [
     "TrainingState",
     "TrainingFailedError",
     "RoundSkippedWarning",
+    "ClientExcludedWarning",
     "warm_start_state",
     "check_participation",
 ]
@@ -1832,6 +1833,9 @@ class ClientFailure:
         Round of the call (0: set-up).
     error : str
         ``repr`` of the exception (or of the reason, e.g. a non-finite message).
+    exception : Exception or None
+        The exception raised by the client's own code, when the transport
+        has it (in-process); not compared, not shown.
     numerical : bool
         Whether the client's own code raised a numerical error
         (:class:`numpy.linalg.LinAlgError`, :class:`FloatingPointError`) or
@@ -1845,6 +1849,7 @@ class ClientFailure:
     round: int
     error: str
     numerical: bool = False
+    exception: object = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _transport_call(client, method, args):
@@ -1853,7 +1858,7 @@ def _transport_call(client, method, args):
         return client, True, getattr(client, method)(*args)
     except Exception as exc:  # noqa: BLE001 -- any client error is a client failure
         numerical = isinstance(exc, (np.linalg.LinAlgError, FloatingPointError))
-        return None, False, (repr(exc), numerical)
+        return None, False, (repr(exc), numerical, exc)
 
 
 class JoblibTransport:
@@ -1955,7 +1960,7 @@ class JoblibTransport:
                     self.clients[cid] = client  # process backends: the updated copy
                     out[cid] = value
                 else:
-                    out[cid] = ClientFailure(cid, method, round_, value[0], value[1])
+                    out[cid] = ClientFailure(cid, method, round_, *value)
         return {cid: out[cid] for cid in ids}
 
     def client_states(self, ids=None):
@@ -2006,6 +2011,10 @@ class TrainingFailedError(RuntimeError):
 
 class RoundSkippedWarning(UserWarning):
     """A round was skipped: fewer than ``min_clients`` clients answered."""
+
+
+class ClientExcludedWarning(UserWarning):
+    """A client failed in the set-up or the final exchange and was left out of the model."""
 
 
 class _TooFewClients(Exception):
@@ -2170,11 +2179,13 @@ class _StructuredRun:
         self.counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
 
     # -- calls ------------------------------------------------------------------
-    def call(self, method, args, ids, r, trial=False):
+    def call(self, method, args, ids, r, trial=False, strict=False):
         """Call clients with the retry policy; returns ({id: message}, n_calls, lost ids).
 
         With ``trial`` (a trial point of the global phase) a numerical failure
-        of a client's own code raises :class:`_TrialRejected` instead.
+        of a client's own code raises :class:`_TrialRejected` instead. With
+        ``strict`` (set-up, final exchange) an exception of a client's own
+        code that the transport holds is raised after the retries.
         """
         ids = list(ids)
         ok = {}
@@ -2198,6 +2209,10 @@ class _StructuredRun:
             self.failures.extend(failed)
             attempt += 1
             todo = [f.client_id for f in failed] if attempt <= self.max_retries else []
+            if strict and not todo:
+                for f in failed:
+                    if f.exception is not None:
+                        raise f.exception
         return {c: ok[c] for c in ids if c in ok}, n_calls, [c for c in ids if c not in ok]
 
     def exclude(self, ids):
@@ -2205,12 +2220,17 @@ class _StructuredRun:
             if c in self.active:
                 self.active.remove(c)
                 self.excluded.append(c)
+                last = [f for f in self.failures if f.client_id == c]
+                warnings.warn(
+                    f"client {c!r} is left out of the model: it failed in "
+                    + (f"{last[-1].method} (round {last[-1].round}): {last[-1].error}"
+                       if last else "the set-up"), ClientExcludedWarning, stacklevel=5)
             self.messages.pop(c, None)
             self.fresh.discard(c)
         if not self.active:
-            raise TrainingFailedError(
-                "no client is left to form a model: every client failed or was excluded "
-                f"({len(self.failures)} failure(s); last: {self._last_failure()})")
+            msg = ("no client is left to form a model: every client failed or was excluded "
+                   f"({len(self.failures)} failure(s); last: {self._last_failure()})")
+            raise TrainingFailedError(msg)
 
     def _last_failure(self):
         if not self.failures:
@@ -2220,12 +2240,13 @@ class _StructuredRun:
 
     def setup_all(self, method, args, r=0, ids=None):
         """A set-up call every (given) client must answer: failing ones are excluded."""
-        out, n_calls, lost = self.call(method, args, self.active if ids is None else ids, r)
+        out, n_calls, lost = self.call(method, args, self.active if ids is None else ids, r,
+                                       strict=True)
         self.exclude(lost)
         return out, n_calls
 
     # -- one evaluation of the (pseudo-)ELBO: two exchanges -------------------------
-    def evaluate(self, tg, r, live, trial=False):
+    def evaluate(self, tg, r, live, trial=False, strict=False):
         """ELBO, its gradient and q(v_g) at ``tg``; ``live`` clients send fresh messages.
 
         Absent (or failed) clients count with their last stored message. Returns
@@ -2234,7 +2255,7 @@ class _StructuredRun:
         from ._structured import combine
 
         cfg, gpack = self.config, self.gpack
-        stats, n1, lost1 = self.call("statistics", (tg, gpack, cfg, r), live, r, trial)
+        stats, n1, lost1 = self.call("statistics", (tg, gpack, cfg, r), live, r, trial, strict)
         # the live clients' fresh messages, the others' stored ones, in client order
         order = [c for c in self.active if c in self.messages or c in stats]
         msgs = [stats[c] if c in stats else self.messages[c] for c in order]
@@ -2243,7 +2264,7 @@ class _StructuredRun:
         post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
         lp = float(sum(m.log_prior for m in msgs))
         grads, n2, lost2 = self.call("global_gradient", (post, tg, gpack, cfg), list(stats), r,
-                                     trial)
+                                     trial, strict)
         self.messages.update(stats)
         self.fresh = set(stats)
         grad = (np.sum([g.grad_global for g in grads.values()], axis=0)
@@ -2259,7 +2280,7 @@ class _StructuredRun:
     def evaluate_all(self, tg, r):
         """An evaluation every active client must answer (set-up, resume)."""
         while True:
-            res, lost = self.evaluate(tg, r, list(self.active))
+            res, lost = self.evaluate(tg, r, list(self.active), strict=True)
             if not lost:
                 return res
             self.exclude(lost)
@@ -2544,7 +2565,7 @@ class _StructuredRun:
         c = self.counter
         r_final = len(self.history) + 1
         stats, n1, lost = self.call("statistics", (theta_g, gpack, cfg, r_final), self.active,
-                                    r_final)
+                                    r_final, strict=True)
         self.exclude(lost)
         up = sum(message_nbytes(s) for s in stats.values())
         down = n1 * 8 * theta_g.size
@@ -2554,7 +2575,8 @@ class _StructuredRun:
             post_s = combine([stats[k].precision for k in live], [stats[k].shift for k in live],
                              [stats[k].constant for k in live], self.Mg)
             post = PosteriorBroadcast(r_final, post_s.mu, post_s.A_inv)
-            finals, n2, lost = self.call("finish", (post, theta_g, gpack, cfg), live, r_final)
+            finals, n2, lost = self.call("finish", (post, theta_g, gpack, cfg), live, r_final,
+                                         strict=True)
             down += n2 * message_nbytes(post)
             if not lost:
                 break
@@ -2671,7 +2693,11 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     repeats the round-start value. The set-up exchanges (summary, prepare,
     pilot, initialise, the first evaluation) and the final exchange need
     every client: a client failing there (after its retries) is excluded
-    from the model. :class:`TrainingFailedError` if no client is left.
+    from the model, :class:`TrainingFailedError` if no client is left;
+    but an exception of the client's own code that the transport holds
+    (in process: a bad hyperparameter, a failed factorisation) is raised
+    there, as without a transport, since leaving the client out would hide
+    an error in the model or the data.
 
     Parameters
     ----------
@@ -2722,6 +2748,16 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     ------
     TrainingFailedError
         If no client is left to form a model.
+    Exception
+        A client's own exception in the set-up or the final exchange (see
+        above).
+
+    Warns
+    -----
+    ClientExcludedWarning
+        For every client left out of the model.
+    RoundSkippedWarning
+        For every skipped round.
     """
     if transport is None:
         transport = JoblibTransport([structured_client(c, config) for c in clients], n_jobs=n_jobs,

@@ -391,3 +391,27 @@ def test_process_backend_with_failures_matches_threads(data):
         b = _fit(*data, fault_hook=hook, client_fraction=0.8, n_rounds=3, n_jobs=2)
     _same_model(a, b)
     assert a.failed_clients_ == b.failed_clients_
+
+
+def test_client_code_errors_are_contained_mid_round_and_raised_in_set_up(data, monkeypatch):
+    orig = StructuredClient.local_phase
+
+    def flaky(self, post, theta_g, gpack, config):
+        if self.client_id == "c2" and post.round == 2:  # the local phase of round 3
+            raise RuntimeError("disk full")
+        return orig(self, post, theta_g, gpack, config)
+
+    monkeypatch.setattr(StructuredClient, "local_phase", flaky)
+    est = _fit(*data)
+    assert [f[:3] for f in est.failed_clients_] == [(3, "c2", "local_phase")] * 2
+    assert "disk full" in est.failed_clients_[0][3] and set(est.clients_) == set(IDS)
+
+    def broken(self, *args):
+        if self.client_id == "c2":
+            raise RuntimeError("cannot read the data")
+        return orig_pilot(self, *args)
+
+    orig_pilot = StructuredClient.pilot
+    monkeypatch.setattr(StructuredClient, "pilot", broken)
+    with pytest.raises(RuntimeError, match="cannot read the data"):
+        _fit(*data)
