@@ -254,12 +254,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         axis, as the paper does: point ``j`` of channel ``k`` sits at
         ``k * (span + step) + grid[j]`` where ``span = max(grid) -
         min(grid)`` and ``step`` is the median grid spacing (for the default
-        grid: ``k * n_points + j``). ``"multioutput"`` (unfinished) would
+        grid: ``k * n_points + j``). ``"multioutput"`` would
         model the channels as the outputs of the ILMM extension (pFedHGP paper,
-        section 1); it needs a regressor whose tags declare multi-output
-        support and the joint covariance of all points and channels of a curve;
-        :class:`~skfedgp.FederatedHierarchicalGPRegressor` gives per-point
-        ``Q x Q`` blocks only, so ``fit`` raises a ``ValueError`` for it.
+        section 3.9): one class model with ``n_channels`` outputs on the grid,
+        scored with the joint covariance of all points and channels of a curve
+        (the regressor's ``predict_joint``). It does not accept NaN points.
     curve_variation : {"ppca", "none"}, default="ppca"
         Within-class law of a new curve: ``"ppca"`` fits the covariance
         above on each class's residual curves (a class with fewer than 3
@@ -480,11 +479,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         reg = self._make_regressor()
 
         if self.channel_mode == "multioutput":
-            raise ValueError(
-                "channel_mode='multioutput' is unfinished: scoring a whole curve needs the "
-                "joint (n_points * n_channels)-square predictive covariance of the "
-                "multi-output (ILMM) regressor, whose predict returns per-point "
-                "n_channels x n_channels blocks; use channel_mode='concatenate'")
+            if not hasattr(reg, "predict_joint"):
+                raise ValueError(
+                    "channel_mode='multioutput' needs a multi-output (ILMM) regressor with "
+                    f"predict_joint (the joint covariance of a whole curve); "
+                    f"{type(reg).__name__} has none: use channel_mode='concatenate'")
             if np.any(~observed):
                 raise ValueError("channel_mode='multioutput' does not accept NaN points yet")
             n = X.shape[0]
@@ -563,6 +562,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         """Noise variance of the regressor's client ``k`` (target units)."""
         reg = self.estimator_
         B = reg.clients_[k].local_values()  # client k is class classes_[k]
+        if self.channel_mode == "multioutput":  # per channel, channel-major like X
+            s2 = np.broadcast_to(B["noise_variance"], (self.n_channels,))
+            return np.repeat(s2 * np.asarray(reg.y_scale_) ** 2, self.n_points_)
         return float(B["noise_variance"]) * float(reg.y_scale_) ** 2
 
     def _class_mean_and_cov(self, k, with_cov=True):
@@ -570,8 +572,14 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         inputs = self.inputs_
         p = inputs.shape[0]
         if not with_cov:
-            return self.estimator_.predict(inputs[:, None], [k] * p), None
-        mean, cov = self.estimator_.predict(inputs[:, None], [k] * p, return_cov=True)
+            mean = self.estimator_.predict(inputs[:, None], [k] * p)
+            if self.channel_mode == "multioutput":
+                mean = np.asarray(mean).T.ravel()  # channel-major, the column order of X
+            return mean, None
+        if self.channel_mode == "multioutput":
+            mean, cov = self.estimator_.predict_joint(inputs[:, None], [k] * p)
+        else:
+            mean, cov = self.estimator_.predict(inputs[:, None], [k] * p, return_cov=True)
         if self.channel_mode == "multioutput":
             mean = np.asarray(mean)
             nc = self.n_channels

@@ -1017,6 +1017,85 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return self._predict(X, groups, return_std, return_cov, "predict")
 
     @single_threaded_blas()
+    def predict_joint(self, X, groups=None):
+        """Joint predictive distribution of all outputs at all rows of one client.
+
+        Multi-output models only: the ``nQ x nQ`` covariance that
+        :meth:`predict` never returns (it gives per-row ``Q x Q`` blocks),
+        e.g. to score a whole multi-channel curve.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        groups : array-like of shape (n_samples,), default=None
+            One label for every row (a fitted client, or a never-seen one for
+            the population prediction); None means the single fitted client.
+
+        Returns
+        -------
+        y_mean : ndarray of shape (n_samples, n_outputs)
+        y_cov : ndarray of shape (n_samples * n_outputs, n_samples * n_outputs)
+            Covariance of the noisy outputs, ordered point-major (entry
+            ``i * Q + q`` is output ``q`` at row ``i``), target units.
+
+        Raises
+        ------
+        ValueError
+            If the model has one output, or the rows belong to several
+            clients (cross-client joint covariances are not implemented).
+        MemoryError
+            If the ``nQ x nQ`` matrix exceeds :data:`MAX_COV_BYTES`.
+        """
+        from ._ilmm import predict as ilmm_predict
+
+        check_is_fitted(self, "clients_")
+        if getattr(self, "n_outputs_", 1) < 2 or not hasattr(self, "loadings_"):
+            raise ValueError("predict_joint needs a multi-output model; use "
+                             "predict(..., return_cov=True)")
+        Xf, labels, inv = self._prepare_predict(X, groups, "predict_joint", stacklevel=4)
+        if len(labels) > 1:
+            raise ValueError(
+                f"predict_joint takes the rows of one client; got {len(labels)} labels "
+                "(joint covariances across clients are not implemented)")
+        n, Q = Xf.shape[0], self.n_outputs_
+        _check_cov_budget(n * Q)
+        lab = labels[0]
+        comps = self.components_
+        G = self.server_.global_pack.unpack(self.server_.theta_global)
+        c = self.clients_.get(lab)
+        if c is not None:
+            L = c.local_values()
+            mean, C = ilmm_predict(Xf, G, L, comps, c.posterior["mu_u"],
+                                   c.posterior["Sigma_u"], full_cov=True, client=lab)
+            s2, offset = L["noise_variance"], L["offset"]
+        else:
+            pop = self._population_local
+            s2, offset = pop["noise_variance"], pop["offset"]
+            mean, C = np.zeros((n, Q)), np.zeros((n, Q, n, Q))
+            if "global" in comps:
+                Lg = {"noise_variance": s2, "offset": np.zeros(Q)}
+                mean, C = ilmm_predict(Xf, G, Lg, ("global",), self.global_posterior_["mean"],
+                                       self.global_posterior_["covariance"], full_cov=True)
+            prior = []
+            if "deviation" in comps:
+                prior += [(self.phi_ * Cr, G["lengthscale_g"][r])
+                          for r, Cr in enumerate(pop["coregionalisation"]["deviation"])]
+            if "local" in comps:
+                prior += [(Cr, pop["lengthscale_l"][r])
+                          for r, Cr in enumerate(pop["coregionalisation"]["local"])]
+            for Cr, ell in prior:  # unit-variance latent GP mixed by the mean outer product
+                C = C + np.einsum("ij,qp->iqjp", se_ard(Xf, Xf, ell, 1.0), Cr)
+        C = np.array(C, dtype=float).reshape(n * Q, n * Q)
+        C[np.diag_indices_from(C)] += np.tile(np.broadcast_to(s2, (Q,)), n)
+        scale = np.asarray(self.y_scale_)
+        sc = np.tile(scale, n)
+        C *= np.outer(sc, sc)
+        y_mean = self.y_offset_ + scale * (mean + offset)
+        if not (np.all(np.isfinite(y_mean)) and np.all(np.isfinite(C))):
+            raise FloatingPointError("prediction produced non-finite values")
+        return y_mean, 0.5 * (C + C.T)
+
+    @single_threaded_blas()
     def _predict(self, X, groups, return_std, return_cov, where):
         """Body of :meth:`predict` and :meth:`score` (``where`` names the caller)."""
         if return_std and return_cov:

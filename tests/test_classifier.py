@@ -237,8 +237,10 @@ def test_bad_input(fitted):
         MaxEvidenceClassifier(_reg(), n_channels=0).fit(X, y)
     with pytest.raises(ValueError, match="channel_mode"):
         MaxEvidenceClassifier(_reg(), channel_mode="stack").fit(X, y)
-    with pytest.raises(ValueError, match="ILMM"):
-        MaxEvidenceClassifier(_reg(), n_channels=2, channel_mode="multioutput").fit(X, y)
+    with pytest.raises(ValueError, match="NaN"):
+        Xn = X.copy()
+        Xn[0, 3] = np.nan
+        MaxEvidenceClassifier(_reg(), n_channels=2, channel_mode="multioutput").fit(Xn, y)
     with pytest.raises(ValueError, match="grid must be 1-D"):
         MaxEvidenceClassifier(_reg(), grid=np.arange(5), n_channels=2).fit(X, y)
     with pytest.raises(ValueError, match="class_prior"):
@@ -276,3 +278,23 @@ _CHECK_REG = FederatedHierarchicalGPRegressor(n_inducing=5, n_inducing_local=3, 
 @parametrize_with_checks([MaxEvidenceClassifier(_CHECK_REG, random_state=0)])
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
+
+
+def test_multioutput_channel_mode(fitted):
+    """Channels as the outputs of the ILMM regressor: the curve score is the
+    Gaussian log density under predict_joint's law (reordered channel-major)."""
+    from scipy.stats import multivariate_normal
+
+    _, X, y, Xt, yt = fitted
+    t = np.linspace(0, 1, X.shape[1] // 2)
+    clf = MaxEvidenceClassifier(_reg(), grid=t, n_channels=2, channel_mode="multioutput",
+                                curve_variation="none").fit(X, y)
+    assert clf.estimator_.n_outputs_ == 2
+    ev = clf.log_evidence(Xt)
+    p = t.shape[0]
+    for k in range(len(clf.classes_)):
+        m, C = clf.estimator_.predict_joint(t[:, None], [k] * p)
+        order = np.arange(2 * p).reshape(p, 2).T.ravel()  # point-major -> channel-major
+        ref = multivariate_normal(m.T.ravel(), C[np.ix_(order, order)]).logpdf(Xt)
+        np.testing.assert_allclose(ev[:, k], ref, rtol=1e-8, atol=1e-8)
+    assert np.mean(clf.predict(Xt) == yt) >= 0.8

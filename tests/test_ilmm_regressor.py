@@ -198,3 +198,25 @@ def test_wrong_number_of_outputs(data, fitted):
     b = Client("b", X[10:20], Y[10:20, :2])
     with pytest.raises(ValueError, match="number of outputs"):
         Server(cfg, 1, 0).standardise([a.summary(), b.summary()])
+
+
+def test_predict_joint_matches_blocks(data, fitted):
+    Xt, gt = data[3], data[5]
+    rows = gt == gt[0]
+    m, C = fitted.predict(Xt[rows], gt[rows], return_cov=True)
+    mj, J = fitted.predict_joint(Xt[rows], gt[rows])
+    n, Q = m.shape
+    np.testing.assert_allclose(mj, m, atol=1e-10)
+    assert J.shape == (n * Q, n * Q)
+    for i in range(n):  # the per-row blocks of the joint covariance
+        np.testing.assert_allclose(J[i * Q:(i + 1) * Q, i * Q:(i + 1) * Q], C[i], atol=1e-8)
+    assert np.all(np.linalg.eigvalsh(J) > 0)
+    # a never-seen client: its per-row blocks match too
+    new = np.array(["new"] * 4)
+    m, C = fitted.predict(Xt[:4], new, return_cov=True)
+    mj, J = fitted.predict_joint(Xt[:4], new)
+    np.testing.assert_allclose(mj, m, atol=1e-10)
+    for i in range(4):
+        np.testing.assert_allclose(J[i * Q:(i + 1) * Q, i * Q:(i + 1) * Q], C[i], atol=1e-8)
+    with pytest.raises(ValueError, match="one client"):
+        fitted.predict_joint(Xt, gt)
