@@ -221,30 +221,20 @@ def _layout(G, L, components):
     gblk = [bl for bl in blocks if bl[0] == "g"]
     lblk = [bl for bl in blocks if bl[0] == "l"]
     phi = float(G["phi"]) if has_d else 0.0
-    idx, groups, coefs, col = [], [], [], 0
-    if has_g:
-        for r, bl in enumerate(gblk):
-            m = bl[5] - bl[4]
-            idx.append(np.arange(bl[4], bl[5]))
-            groups.append(("global", r, slice(col, col + m)))
-            coefs.append(np.repeat(Bg[:, r:r + 1], m, axis=1))
-            col += m
-    n_vg = col
+    # latent functions in the order of u: (block, loading column) of each
+    parts = [("global", r, bl, Bg[:, r]) for r, bl in enumerate(gblk)] if has_g else []
+    n_vg = sum(bl[5] - bl[4] for _, _, bl, _ in parts)
     if has_d:
-        for r in range(Bd.shape[1]):
-            bl = gblk[r]
-            m = bl[5] - bl[4]
-            idx.append(np.arange(bl[4], bl[5]))
-            groups.append(("deviation", r, slice(col, col + m)))
-            coefs.append(np.repeat(np.sqrt(phi) * Bd[:, r:r + 1], m, axis=1))
-            col += m
+        parts += [("deviation", r, gblk[r], np.sqrt(phi) * Bd[:, r]) for r in range(Bd.shape[1])]
     if has_l:
-        for r, bl in enumerate(lblk):
-            m = bl[5] - bl[4]
-            idx.append(np.arange(bl[4], bl[5]))
-            groups.append(("local", r, slice(col, col + m)))
-            coefs.append(np.repeat(Bl[:, r:r + 1], m, axis=1))
-            col += m
+        parts += [("local", r, bl, Bl[:, r]) for r, bl in enumerate(lblk)]
+    idx, groups, coefs, col = [], [], [], 0
+    for name, r, bl, b in parts:
+        m = bl[5] - bl[4]
+        idx.append(np.arange(bl[4], bl[5]))
+        groups.append((name, r, slice(col, col + m)))
+        coefs.append(np.repeat(b[:, None], m, axis=1))
+        col += m
     idx = np.concatenate(idx) if idx else np.zeros(0, int)
     coef = np.hstack(coefs) if coefs else np.zeros((Q, 0))
     return _Layout(Q, blocks, idx.astype(np.intp), groups, n_vg, coef, bsize, R_gl, phi)

@@ -51,6 +51,7 @@ from ._validation import (
     warn_unmatched_labels,
 )
 from .federated import input_scaling
+from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
 
 __all__ = [
     "PFedGPRegressor",
@@ -878,25 +879,3 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
-
-class _UnseenLabel:
-    """Sentinel label for rows predicted from the population prior."""
-
-    def __repr__(self):
-        return "<population>"
-
-    def __reduce__(self):
-        return (_unseen_sentinel, ())
-
-    def __lt__(self, other):
-        return False
-
-    def __gt__(self, other):
-        return True
-
-
-def _unseen_sentinel():
-    return _UNSEEN
-
-
-_UNSEEN = _UnseenLabel()

@@ -1639,15 +1639,26 @@ class StructuredClient:
         B = self.pack.unpack(self.theta if theta is None else theta)
         return G, B, feature_blocks(G, B, config.components, jitter=config.jitter)
 
+    def _forward(self, theta_g, gpack, config, theta=None):
+        """The client's statistics (``.S``, ``.b``, ``.e``) at the given vectors."""
+        from ._structured import client_forward
+
+        G, B, blocks = self._blocks(theta_g, gpack, config, theta)
+        return client_forward(self._Xs, self._y, blocks, config.components,
+                              B["noise_variance"], G.get("phi", 1.0), offset=B["offset"],
+                              client=self.client_id)
+
+    def _backward(self, state, mu, A_inv, *, want_global, want_local):
+        """Gradient dict of the client's surrogate at ``state`` (:meth:`_forward`)."""
+        from ._structured import client_backward
+
+        return client_backward(state, self._Xs, self._y, mu, A_inv,
+                               want_global=want_global, want_local=want_local)
+
     @single_threaded_blas()
     def statistics(self, theta_g, gpack, config, round_):
         """Forward pass at the broadcast global vector: :class:`StructuredStatistics`."""
-        from ._structured import client_forward
-
-        G, B, blocks = self._blocks(theta_g, gpack, config)
-        self._state = client_forward(self._Xs, self._y, blocks, config.components,
-                                     B["noise_variance"], G.get("phi", 1.0),
-                                     offset=B["offset"], client=self.client_id)
+        self._state = self._forward(theta_g, gpack, config)
         st = self._state
         lp, _ = self.log_prior(self.theta, config)
         return StructuredStatistics(round_, st.S, st.b, st.e, lp)
@@ -1655,12 +1666,10 @@ class StructuredClient:
     @single_threaded_blas()
     def global_gradient(self, post, theta_g, gpack, config):
         """Backward pass: this client's share of the global gradient (:class:`GlobalGradient`)."""
-        from ._structured import client_backward
-
         if self._state is None:  # e.g. a process-based backend dropped it
             self.statistics(theta_g, gpack, config, post.round)
-        g = client_backward(self._state, self._Xs, self._y, post.mean, post.covariance,
-                            want_global=True, want_local=False)
+        g = self._backward(self._state, post.mean, post.covariance, want_global=True,
+                           want_local=False)
         grad = gpack.flat_grad(theta_g, g) if gpack.size else np.zeros(0)
         if not np.all(np.isfinite(grad)):
             raise FloatingPointError(
@@ -1669,17 +1678,11 @@ class StructuredClient:
 
     def _surrogate(self, theta, theta_g, gpack, config, mu, A_inv):
         """Client part of the bound with ``q(v_g)`` fixed, and its gradient."""
-        from ._structured import client_backward, client_forward
-
-        G, B, blocks = self._blocks(theta_g, gpack, config, theta)
-        st = client_forward(self._Xs, self._y, blocks, config.components,
-                            B["noise_variance"], G.get("phi", 1.0), offset=B["offset"],
-                            client=self.client_id)
+        st = self._forward(theta_g, gpack, config, theta)
         value = -0.5 * st.e
         if mu.size:
             value += float(st.b @ mu) - 0.5 * (float(np.sum(st.S * A_inv)) + float(mu @ st.S @ mu))
-        g = client_backward(st, self._Xs, self._y, mu, A_inv, want_global=False,
-                            want_local=True)
+        g = self._backward(st, mu, A_inv, want_global=False, want_local=True)
         flat = self.pack.flat_grad(theta, g)
         lp, dlp = self.log_prior(theta, config)
         return value + lp, flat + dlp
@@ -1703,10 +1706,10 @@ class StructuredClient:
         tau = config.noise_prior_scale
         if tau is None:
             return 0.0, grad
-        k = self.pack.slices["noise_variance"].start
-        delta = float(theta[k]) - float(np.log(self.prior_noise))
-        grad[k] = -delta / tau**2
-        return -0.5 * (delta / tau) ** 2, grad
+        sl = self.pack.slices["noise_variance"]  # one entry, or one per output
+        delta = theta[sl] - float(np.log(self.prior_noise))
+        grad[sl] = -delta / tau**2
+        return float(-0.5 * np.sum((delta / tau) ** 2)), grad
 
     @single_threaded_blas()
     def local_phase(self, post, theta_g, gpack, config):
@@ -1751,8 +1754,9 @@ class StructuredClient:
     def bounds(self):
         """L-BFGS-B bounds of the local vector, with this client's own noise floor."""
         b = log_bounds(self.pack)
-        sl = self.pack.slices["noise_variance"]
-        b[sl.start] = (float(np.log(self.noise_floor)), b[sl.start][1])
+        sl = self.pack.slices["noise_variance"]  # one entry, or one per output
+        for k in range(sl.start, sl.stop):
+            b[k] = (float(np.log(self.noise_floor)), b[k][1])
         return b
 
     def _adam_state(self, config):
@@ -2902,67 +2906,18 @@ class ILMMStructuredClient(StructuredClient):
         self.pack = ilmm_local_spec(config.components, M_l, d, Q, R_d, R_l, noise=config.noise)
         self.theta = self.pack.pack(values)
 
-    def _values(self, theta_g, gpack, theta=None):
-        return gpack.unpack(theta_g), self.pack.unpack(self.theta if theta is None else theta)
-
-    @single_threaded_blas()
-    def statistics(self, theta_g, gpack, config, round_):
-        """Forward pass at the broadcast global vector: :class:`StructuredStatistics`."""
+    def _forward(self, theta_g, gpack, config, theta=None):
         from ._ilmm import forward
 
-        G, L = self._values(theta_g, gpack)
-        self._state = forward(self._Xs, self._y, G, L, config.components, jitter=config.jitter,
-                              client=self.client_id)
-        st = self._state
-        lp, _ = self.log_prior(self.theta, config)
-        return StructuredStatistics(round_, st.S, st.b, st.e, lp)
+        L = self.pack.unpack(self.theta if theta is None else theta)
+        return forward(self._Xs, self._y, gpack.unpack(theta_g), L, config.components,
+                       jitter=config.jitter, client=self.client_id)
 
-    @single_threaded_blas()
-    def global_gradient(self, post, theta_g, gpack, config):
-        """Backward pass: this client's share of the global gradient (:class:`GlobalGradient`)."""
+    def _backward(self, state, mu, A_inv, *, want_global, want_local):
         from ._ilmm import backward
 
-        if self._state is None:
-            self.statistics(theta_g, gpack, config, post.round)
-        g = backward(self._state, self._Xs, self._y, post.mean, post.covariance,
-                     want_global=True, want_local=False)
-        grad = gpack.flat_grad(theta_g, g) if gpack.size else np.zeros(0)
-        if not np.all(np.isfinite(grad)):
-            raise FloatingPointError(
-                f"client {self.client_id!r} produced a non-finite global gradient")
-        return GlobalGradient(post.round, grad)
-
-    def _surrogate(self, theta, theta_g, gpack, config, mu, A_inv):
-        from ._ilmm import backward, forward
-
-        G, L = self._values(theta_g, gpack, theta)
-        st = forward(self._Xs, self._y, G, L, config.components, jitter=config.jitter,
-                     client=self.client_id)
-        value = -0.5 * st.e
-        if mu.size:
-            value += float(st.b @ mu) - 0.5 * (float(np.sum(st.S * A_inv)) + float(mu @ st.S @ mu))
-        g = backward(st, self._Xs, self._y, mu, A_inv, want_global=False, want_local=True)
-        flat = self.pack.flat_grad(theta, g)
-        lp, dlp = self.log_prior(theta, config)
-        return value + lp, flat + dlp
-
-    def log_prior(self, theta, config):
-        """Log-normal hyperprior of the noise variance(s), as for scalar targets."""
-        grad = np.zeros_like(theta)
-        tau = config.noise_prior_scale
-        if tau is None:
-            return 0.0, grad
-        sl = self.pack.slices["noise_variance"]
-        delta = theta[sl] - float(np.log(self.prior_noise))
-        grad[sl] = -delta / tau**2
-        return float(-0.5 * np.sum((delta / tau) ** 2)), grad
-
-    def bounds(self):
-        b = log_bounds(self.pack)
-        sl = self.pack.slices["noise_variance"]
-        for k in range(sl.start, sl.stop):
-            b[k] = (float(np.log(self.noise_floor)), b[k][1])
-        return b
+        return backward(state, self._Xs, self._y, mu, A_inv, want_global=want_global,
+                        want_local=want_local)
 
     def finish(self, post, theta_g, gpack, config):
         """Posterior moments at the final vectors (:meth:`close` then forgets the data).
