@@ -1045,6 +1045,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             clients (cross-client joint covariances are not implemented).
         MemoryError
             If the ``nQ x nQ`` matrix exceeds :data:`MAX_COV_BYTES`.
+
+        Notes
+        -----
+        Yan 2026, eqs. 38–39 (the ILMM predictive law), taken jointly over
+        pairs of rows; ``docs/maths.md``, section 12.
         """
         from ._ilmm import predict as ilmm_predict
 
