@@ -1894,10 +1894,28 @@ class JoblibTransport:
         :class:`ClientFailure` with the exception's ``repr``: a way to
         inject failures, time-outs or dropouts (chaos testing).
 
+    Notes
+    -----
+    **Threads only where they pay.** With joblib's default thread backend
+    and more than one job, many small clients gain nothing from threads:
+    their work is a stream of short NumPy calls that hold the GIL, and two
+    threads then run slower than one. For each of the repeated protocol
+    methods (:data:`_TIMED_METHODS`) the transport therefore times its first
+    calls both ways -- after one warm-up call, alternately in a plain loop
+    and through the thread pool, :data:`_TIMING_CALLS` calls each,
+    wall-clock seconds per client -- and then keeps the faster way (the
+    smaller median) for that method. Clients are independent
+    within a call, so the results are identical either way; only the wall
+    time changes. Process-based backends (``"loky"``, ``"dask"``) set with
+    :func:`joblib.parallel_config` are always used as configured.
+
     Attributes
     ----------
     clients : dict
         Client id to client object (updated after every call).
+    dispatch_ : dict
+        Method name to ``"loop"`` or ``"threads"``: the way chosen for it
+        (with ``n_jobs > 1`` and the thread backend; empty otherwise).
     """
 
     def __init__(self, clients, n_jobs=None, fault_hook=None):
@@ -1907,6 +1925,8 @@ class JoblibTransport:
         self.n_jobs = n_jobs
         self.fault_hook = fault_hook
         self._parallel = None
+        self._timings = {}
+        self.dispatch_ = {}
 
     @property
     def client_ids(self):
@@ -1957,8 +1977,15 @@ class JoblibTransport:
             todo.append((cid, args[cid] if isinstance(args, dict) else tuple(args)))
         if todo:
             parallel = self._parallel or Parallel(n_jobs=self.n_jobs, prefer="threads")
-            res = parallel(delayed(_transport_call)(self.clients[cid], method, a)
-                           for cid, a in todo)
+            way = self._way(parallel, method, len(todo))
+            t0 = time.perf_counter()
+            if way in ("loop", "warm-up"):
+                res = [_transport_call(self.clients[cid], method, a) for cid, a in todo]
+            else:
+                res = parallel(delayed(_transport_call)(self.clients[cid], method, a)
+                               for cid, a in todo)
+            if method in self._timings and method not in self.dispatch_:
+                self._timings[method][way].append((time.perf_counter() - t0) / len(todo))
             for (cid, _), (client, ok, value) in zip(todo, res):
                 if ok:
                     self.clients[cid] = client  # process backends: the updated copy
@@ -1966,6 +1993,24 @@ class JoblibTransport:
                 else:
                     out[cid] = ClientFailure(cid, method, round_, *value)
         return {cid: out[cid] for cid in ids}
+
+    def _way(self, parallel, method, n_calls):
+        """``"loop"`` or ``"threads"`` for this call (see the class notes)."""
+        from joblib.parallel import ThreadingBackend
+
+        if (not isinstance(parallel._backend, ThreadingBackend) or method not in _TIMED_METHODS
+                or n_calls < 2 or parallel.n_jobs in (None, 1)):
+            return "threads"  # as configured (one job: joblib runs the calls in turn)
+        if method in self.dispatch_:
+            return self.dispatch_[method]
+        t = self._timings.setdefault(method, {"warm-up": [], "loop": [], "threads": []})
+        if not t["warm-up"]:
+            return "warm-up"  # first call: caches, compilation; not compared
+        if min(len(t["loop"]), len(t["threads"])) >= _TIMING_CALLS:
+            faster = np.median(t["threads"]) < np.median(t["loop"])
+            self.dispatch_[method] = "threads" if faster else "loop"
+            return self.dispatch_[method]
+        return "loop" if len(t["loop"]) <= len(t["threads"]) else "threads"
 
     def client_states(self, ids=None):
         """Checkpoints of the clients' own parts (simulation only): ``{id: ClientState}``."""
@@ -1975,6 +2020,11 @@ class JoblibTransport:
 
 #: Client methods the fault hook is not called for.
 _UNHOOKED = ("close",)
+#: Repeated protocol methods whose dispatch (loop or threads) the
+#: :class:`JoblibTransport` chooses by timing ...
+_TIMED_METHODS = ("statistics", "global_gradient", "local_phase")
+#: ... after this many calls each way.
+_TIMING_CALLS = 3
 
 
 def _population_from(hypers, components):

@@ -118,6 +118,44 @@ class _Counter:
         raise np.linalg.LinAlgError("not positive definite")
 
 
+class _Timed:
+    """A client whose ``statistics`` takes a given time and records its thread."""
+
+    def __init__(self, cid, seconds):
+        self.client_id = cid
+        self.seconds = seconds
+        self.threads = []
+
+    def statistics(self, k):
+        import threading
+        import time
+
+        self.threads.append(threading.get_ident())
+        time.sleep(self.seconds)
+        return k + 1
+
+
+def test_transport_times_both_dispatches_then_keeps_the_faster():
+    """n_jobs > 1 with threads: the first calls of a protocol method are timed
+    in a loop and in the pool; sleeping clients (GIL released) are faster in
+    the pool, which is then kept; results do not depend on the way."""
+    from skfedgp.federated import _TIMING_CALLS
+
+    t = JoblibTransport([_Timed(c, 0.05) for c in "ab"], n_jobs=2)
+    with t:
+        for k in range(2 * _TIMING_CALLS + 2):
+            assert t.call("statistics", (k,)) == {"a": k + 1, "b": k + 1}
+    assert t.dispatch_ == {"statistics": "threads"}
+    assert len(t._timings["statistics"]["loop"]) == _TIMING_CALLS
+    assert len(t._timings["statistics"]["warm-up"]) == 1
+    # one job, or a method outside the timed protocol: no timing at all
+    t1 = JoblibTransport([_Timed(c, 0.0) for c in "ab"], n_jobs=1)
+    with t1:
+        for k in range(2 * _TIMING_CALLS + 2):
+            t1.call("statistics", (k,))
+    assert t1.dispatch_ == {} and t1._timings == {}
+
+
 @pytest.mark.parametrize("backend", ["threading", "loky"])
 def test_transport_calls_per_client_args_ids_and_failures(backend):
     t = JoblibTransport([_Counter(c) for c in "abc"], n_jobs=2)
