@@ -707,6 +707,7 @@ class Server:
             mean, scale = 0.0, 1.0
         self.y_offset, self.y_scale = float(mean), float(scale)
         self.n_total = int(n)
+        self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         x_min = np.min([s.x_min for s in summaries], axis=0)
         x_max = np.max([s.x_max for s in summaries], axis=0)
         self.x_offset, self.x_scale = input_scaling(x_min, x_max)
@@ -750,6 +751,7 @@ class Server:
             mean = np.zeros(Q)
         self.y_offset, self.y_scale = mean.astype(float), scale
         self.n_total = int(sum(s.n_samples for s in summaries))
+        self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         self.n_outputs = Q
         w = np.array([max(s.n_samples, 1) for s in summaries], dtype=float)
         self.channel_covariance = np.average(
@@ -768,9 +770,11 @@ class Server:
         variance; ``phi``: the given one, else 0.1; ``n_inducing="auto"``:
         :func:`auto_inducing` from the global lengthscales
         (:data:`AUTO_PER_LENGTHSCALE` points per lengthscale and dimension,
-        within ``[AUTO_MIN_INDUCING, AUTO_MAX_INDUCING]`` and at most the
-        total number of observations). Inducing points: a scrambled Sobol
-        design over the scaled bounding box.
+        at least :data:`AUTO_MIN_INDUCING`, at most the total number of
+        observations and at most the larger of :data:`AUTO_MAX_INDUCING` and
+        the size an ELBO evaluation can afford, :func:`budget_inducing`).
+        Inducing points: a scrambled Sobol design over the union of the
+        clients' boxes.
 
         Returns
         -------
@@ -786,9 +790,11 @@ class Server:
         cand, frac = self._union_candidates(ell)
         if cfg.n_inducing == "auto":
             # the number of lengthscale-sized cells in the union of the clients' boxes
+            cap = max(AUTO_MAX_INDUCING, budget_inducing(
+                getattr(self, "client_sizes", None) or [self.n_total], cfg.components))
             M = auto_inducing(ell, np.ones(d), per_lengthscale=AUTO_PER_LENGTHSCALE,
                               minimum=AUTO_MIN_INDUCING,
-                              maximum=min(AUTO_MAX_INDUCING, self.n_total), fraction=frac)
+                              maximum=min(cap, self.n_total), fraction=frac)
         else:
             M = int(cfg.n_inducing)
         # "auto": each client sizes its own local set (StructuredClient.initialise)
@@ -1162,10 +1168,16 @@ LOG_BOUNDS = {
 #: ``n_inducing="auto"``: about this many inducing points per lengthscale
 #: along each input dimension (:func:`auto_inducing`) ...
 AUTO_PER_LENGTHSCALE = 2.5
-#: ... and at least / at most this many global inducing points (never more
-#: than the total number of observations) ...
+#: ... and at least this many global inducing points, at most the larger of
+#: this many and what :data:`AUTO_EVALUATION_BUDGET` affords (never more than
+#: the total number of observations) ...
 AUTO_MIN_INDUCING = 10
 AUTO_MAX_INDUCING = 256
+#: Multiply-adds of one client forward pass summed over the clients (about
+#: ``n_i (M + m_i)^2 + 4 (M + m_i)^3`` each, ``m_i`` its local inducing
+#: points) that ``n_inducing="auto"`` may spend: roughly one to five seconds
+#: per ELBO evaluation (forward and backward) on one core.
+AUTO_EVALUATION_BUDGET = 2e10
 #: ... and at most this many local ones per client (never more than its
 #: number of observations; a client with at most that many distinct inputs
 #: uses them all, which makes its local part exact).
@@ -1481,6 +1493,46 @@ def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum, fra
     if not np.isfinite(m):
         m = float(maximum)
     return int(np.clip(np.ceil(m), minimum, max(minimum, maximum)))
+
+
+def budget_inducing(sizes, components, budget=None):
+    """Largest number of global inducing points one ELBO evaluation affords.
+
+    The structured family's evaluation costs each client about
+    ``n_i (M + m_i)^2 + 4 (M + m_i)^3`` multiply-adds (its feature products,
+    whitening and elimination; ``m_i = min(n_i, AUTO_MAX_LOCAL)`` local
+    inducing points when the local component is used; the factor 4 stands
+    for the whitening solves and, with the deviation, the elimination of the
+    client's own ``M + m_i`` variables), and the server ``M^3``. This returns the largest ``M`` whose total stays
+    within ``budget``.
+
+    Parameters
+    ----------
+    sizes : list of int
+        Observations per client.
+    components : tuple of str
+    budget : float or None, default=None
+        Multiply-adds; None: :data:`AUTO_EVALUATION_BUDGET`.
+
+    Returns
+    -------
+    int
+    """
+    budget = AUTO_EVALUATION_BUDGET if budget is None else float(budget)
+    n = np.asarray(sizes, dtype=float)
+    m = np.minimum(n, AUTO_MAX_LOCAL) if "local" in components else np.zeros_like(n)
+
+    def cost(M):
+        f = M + m
+        return float(np.sum(n * f**2 + 4.0 * f**3) + M**3)
+
+    lo, hi = 1, 1
+    while cost(hi) <= budget and hi < 1 << 20:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # cost(lo) <= budget < cost(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
+    return lo
 
 
 def _local_inducing(Xs, M_local, random_state):

@@ -506,3 +506,23 @@ def test_mean_field_fit_ends_at_the_factors_optimum(two_clients, update):
     assert np.max(np.abs(grad_g[gpack.variational_mask()])) < 1e-5
     # the last ELBO reported is that of the returned model
     assert_allclose(est.elbo_history_[-1], elbo, rtol=1e-10)
+
+
+def test_auto_inducing_budget_is_the_largest_affordable_size():
+    """``budget_inducing`` returns the largest M whose estimated evaluation cost
+    fits the budget; more or larger clients afford fewer points."""
+    from skfedgp.federated import AUTO_MAX_LOCAL, budget_inducing
+
+    comps = ("global", "deviation", "local")
+    sizes = [584] * 12
+
+    def cost(M):
+        n = np.asarray(sizes, float)
+        f = M + np.minimum(n, AUTO_MAX_LOCAL)
+        return float(np.sum(n * f**2 + 4.0 * f**3) + M**3)
+
+    M = budget_inducing(sizes, comps, budget=5e9)
+    assert cost(M) <= 5e9 < cost(M + 1)
+    assert budget_inducing(sizes * 2, comps, budget=5e9) < M
+    assert budget_inducing([5000] * 12, comps, budget=5e9) < M
+    assert budget_inducing(sizes, comps, budget=5e10) > M
