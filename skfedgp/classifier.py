@@ -19,7 +19,7 @@ from ._linalg import CholeskyError, single_threaded_blas
 from .regressor import FederatedHierarchicalGPRegressor
 
 __all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "ppca_fit", "ppca_loglik",
-           "select_ppca_rank"]
+           "select_ppca_rank", "select_rank_by_accuracy"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 _CHANNEL_MODES = ("concatenate", "multioutput")
@@ -200,6 +200,98 @@ def select_ppca_rank(R, n_folds=N_RANK_FOLDS, center=False):
     return int(ranks[np.argmax(score)])
 
 
+def _ppca_from_svd(sv, Vt, n, p, total, rank):
+    """:func:`ppca_fit` from the SVD of the (centred) residual curves."""
+    lam = np.zeros(p)
+    lam[: sv.size] = sv**2 / n
+    s2 = (total - lam[:rank].sum()) / (p - rank)
+    s2 = max(s2, 1e-10 * total / p, np.finfo(float).tiny)
+    W = np.zeros((p, rank))
+    r = min(rank, Vt.shape[0])
+    W[:, :r] = Vt[:r].T * np.sqrt(np.maximum(lam[:r] - s2, 0.0))
+    return W, s2
+
+
+def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_FOLDS):
+    """One within-class rank for all classes, by cross-validated accuracy.
+
+    The curves of every class are split into ``n_folds`` contiguous folds
+    (fold ``f`` holds the ``f``-th part of every class). For every fold and
+    every candidate rank ``q``, each class's law ``N(mu_c + D_c m_c,
+    D_c (W_c W_c^T + s2_c I) D_c)`` is fitted by :func:`ppca_fit` on its
+    training-fold curves (``q`` capped by what the class's training curves
+    support, as in :func:`select_ppca_rank`), the held-out curves of all
+    classes are assigned to the class of largest log density plus log
+    prior, and the correct assignments are counted. The rank with the most
+    correct assignments wins. The regressor's
+    class means ``mu_c`` are held fixed and its latent covariance is left
+    out of this selection.
+
+    Held-out *likelihood* (:func:`select_ppca_rank`) asks how well a class
+    law describes its own curves; a classifier needs laws that tell classes
+    apart, and on the UCR curves the likelihood choice (ranks 3-4 on
+    GunPoint) is far below the rank that classifies best. Among ranks that
+    classify equally well, the one whose held-out curves have the largest
+    log density under their own classes wins.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_curves, p)
+        Training curves (NaN points count as zero residuals).
+    y_idx : ndarray of shape (n_curves,)
+        Class index of every curve, ``0 .. n_classes - 1``.
+    means, scales : list of ndarray of shape (p,)
+        Per class: the regressor's predictive mean ``mu_c`` and the channel
+        RMS ``D_c`` of its residuals.
+    log_prior : ndarray of shape (n_classes,)
+    n_folds : int, default=5
+
+    Returns
+    -------
+    rank : int
+        0 if no class has at least 3 curves.
+    """
+    K = len(means)
+    p = X.shape[1]
+    members = [np.flatnonzero(y_idx == k) for k in range(K)]
+    k_folds = min([n_folds] + [m.size for m in members if m.size >= 3] or [0])
+    if k_folds < 2:
+        return 0
+    parts = [np.array_split(m, k_folds) if m.size >= 3 else [m[:0]] * k_folds
+             for m in members]
+    caps = []
+    for k, m in enumerate(members):
+        n_train = m.size - max(f.size for f in parts[k])
+        caps.append(max(0, min(n_train - 2, p - 1)) if m.size >= 3 else 0)
+    ranks = np.arange(max(caps) + 1)
+    correct = np.zeros(ranks.size)
+    fit = np.zeros(ranks.size)  # held-out log density of the curves' own classes
+    logs = [np.sum(np.log(sc)) for sc in scales]
+    for f in range(k_folds):
+        held = np.concatenate([parts[k][f] for k in range(K)])
+        if held.size == 0:
+            continue
+        ll = np.empty((ranks.size, held.size, K))
+        for k in range(K):
+            tr = np.setdiff1d(members[k], parts[k][f])
+            Rtr = np.nan_to_num((X[tr] - means[k]) / scales[k], nan=0.0)
+            center = members[k].size >= 3
+            m = Rtr.mean(axis=0) if center else np.zeros(p)
+            Rc = Rtr - m
+            _, sv, Vt = np.linalg.svd(Rc, full_matrices=False)
+            total = float(np.sum(Rc**2)) / max(Rc.shape[0], 1)
+            Rh = np.nan_to_num((X[held] - means[k]) / scales[k], nan=0.0) - m
+            for i, q in enumerate(ranks):
+                W, s2 = _ppca_from_svd(sv, Vt, max(Rc.shape[0], 1), p, total,
+                                       int(min(q, caps[k])))
+                ll[i, :, k] = ppca_loglik(Rh, W, s2) - logs[k] + log_prior[k]
+        own = y_idx[held]
+        correct += np.sum(np.argmax(ll, axis=2) == own[None, :], axis=1)
+        fit += ll[:, np.arange(held.size), own].sum(axis=1)
+    best = np.flatnonzero(correct == correct.max())
+    return int(ranks[best[np.argmax(fit[best])]])
+
+
 class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     """Classify whole curves by the class model that explains them best.
 
@@ -227,8 +319,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Sigma_c = Sigma_c^latent + D (W_c W_c^T + s2_c I) D
 
     with ``W_c`` of rank ``q_c`` by maximum-likelihood probabilistic PCA
-    (:func:`ppca_fit`) and ``q_c`` chosen by cross-validated held-out
-    likelihood (:func:`select_ppca_rank`); ``Sigma_c^latent`` is the
+    (:func:`ppca_fit`) and the rank chosen by ``ppca_rank`` (default: one
+    rank for all classes, by cross-validated accuracy on the training
+    curves, :func:`select_rank_by_accuracy`); ``Sigma_c^latent`` is the
     regressor's covariance without its noise variance.
 
     Because every curve lies on one shared grid, ``mu_c`` and ``Sigma_c`` are
@@ -264,6 +357,14 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         above on each class's residual curves (a class with fewer than 3
         curves gets rank 0, i.e. per-channel white noise); ``"none"`` uses
         the regressor's predictive covariance unchanged (eq. 31).
+    ppca_rank : "accuracy", "likelihood" or int, default="accuracy"
+        Rank ``q_c`` of the within-class covariance (``curve_variation=
+        "ppca"``): ``"accuracy"`` one rank for all classes, the one that
+        classifies the held-out training curves best in a 5-fold
+        cross-validation (:func:`select_rank_by_accuracy`);
+        ``"likelihood"`` per class, the rank of largest held-out likelihood
+        of the class's own curves (:func:`select_ppca_rank`); an int ``>= 0``
+        fixes it (capped by what each class's curves support).
     class_prior : "uniform", "empirical" or array-like of shape (n_classes,), default="uniform"
         Prior class probabilities added (as logs) to the scores in
         :meth:`predict`, :meth:`predict_proba` and :meth:`decision_function`.
@@ -347,12 +448,14 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         channel_mode="concatenate",
         class_prior="uniform",
         curve_variation="ppca",
+        ppca_rank="accuracy",
         n_jobs=None,
         random_state=None,
         verbose=0,
     ):
         self.estimator = estimator
         self.curve_variation = curve_variation
+        self.ppca_rank = ppca_rank
         self.grid = grid
         self.n_channels = n_channels
         self.channel_mode = channel_mode
@@ -376,6 +479,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"channel_mode must be one of {_CHANNEL_MODES}, got {self.channel_mode!r}"
             )
+        r = self.ppca_rank
+        if not (r in ("accuracy", "likelihood") if isinstance(r, str) else (
+                isinstance(r, numbers.Integral) and not isinstance(r, bool) and r >= 0)):
+            raise ValueError(
+                f"ppca_rank must be 'accuracy', 'likelihood' or an integer >= 0, got {r!r}")
         if n_features % nc:
             raise ValueError(
                 f"X has {n_features} columns, not a multiple of n_channels={nc}: "
@@ -507,32 +615,48 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         self.n_points_ = n_points
         if self.curve_variation == "ppca":
             with single_threaded_blas():
+                K = classes.shape[0]
+                means = [self._class_mean_and_cov(k, with_cov=False)[0] for k in range(K)]
+                scales = [self._residual_scale(X[y_idx == k], means[k]) for k in range(K)]
+                rank = self.ppca_rank
+                if rank == "accuracy":
+                    rank = select_rank_by_accuracy(X, y_idx, means, scales, log_prior)
                 self.curve_variation_ = [
-                    self._fit_variation(k, X[y_idx == k]) for k in range(classes.shape[0])
+                    self._fit_variation(X[y_idx == k], means[k], scales[k], rank)
+                    for k in range(K)
                 ]
         else:
             self.curve_variation_ = None
         return self
 
-    def _fit_variation(self, k, Xk):
-        """Within-class law of class ``k`` from its training curves.
+    def _residual_scale(self, Xk, mean):
+        """Per column: the root mean square of the class's residuals in its channel."""
+        R = np.nan_to_num(Xk - mean, nan=0.0)
+        n, n_points = R.shape[0], self.n_points_
+        rms = np.sqrt(np.mean(R.reshape(n, self.n_channels, n_points) ** 2, axis=(0, 2)))
+        rms = np.where(rms > 0, rms, 1.0)
+        return np.repeat(rms, n_points)
+
+    def _fit_variation(self, Xk, mean, scale, rank):
+        """Within-class law of one class from its training curves.
 
         Residuals ``r_n = x_n - mu_k`` (``mu_k``: the regressor's predictive
         mean of the class; a NaN point counts as a zero residual), scaled per
         channel by their root mean square; with at least 3 curves their mean
         ``m`` is estimated and taken off (standard PPCA), then
-        :func:`ppca_fit` with the rank chosen by :func:`select_ppca_rank`.
+        :func:`ppca_fit` with rank ``rank`` (``"likelihood"``: chosen by
+        :func:`select_ppca_rank`), capped by what the curves support.
         """
-        mean, _ = self._class_mean_and_cov(k, with_cov=False)
         R = np.nan_to_num(Xk - mean, nan=0.0)
-        n, n_points = R.shape[0], self.n_points_
-        rms = np.sqrt(np.mean(R.reshape(n, self.n_channels, n_points) ** 2, axis=(0, 2)))
-        rms = np.where(rms > 0, rms, 1.0)
-        scale = np.repeat(rms, n_points)
+        n = R.shape[0]
         Rs = R / scale
         center = n >= 3
         m = Rs.mean(axis=0) if center else np.zeros(Rs.shape[1])
-        rank = select_ppca_rank(Rs, center=center)
+        if rank == "likelihood":
+            rank = select_ppca_rank(Rs, center=center)
+        else:
+            rank = int(min(rank, max(0, min(n - 1 - int(center), Rs.shape[1] - 1)))
+                       if n >= 3 else 0)
         W, s2 = ppca_fit(Rs - m, rank)
         # a new curve: within-class spread plus the uncertainty of m (1 / n)
         inflate = 1.0 + 1.0 / n if center else 1.0

@@ -196,8 +196,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Number ``M`` of global inducing points (shared by the global and the
         deviation parts). "auto": about 2.5 per global lengthscale along each
         input dimension over the region covered by the clients' inputs,
-        between 10 and 256 and at most the number of observations
-        (``federated.auto_inducing``); the mean-field family uses 25.
+        at least 10, at most the number of observations and at most the
+        larger of 256 and what one ELBO evaluation affords within a fixed
+        budget (about 2e10 multiply-adds summed over the clients, a few
+        seconds on one core; ``federated.auto_inducing`` and
+        ``federated.budget_inducing``); the mean-field family uses 25.
     n_inducing_local : int or "auto", default="auto"
         Number ``M_i`` of inducing points of each client's local part.
         "auto": sized per client from its own lengthscales and input box, at

@@ -298,3 +298,40 @@ def test_multioutput_channel_mode(fitted):
         ref = multivariate_normal(m.T.ravel(), C[np.ix_(order, order)]).logpdf(Xt)
         np.testing.assert_allclose(ev[:, k], ref, rtol=1e-8, atol=1e-8)
     assert np.mean(clf.predict(Xt) == yt) >= 0.8
+
+
+def test_rank_by_accuracy_finds_the_directions_that_tell_classes_apart():
+    """Two classes with the same mean that differ only in the plane their
+    curves vary in: white noise (rank 0) classifies at chance, the right
+    rank classifies well, and the cross-validated accuracy picks it."""
+    from skfedgp.classifier import select_rank_by_accuracy
+
+    rng = np.random.default_rng(1)
+    p, n = 40, 30
+    bases = [np.linalg.qr(rng.standard_normal((p, 2)))[0] * 4.0 for _ in range(2)]
+    X = np.vstack([rng.standard_normal((n, 2)) @ B.T + 0.3 * rng.standard_normal((n, p))
+                   for B in bases])
+    y = np.repeat([0, 1], n)
+    means = [np.zeros(p)] * 2
+    scales = [np.ones(p)] * 2
+    q = select_rank_by_accuracy(X, y, means, scales, np.log([0.5, 0.5]))
+    assert q >= 2
+    # one class with too few curves gets rank 0 inside, the other still chosen
+    q1 = select_rank_by_accuracy(X[: n + 2], y[: n + 2], means, scales, np.log([0.5, 0.5]))
+    assert q1 >= 0
+
+
+def test_ppca_rank_options_and_errors():
+    rng = np.random.default_rng(4)
+    t = np.linspace(0, 1, 30)
+    shapes = [np.sin(2 * np.pi * t) + 1.5, np.cos(2 * np.pi * t) + 1.5]
+    X = np.vstack([s * (1 + 0.3 * rng.standard_normal((8, 1)))
+                   + 0.02 * rng.standard_normal((8, 30)) for s in shapes])
+    y = np.repeat([0, 1], 8)
+    clf = MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=2, random_state=0).fit(X, y)
+    assert [v["rank"] for v in clf.curve_variation_] == [2, 2]
+    clf = MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=100, random_state=0).fit(X, y)
+    assert [v["rank"] for v in clf.curve_variation_] == [6, 6]  # n - 2 with the mean
+    for bad in (-1, 1.5, "best", True):
+        with pytest.raises(ValueError, match="ppca_rank must be"):
+            MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=bad).fit(X, y)
