@@ -318,6 +318,13 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
 
         Sigma_c = Sigma_c^latent + D (W_c W_c^T + s2_c I) D
 
+    With at least 3 curves the residuals' own mean ``m_c`` is estimated too
+    (the part of the class function the sparse regressor misses): the
+    class mean is then ``mu_c + D m_c``, whose uncertainty is the ``1/n_c``
+    share of the within-class law (the factor ``1 + 1/n_c`` on ``W_c`` and
+    ``s2_c``), and ``Sigma_c^latent`` (the uncertainty of ``mu_c`` alone,
+    which ``m_c`` corrects) is left out, so it is not counted twice.
+
     with ``W_c`` of rank ``q_c`` by maximum-likelihood probabilistic PCA
     (:func:`ppca_fit`) and the rank chosen by ``ppca_rank`` (default: one
     rank for all classes, by cross-validated accuracy on the training
@@ -668,8 +675,19 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------
     def _class_predictive(self, k):
         """Predictive mean and covariance of a new whole curve of class ``k``."""
-        mean, cov = self._class_mean_and_cov(k)
         var = getattr(self, "curve_variation_", None)
+        if var is not None and var[k]["n_curves"] >= 3:
+            # the class mean is mu_k + D m: its uncertainty is the 1/n part of
+            # the within-class law (already in W and s2), not the regressor's
+            # posterior covariance of mu_k, which m corrects
+            V = var[k]
+            mean, _ = self._class_mean_and_cov(k, with_cov=False)
+            mean = mean + V["scale"] * V["mean"]
+            SW = V["scale"][:, None] * V["W"]
+            cov = SW @ SW.T
+            cov[np.diag_indices_from(cov)] += V["noise_variance"] * V["scale"] ** 2
+            return mean, cov
+        mean, cov = self._class_mean_and_cov(k)
         if var is None:
             return mean, cov
         # regressor: latent class function + white noise; replace the white

@@ -47,6 +47,10 @@ def _reference_cov(clf, k):
     V = clf.curve_variation_[k]
     D = np.diag(V["scale"])
     W = D @ (V["W"] @ V["W"].T + V["noise_variance"] * np.eye(p)) @ D
+    if V["n_curves"] >= 3:
+        # the class mean mu + D m is estimated from the curves: its uncertainty
+        # is the 1/n share in W, the regressor's latent covariance is left out
+        return mean + V["scale"] * V["mean"], W
     return mean + V["scale"] * V["mean"], cov - s2 * np.eye(p) + W
 
 
@@ -335,3 +339,25 @@ def test_ppca_rank_options_and_errors():
     for bad in (-1, 1.5, "best", True):
         with pytest.raises(ValueError, match="ppca_rank must be"):
             MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=bad).fit(X, y)
+
+
+def test_class_with_two_curves_keeps_the_regressor_covariance():
+    """A class of 2 curves estimates no residual mean: its law keeps the
+    regressor's latent covariance (checked against scipy), while a class of
+    many curves uses the within-class law alone."""
+    rng = np.random.default_rng(7)
+    t = np.linspace(0, 1, 25)
+    shapes = [np.sin(2 * np.pi * t), np.cos(2 * np.pi * t)]
+    X = np.vstack([s + 0.1 * rng.standard_normal((n, 25)) for s, n in zip(shapes, (2, 12))])
+    y = np.repeat([0, 1], (2, 12))
+    clf = MaxEvidenceClassifier(_reg(), grid=t, random_state=0).fit(X, y)
+    assert [v["n_curves"] for v in clf.curve_variation_] == [2, 12]
+    Xt = np.vstack([s + 0.1 * rng.standard_normal((3, 25)) for s in shapes])
+    ll = clf.log_evidence(Xt)
+    for k in range(2):
+        mean, cov = _reference_cov(clf, k)
+        np.testing.assert_allclose(ll[:, k], multivariate_normal(mean, cov).logpdf(Xt),
+                                   rtol=1e-9, atol=1e-8)
+    p = t.size
+    _, latent = clf.estimator_.predict(t[:, None], [0] * p, return_cov=True)
+    assert not np.allclose(_reference_cov(clf, 0)[1], _reference_cov(clf, 0)[1] - latent)
