@@ -97,6 +97,10 @@ def _gaussian_loglik(mean, cov, R, what):
 # ----------------------------------------------------------------------
 # within-class (curve-to-curve) variation: probabilistic PCA of residuals
 # ----------------------------------------------------------------------
+#: Smallest isotropic variance of the within-class law, in the units of the
+#: residuals scaled by their channel RMS (where a channel's residuals have
+#: mean square 1): identical training curves must not give a singular law.
+MIN_WITHIN_VARIANCE = 1e-6
 #: Folds of the cross-validation that picks the rank of the within-class
 #: covariance (fewer if a class has fewer curves).
 N_RANK_FOLDS = 5
@@ -254,7 +258,7 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
     K = len(means)
     p = X.shape[1]
     members = [np.flatnonzero(y_idx == k) for k in range(K)]
-    k_folds = min([n_folds] + [m.size for m in members if m.size >= 3] or [0])
+    k_folds = min([n_folds] + ([m.size for m in members if m.size >= 3] or [0]))
     if k_folds < 2:
         return 0
     parts = [np.array_split(m, k_folds) if m.size >= 3 else [m[:0]] * k_folds
@@ -284,6 +288,7 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
             for i, q in enumerate(ranks):
                 W, s2 = _ppca_from_svd(sv, Vt, max(Rc.shape[0], 1), p, total,
                                        int(min(q, caps[k])))
+                s2 = max(s2, MIN_WITHIN_VARIANCE)
                 ll[i, :, k] = ppca_loglik(Rh, W, s2) - logs[k] + log_prior[k]
         own = y_idx[held]
         correct += np.sum(np.argmax(ll, axis=2) == own[None, :], axis=1)
@@ -323,7 +328,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     class mean is then ``mu_c + D m_c``, whose uncertainty is the ``1/n_c``
     share of the within-class law (the factor ``1 + 1/n_c`` on ``W_c`` and
     ``s2_c``), and ``Sigma_c^latent`` (the uncertainty of ``mu_c`` alone,
-    which ``m_c`` corrects) is left out, so it is not counted twice.
+    which ``m_c`` corrects) is left out, so it is not counted twice. A class
+    whose curves do not vary (mean square of the centred scaled residuals at
+    most :data:`MIN_WITHIN_VARIANCE`, e.g. identical curves) keeps
+    ``Sigma_c^latent``: its curves say nothing about the spread of a new one.
 
     with ``W_c`` of rank ``q_c`` by maximum-likelihood probabilistic PCA
     (:func:`ppca_fit`) and the rank chosen by ``ppca_rank`` (default: one
@@ -398,8 +406,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     curve_variation_ : list of dict or None
         Per class (order of ``classes_``): ``"scale"`` (n_features_in_,)
         channel RMS ``D``, ``"W"`` (n_features_in_, q_c), ``"noise_variance"``
-        ``s2_c`` (scaled units) and ``"rank"`` ``q_c``. None with
-        ``curve_variation="none"``.
+        ``s2_c`` (scaled units), ``"rank"`` ``q_c``, ``"mean"`` ``m_c``,
+        ``"n_curves"`` and ``"spread"`` (mean square of the centred scaled
+        residuals). None with ``curve_variation="none"``.
     inputs_ : ndarray of shape (n_channels * n_points,)
         Regressor input of each column of ``X`` (concatenate mode).
     n_points_ : int
@@ -665,10 +674,13 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             rank = int(min(rank, max(0, min(n - 1 - int(center), Rs.shape[1] - 1)))
                        if n >= 3 else 0)
         W, s2 = ppca_fit(Rs - m, rank)
+        s2 = max(s2, MIN_WITHIN_VARIANCE)  # identical curves: no zero-variance law
+        spread = float(np.mean((Rs - m) ** 2))
         # a new curve: within-class spread plus the uncertainty of m (1 / n)
         inflate = 1.0 + 1.0 / n if center else 1.0
         return {"scale": scale, "mean": m, "W": W * np.sqrt(inflate),
-                "noise_variance": s2 * inflate, "rank": rank, "n_curves": n}
+                "noise_variance": s2 * inflate, "rank": rank, "n_curves": n,
+                "spread": spread}
 
     # ------------------------------------------------------------------
     # scoring
@@ -676,7 +688,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     def _class_predictive(self, k):
         """Predictive mean and covariance of a new whole curve of class ``k``."""
         var = getattr(self, "curve_variation_", None)
-        if var is not None and var[k]["n_curves"] >= 3:
+        if (var is not None and var[k]["n_curves"] >= 3
+                and var[k]["spread"] > MIN_WITHIN_VARIANCE):
             # the class mean is mu_k + D m: its uncertainty is the 1/n part of
             # the within-class law (already in W and s2), not the regressor's
             # posterior covariance of mu_k, which m corrects

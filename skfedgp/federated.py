@@ -791,7 +791,8 @@ class Server:
         if cfg.n_inducing == "auto":
             # the number of lengthscale-sized cells in the union of the clients' boxes
             cap = max(AUTO_MAX_INDUCING, budget_inducing(
-                getattr(self, "client_sizes", None) or [self.n_total], cfg.components))
+                getattr(self, "client_sizes", None) or [self.n_total], cfg.components,
+                n_latent=max(cfg.n_latent) if cfg.n_outputs else 1))
             M = auto_inducing(ell, np.ones(d), per_lengthscale=AUTO_PER_LENGTHSCALE,
                               minimum=AUTO_MIN_INDUCING,
                               maximum=min(cap, self.n_total), fraction=frac)
@@ -1495,7 +1496,7 @@ def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum, fra
     return int(np.clip(np.ceil(m), minimum, max(minimum, maximum)))
 
 
-def budget_inducing(sizes, components, budget=None):
+def budget_inducing(sizes, components, budget=None, n_latent=1):
     """Largest number of global inducing points one ELBO evaluation affords.
 
     The structured family's evaluation costs each client about
@@ -1513,6 +1514,9 @@ def budget_inducing(sizes, components, budget=None):
     components : tuple of str
     budget : float or None, default=None
         Multiply-adds; None: :data:`AUTO_EVALUATION_BUDGET`.
+    n_latent : int, default=1
+        Latent functions per component (multi-output targets): ``M`` inducing
+        points then carry ``n_latent * M`` variables (``m_i`` likewise).
 
     Returns
     -------
@@ -1523,8 +1527,8 @@ def budget_inducing(sizes, components, budget=None):
     m = np.minimum(n, AUTO_MAX_LOCAL) if "local" in components else np.zeros_like(n)
 
     def cost(M):
-        f = M + m
-        return float(np.sum(n * f**2 + 4.0 * f**3) + M**3)
+        f = n_latent * (M + m)
+        return float(np.sum(n * f**2 + 4.0 * f**3) + (n_latent * M) ** 3)
 
     lo, hi = 1, 1
     while cost(hi) <= budget and hi < 1 << 20:
@@ -1956,7 +1960,9 @@ class JoblibTransport:
     calls both ways -- after one warm-up call, alternately in a plain loop
     and through the thread pool, :data:`_TIMING_CALLS` calls each,
     wall-clock seconds per client -- and then keeps the faster way (the
-    smaller median) for that method. Clients are independent
+    smaller median) for that method; a method called once per round (the
+    local phase) is therefore decided after seven rounds, and calls with a
+    single client are neither timed nor pooled. Clients are independent
     within a call, so the results are identical either way; only the wall
     time changes. Process-based backends (``"loky"``, ``"dask"``) set with
     :func:`joblib.parallel_config` are always used as configured.
@@ -2036,7 +2042,7 @@ class JoblibTransport:
             else:
                 res = parallel(delayed(_transport_call)(self.clients[cid], method, a)
                                for cid, a in todo)
-            if method in self._timings and method not in self.dispatch_:
+            if way in ("warm-up", "loop", "threads") and method not in self.dispatch_:
                 self._timings[method][way].append((time.perf_counter() - t0) / len(todo))
             for (cid, _), (client, ok, value) in zip(todo, res):
                 if ok:
@@ -2052,7 +2058,7 @@ class JoblibTransport:
 
         if (not isinstance(parallel._backend, ThreadingBackend) or method not in _TIMED_METHODS
                 or n_calls < 2 or parallel.n_jobs in (None, 1)):
-            return "threads"  # as configured (one job: joblib runs the calls in turn)
+            return "configured"  # the pool as configured (one job: calls in turn)
         if method in self.dispatch_:
             return self.dispatch_[method]
         t = self._timings.setdefault(method, {"warm-up": [], "loop": [], "threads": []})

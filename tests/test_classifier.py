@@ -47,7 +47,7 @@ def _reference_cov(clf, k):
     V = clf.curve_variation_[k]
     D = np.diag(V["scale"])
     W = D @ (V["W"] @ V["W"].T + V["noise_variance"] * np.eye(p)) @ D
-    if V["n_curves"] >= 3:
+    if V["n_curves"] >= 3 and V["spread"] > 1e-6:
         # the class mean mu + D m is estimated from the curves: its uncertainty
         # is the 1/n share in W, the regressor's latent covariance is left out
         return mean + V["scale"] * V["mean"], W
@@ -320,9 +320,25 @@ def test_rank_by_accuracy_finds_the_directions_that_tell_classes_apart():
     scales = [np.ones(p)] * 2
     q = select_rank_by_accuracy(X, y, means, scales, np.log([0.5, 0.5]))
     assert q >= 2
-    # one class with too few curves gets rank 0 inside, the other still chosen
-    q1 = select_rank_by_accuracy(X[: n + 2], y[: n + 2], means, scales, np.log([0.5, 0.5]))
-    assert q1 >= 0
+    # no class with 3 curves: nothing to cross-validate, rank 0
+    assert select_rank_by_accuracy(X[[0, 1, n, n + 1]], y[[0, 1, n, n + 1]], means, scales,
+                                   np.log([0.5, 0.5])) == 0
+
+
+def test_identical_training_curves_give_a_finite_law():
+    """A class of identical curves has zero residual spread: its law keeps a
+    floor variance, so scoring stays finite and correct."""
+    rng = np.random.default_rng(2)
+    t = np.linspace(0, 1, 20)
+    X = np.vstack([np.tile(np.sin(2 * np.pi * t), (4, 1)),
+                   np.cos(2 * np.pi * t) + 0.05 * rng.standard_normal((6, 20))])
+    y = np.repeat([0, 1], (4, 6))
+    for rank in ("accuracy", "likelihood", 2):
+        clf = MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=rank, random_state=0).fit(X, y)
+        Xt = np.vstack([np.sin(2 * np.pi * t) + 0.01 * rng.standard_normal(20),
+                        np.cos(2 * np.pi * t)])
+        assert np.all(np.isfinite(clf.log_evidence(Xt)))
+        assert clf.predict(Xt).tolist() == [0, 1]
 
 
 def test_ppca_rank_options_and_errors():

@@ -148,6 +148,12 @@ def test_transport_times_both_dispatches_then_keeps_the_faster():
     assert t.dispatch_ == {"statistics": "threads"}
     assert len(t._timings["statistics"]["loop"]) == _TIMING_CALLS
     assert len(t._timings["statistics"]["warm-up"]) == 1
+    # a call to one client is neither timed nor pooled
+    t2 = JoblibTransport([_Timed(c, 0.0) for c in "ab"], n_jobs=2)
+    with t2:
+        t2.call("statistics", (0,))  # warm-up
+        t2.call("statistics", (0,), ids=["a"])
+    assert t2._timings["statistics"]["threads"] == [] == t2._timings["statistics"]["loop"]
     # one job, or a method outside the timed protocol: no timing at all
     t1 = JoblibTransport([_Timed(c, 0.0) for c in "ab"], n_jobs=1)
     with t1:
