@@ -204,16 +204,48 @@ def select_ppca_rank(R, n_folds=N_RANK_FOLDS, center=False):
     return int(ranks[np.argmax(score)])
 
 
-def _ppca_from_svd(sv, Vt, n, p, total, rank):
-    """:func:`ppca_fit` from the SVD of the (centred) residual curves."""
+def _ppca_logliks_by_rank(Rc, Rh, ranks):
+    """Held-out :func:`ppca_loglik` of the PPCA fits of ``Rc`` at every rank, at once.
+
+    The columns of ``W`` (:func:`ppca_fit`) are orthogonal, along the right
+    singular vectors ``v_j`` of ``Rc``: the law has variance
+    ``e_j = max(lam_j - s2, 0) + s2'`` along ``v_j`` (``j < q``) and ``s2'``
+    elsewhere (``s2'``: ``s2`` floored at :data:`MIN_WITHIN_VARIANCE`), so one
+    projection ``P = R_h V`` gives every rank in ``O(n_h q)``.
+
+    Parameters
+    ----------
+    Rc : ndarray of shape (n, p)
+        Centred training residuals.
+    Rh : ndarray of shape (n_h, p)
+        Held-out residuals (same centring).
+    ranks : ndarray of int, shape (n_ranks,)
+
+    Returns
+    -------
+    ndarray of shape (n_ranks, n_h)
+    """
+    n, p = Rc.shape
+    n = max(n, 1)
+    _, sv, Vt = np.linalg.svd(Rc, full_matrices=False)
     lam = np.zeros(p)
     lam[: sv.size] = sv**2 / n
-    s2 = (total - lam[:rank].sum()) / (p - rank)
-    s2 = max(s2, 1e-10 * total / p, np.finfo(float).tiny)
-    W = np.zeros((p, rank))
-    r = min(rank, Vt.shape[0])
-    W[:, :r] = Vt[:r].T * np.sqrt(np.maximum(lam[:r] - s2, 0.0))
-    return W, s2
+    total = float(np.sum(Rc**2)) / n
+    qmax = int(np.max(ranks)) if len(ranks) else 0
+    P2 = (Rh @ Vt[:qmax].T) ** 2 if qmax else np.zeros((Rh.shape[0], 0))
+    rr = np.sum(Rh**2, axis=1)
+    out = np.empty((len(ranks), Rh.shape[0]))
+    for i, q in enumerate(ranks):
+        q = int(q)
+        s2 = (total - lam[:q].sum()) / (p - q)
+        s2 = max(s2, 1e-10 * total / p, np.finfo(float).tiny)  # as in ppca_fit
+        s2f = max(s2, MIN_WITHIN_VARIANCE)
+        e = np.maximum(lam[:q] - s2, 0.0) + s2f
+        proj = P2[:, :q]
+        quad = proj @ (1.0 / e) + (rr - proj.sum(axis=1)) / s2f
+        logdet = float(np.sum(np.log(e))) + (p - q) * np.log(s2f)
+        out[i] = -0.5 * (quad + logdet + p * _LOG_2PI)
+    return out
 
 
 def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_FOLDS):
@@ -281,15 +313,9 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
             Rtr = np.nan_to_num((X[tr] - means[k]) / scales[k], nan=0.0)
             center = members[k].size >= 3
             m = Rtr.mean(axis=0) if center else np.zeros(p)
-            Rc = Rtr - m
-            _, sv, Vt = np.linalg.svd(Rc, full_matrices=False)
-            total = float(np.sum(Rc**2)) / max(Rc.shape[0], 1)
             Rh = np.nan_to_num((X[held] - means[k]) / scales[k], nan=0.0) - m
-            for i, q in enumerate(ranks):
-                W, s2 = _ppca_from_svd(sv, Vt, max(Rc.shape[0], 1), p, total,
-                                       int(min(q, caps[k])))
-                s2 = max(s2, MIN_WITHIN_VARIANCE)
-                ll[i, :, k] = ppca_loglik(Rh, W, s2) - logs[k] + log_prior[k]
+            ll[:, :, k] = (_ppca_logliks_by_rank(Rtr - m, Rh, np.minimum(ranks, caps[k]))
+                           - logs[k] + log_prior[k])
         own = y_idx[held]
         correct += np.sum(np.argmax(ll, axis=2) == own[None, :], axis=1)
         fit += ll[:, np.arange(held.size), own].sum(axis=1)

@@ -377,3 +377,28 @@ def test_class_with_two_curves_keeps_the_regressor_covariance():
     p = t.size
     _, latent = clf.estimator_.predict(t[:, None], [0] * p, return_cov=True)
     assert not np.allclose(_reference_cov(clf, 0)[1], _reference_cov(clf, 0)[1] - latent)
+
+
+def test_all_rank_logliks_match_direct_ppca():
+    """The one-projection held-out log-likelihoods of every rank equal
+    ppca_fit + ppca_loglik (with the classifier's variance floor)."""
+    from skfedgp.classifier import (MIN_WITHIN_VARIANCE, _ppca_logliks_by_rank, ppca_fit,
+                                    ppca_loglik)
+
+    rng = np.random.default_rng(5)
+    p = 30
+    B = rng.standard_normal((p, 3)) * [2.0, 1.0, 0.5]
+    R = rng.standard_normal((12, 3)) @ B.T + 0.2 * rng.standard_normal((12, p))
+    Rc = R - R.mean(axis=0)
+    Rh = rng.standard_normal((5, 3)) @ B.T + 0.2 * rng.standard_normal((5, p))
+    ranks = np.arange(11)
+    fast = _ppca_logliks_by_rank(Rc, Rh, ranks)
+    for q in ranks:
+        W, s2 = ppca_fit(Rc, int(q))
+        ref = ppca_loglik(Rh, W, max(s2, MIN_WITHIN_VARIANCE))
+        np.testing.assert_allclose(fast[q], ref, rtol=1e-10, atol=1e-8)
+    # identical training rows: the floor applies
+    flat = _ppca_logliks_by_rank(np.zeros((4, p)), Rh, np.array([0, 2]))
+    W, s2 = ppca_fit(np.zeros((4, p)), 2)
+    np.testing.assert_allclose(flat[1], ppca_loglik(Rh, W, max(s2, MIN_WITHIN_VARIANCE)),
+                               rtol=1e-10)
