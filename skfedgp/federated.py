@@ -1960,8 +1960,9 @@ class JoblibTransport:
     calls both ways -- after one warm-up call, alternately in a plain loop
     and through the thread pool, :data:`_TIMING_CALLS` calls each,
     wall-clock seconds per client -- and then keeps the faster way (the
-    smaller median) for that method; a method called once per round (the
-    local phase) is therefore decided after seven rounds, and calls with a
+    smaller median) for that method. Once ``statistics`` (called every ELBO
+    evaluation) is decided, methods still undecided follow it, so the local
+    phase (once per round) is not timed over many rounds. Calls with a
     single client are neither timed nor pooled. Clients are independent
     within a call, so the results are identical either way; only the wall
     time changes. Process-based backends (``"loky"``, ``"dask"``) set with
@@ -2061,6 +2062,10 @@ class JoblibTransport:
             return "configured"  # the pool as configured (one job: calls in turn)
         if method in self.dispatch_:
             return self.dispatch_[method]
+        lead = self.dispatch_.get(_TIMED_METHODS[0])
+        if lead is not None:  # the clients' work is alike across methods: follow it
+            self.dispatch_[method] = lead
+            return lead
         t = self._timings.setdefault(method, {"warm-up": [], "loop": [], "threads": []})
         if not t["warm-up"]:
             return "warm-up"  # first call: caches, compilation; not compared

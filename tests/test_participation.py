@@ -134,6 +134,8 @@ class _Timed:
         time.sleep(self.seconds)
         return k + 1
 
+    global_gradient = statistics
+
 
 def test_transport_times_both_dispatches_then_keeps_the_faster():
     """n_jobs > 1 with threads: the first calls of a protocol method are timed
@@ -146,6 +148,10 @@ def test_transport_times_both_dispatches_then_keeps_the_faster():
         for k in range(2 * _TIMING_CALLS + 2):
             assert t.call("statistics", (k,)) == {"a": k + 1, "b": k + 1}
     assert t.dispatch_ == {"statistics": "threads"}
+    # an undecided method then follows the decided one, untimed
+    with t:
+        t.call("global_gradient", (0,))
+    assert t.dispatch_["global_gradient"] == "threads" and "global_gradient" not in t._timings
     assert len(t._timings["statistics"]["loop"]) == _TIMING_CALLS
     assert len(t._timings["statistics"]["warm-up"]) == 1
     # a call to one client is neither timed nor pooled
