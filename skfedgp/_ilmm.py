@@ -825,22 +825,16 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         Kc = _kernel_rows(Xc, lay)
         full = O.all(axis=1)
         part = ~full
+        # whitened rows F = K Lambda^{-T} (then back through Lambda^{-1}), or K itself
+        F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T if use else Kc
+        Kbar = Yc @ (wbar if use else psibar).T
+        Kbar[full] += F[full] @ Pb_all
+        for q in range(Q) if part.any() else ():
+            rows = part & O[:, q]
+            if rows.any():
+                Kbar[rows] += F[rows] @ pb(q)
         if use:
-            F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T  # K Lambda^{-T}
-            Kbar = Yc @ wbar.T
-            Kbar[full] += F[full] @ Pb_all
-            for q in range(Q) if part.any() else ():
-                rows = part & O[:, q]
-                if rows.any():
-                    Kbar[rows] += F[rows] @ pb(q)
             Kbar = _lsolve(lay, Ls, np.ascontiguousarray(Kbar.T), trans=True).T
-        else:
-            Kbar = Yc @ psibar.T
-            Kbar[full] += Kc[full] @ Pb_all
-            for q in range(Q) if part.any() else ():
-                rows = part & O[:, q]
-                if rows.any():
-                    Kbar[rows] += Kc[rows] @ pb(q)
         for k in active:
             kind, r, Z, ell, a, b_ = lay.blocks[k]
             dZ, dell, _ = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, 1.0)
