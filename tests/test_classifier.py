@@ -100,16 +100,22 @@ def test_curve_variation_none_is_the_regressor_law(fitted):
         MaxEvidenceClassifier(_reg(), curve_variation="white").fit(X, y)
 
 
+def _gain_curves(rng, n):
+    """Two classes (shifted sine, cosine) of ``n`` curves each on 30 points,
+    varying by a random gain (sd 0.3) plus white noise (sd 0.02)."""
+    t = np.linspace(0, 1, 30)
+    shapes = [np.sin(2 * np.pi * t) + 1.5, np.cos(2 * np.pi * t) + 1.5]
+    X = np.vstack([s * (1 + 0.3 * rng.standard_normal((n, 1)))
+                   + 0.02 * rng.standard_normal((n, 30)) for s in shapes])
+    return t, shapes, X, np.repeat([0, 1], n)
+
+
 def test_curve_variation_widens_the_law_along_within_class_directions():
     # every class varies by a random gain: the fitted law of a new curve must
     # carry that direction, so scaled copies of a class mean score far better
     # than under the regressor's white-noise law
     rng = np.random.default_rng(4)
-    t = np.linspace(0, 1, 30)
-    shapes = [np.sin(2 * np.pi * t) + 1.5, np.cos(2 * np.pi * t) + 1.5]
-    X = np.vstack([s * (1 + 0.3 * rng.standard_normal((15, 1)))
-                   + 0.02 * rng.standard_normal((15, 30)) for s in shapes])
-    y = np.repeat([0, 1], 15)
+    t, shapes, X, y = _gain_curves(rng, 15)
     clf = MaxEvidenceClassifier(_reg(), grid=t, random_state=0).fit(X, y)
     assert all(v["rank"] >= 1 for v in clf.curve_variation_)
     Xt = np.vstack([s * (1 + 0.6 * rng.standard_normal((10, 1))) for s in shapes])
@@ -342,12 +348,7 @@ def test_identical_training_curves_give_a_finite_law():
 
 
 def test_ppca_rank_options_and_errors():
-    rng = np.random.default_rng(4)
-    t = np.linspace(0, 1, 30)
-    shapes = [np.sin(2 * np.pi * t) + 1.5, np.cos(2 * np.pi * t) + 1.5]
-    X = np.vstack([s * (1 + 0.3 * rng.standard_normal((8, 1)))
-                   + 0.02 * rng.standard_normal((8, 30)) for s in shapes])
-    y = np.repeat([0, 1], 8)
+    t, _, X, y = _gain_curves(np.random.default_rng(4), 8)
     clf = MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=2, random_state=0).fit(X, y)
     assert [v["rank"] for v in clf.curve_variation_] == [2, 2]
     clf = MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=100, random_state=0).fit(X, y)
