@@ -659,37 +659,35 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             with single_threaded_blas():
                 K = classes.shape[0]
                 means = [self._class_mean_and_cov(k, with_cov=False)[0] for k in range(K)]
-                scales = [self._residual_scale(X[y_idx == k], means[k]) for k in range(K)]
+                # a NaN point counts as a zero residual
+                resid = [np.nan_to_num(X[y_idx == k] - means[k], nan=0.0) for k in range(K)]
+                scales = [self._residual_scale(R) for R in resid]
                 rank = self.ppca_rank
                 if rank == "accuracy":
                     rank = select_rank_by_accuracy(X, y_idx, means, scales, log_prior)
                 self.curve_variation_ = [
-                    self._fit_variation(X[y_idx == k], means[k], scales[k], rank)
-                    for k in range(K)
-                ]
+                    self._fit_variation(R, sc, rank) for R, sc in zip(resid, scales)]
         else:
             self.curve_variation_ = None
         return self
 
-    def _residual_scale(self, Xk, mean):
-        """Per column: the root mean square of the class's residuals in its channel."""
-        R = np.nan_to_num(Xk - mean, nan=0.0)
+    def _residual_scale(self, R):
+        """Per column: the root mean square of the class's residuals ``R`` in its channel."""
         n, n_points = R.shape[0], self.n_points_
         rms = np.sqrt(np.mean(R.reshape(n, self.n_channels, n_points) ** 2, axis=(0, 2)))
         rms = np.where(rms > 0, rms, 1.0)
         return np.repeat(rms, n_points)
 
-    def _fit_variation(self, Xk, mean, scale, rank):
-        """Within-class law of one class from its training curves.
+    def _fit_variation(self, R, scale, rank):
+        """Within-class law of one class from its residual curves.
 
-        Residuals ``r_n = x_n - mu_k`` (``mu_k``: the regressor's predictive
-        mean of the class; a NaN point counts as a zero residual), scaled per
-        channel by their root mean square; with at least 3 curves their mean
-        ``m`` is estimated and taken off (standard PPCA), then
-        :func:`ppca_fit` with rank ``rank`` (``"likelihood"``: chosen by
-        :func:`select_ppca_rank`), capped by what the curves support.
+        Residuals ``R`` (rows ``x_n - mu_k``, ``mu_k`` the regressor's
+        predictive mean of the class, NaN points as zeros), scaled per
+        channel by ``scale``; with at least 3 curves their mean ``m`` is
+        estimated and taken off (standard PPCA), then :func:`ppca_fit` with
+        rank ``rank`` (``"likelihood"``: chosen by :func:`select_ppca_rank`),
+        capped by what the curves support.
         """
-        R = np.nan_to_num(Xk - mean, nan=0.0)
         n = R.shape[0]
         Rs = R / scale
         center = n >= 3
@@ -697,11 +695,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         if rank == "likelihood":
             rank = select_ppca_rank(Rs, center=center)
         else:
-            rank = int(min(rank, max(0, min(n - 1 - int(center), Rs.shape[1] - 1)))
-                       if n >= 3 else 0)
-        W, s2 = ppca_fit(Rs - m, rank)
+            rank = int(min(rank, max(0, min(n - 2, Rs.shape[1] - 1)))) if center else 0
+        Rc = Rs - m
+        W, s2 = ppca_fit(Rc, rank)
         s2 = max(s2, MIN_WITHIN_VARIANCE)  # identical curves: no zero-variance law
-        spread = float(np.mean((Rs - m) ** 2))
+        spread = float(np.mean(Rc**2))
         # a new curve: within-class spread plus the uncertainty of m (1 / n)
         inflate = 1.0 + 1.0 / n if center else 1.0
         return {"scale": scale, "mean": m, "W": W * np.sqrt(inflate),

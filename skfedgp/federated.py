@@ -791,7 +791,7 @@ class Server:
         if cfg.n_inducing == "auto":
             # the number of lengthscale-sized cells in the union of the clients' boxes
             cap = max(AUTO_MAX_INDUCING, budget_inducing(
-                getattr(self, "client_sizes", None) or [self.n_total], cfg.components,
+                self.client_sizes, cfg.components,
                 n_latent=max(cfg.n_latent) if cfg.n_outputs else 1))
             M = auto_inducing(ell, np.ones(d), per_lengthscale=AUTO_PER_LENGTHSCALE,
                               minimum=AUTO_MIN_INDUCING,
