@@ -270,6 +270,11 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
     classify equally well, the one whose held-out curves have the largest
     log density under their own classes wins.
 
+    Source: beyond the pFedHGP paper (its section 3.8 scores eq. 31 only);
+    the class laws are probabilistic PCA (Tipping and Bishop 1999, J. R.
+    Statist. Soc. B 61(3), eqs. 7-8), the rank chosen as a classifier
+    hyperparameter by K-fold cross-validation.
+
     Parameters
     ----------
     X : ndarray of shape (n_curves, p)
@@ -286,6 +291,11 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
     -------
     rank : int
         0 if no class has at least 3 curves.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        If an SVD of the residual curves does not converge.
     """
     K = len(means)
     p = X.shape[1]

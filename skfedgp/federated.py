@@ -1504,8 +1504,11 @@ def budget_inducing(sizes, components, budget=None, n_latent=1):
     whitening and elimination; ``m_i = min(n_i, AUTO_MAX_LOCAL)`` local
     inducing points when the local component is used; the factor 4 stands
     for the whitening solves and, with the deviation, the elimination of the
-    client's own ``M + m_i`` variables), and the server ``M^3``. This returns the largest ``M`` whose total stays
-    within ``budget``.
+    client's own ``M + m_i`` variables), and the server ``M^3``. This
+    returns the largest ``M`` whose total stays within ``budget``.
+
+    Source: a cost model of this implementation (docs/maths.md, section
+    "Inducing points"), not of the pFedHGP paper, which fixes ``M``.
 
     Parameters
     ----------
