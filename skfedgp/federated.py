@@ -2942,7 +2942,44 @@ class ILMMStructuredClient(StructuredClient):
     noise variance(s) and the per-output constant mean are this client's own
     vector. NaN entries of the targets are missing outputs, left out of the
     likelihood.
+
+    With ``noise="isotropic"`` the one noise variance is isotropic in the
+    *target* units: every output is standardised by its own scale
+    ``y_scale_q``, so the packed scalar ``s2`` (in units of the mean of the
+    ``y_scale_q^2``) enters output ``q`` as ``s2 * w_q``, ``w_q =
+    mean(y_scale^2) / y_scale_q^2`` (:meth:`noise_weights`), and every
+    output gets the noise variance ``s2 * mean(y_scale^2)`` in target
+    units. :meth:`local_values` returns the per-output ``s2 * w``.
     """
+
+    def noise_weights(self):
+        """Per-output factors ``w`` of the isotropic noise variance (None: diagonal noise).
+
+        Returns
+        -------
+        ndarray of shape (Q,) or None
+        """
+        shapes = {name: shape for name, shape, _ in self.pack.spec}
+        if shapes["noise_variance"] != ():
+            return None
+        ys2 = np.broadcast_to(np.asarray(self._y_scale, dtype=float) ** 2, shapes["offset"])
+        return float(np.mean(ys2)) / ys2
+
+    def _values(self, theta=None):
+        """Unpacked local vector with the noise variance per output."""
+        L = self.pack.unpack(self.theta if theta is None else theta)
+        w = self.noise_weights()
+        if w is not None:
+            L["noise_variance"] = float(L["noise_variance"]) * w
+        return L
+
+    def local_values(self):
+        """Constrained local values (scaled inputs, standardised units).
+
+        ``noise_variance`` has shape (Q,): with ``noise="isotropic"`` the one
+        parameter times :meth:`noise_weights`.
+        """
+        return self._values()
 
     def pilot(self, random_state):
         """Pilot exact GPs on each output's observed rows; medians over outputs.
@@ -3017,7 +3054,14 @@ class ILMMStructuredClient(StructuredClient):
             s2 = p.noise_variance
         s2 = float(np.clip(max(s2, 2.0 * self.noise_floor), self.noise_floor * 1.01,
                            LOG_BOUNDS["noise_variance"][1] * 0.99))
-        values["noise_variance"] = np.full(Q, s2) if config.noise == "diagonal" else s2
+        if config.noise == "diagonal":
+            # a given noise variance is in target units: output q's own share
+            w = (float(np.mean(self._y_scale**2)) / np.broadcast_to(self._y_scale**2, (Q,))
+                 if config.noise_variance is not None else np.ones(Q))
+            values["noise_variance"] = np.clip(s2 * w, self.noise_floor * 1.01,
+                                               LOG_BOUNDS["noise_variance"][1] * 0.99)
+        else:
+            values["noise_variance"] = s2
         values["offset"] = np.asarray(mean, dtype=float)
         self.pack = ilmm_local_spec(config.components, M_l, d, Q, R_d, R_l, noise=config.noise)
         self.theta = self.pack.pack(values)
@@ -3025,15 +3069,18 @@ class ILMMStructuredClient(StructuredClient):
     def _forward(self, theta_g, gpack, config, theta=None):
         from ._ilmm import forward
 
-        L = self.pack.unpack(self.theta if theta is None else theta)
-        return forward(self._Xs, self._y, gpack.unpack(theta_g), L, config.components,
-                       jitter=config.jitter, client=self.client_id)
+        return forward(self._Xs, self._y, gpack.unpack(theta_g), self._values(theta),
+                       config.components, jitter=config.jitter, client=self.client_id)
 
     def _backward(self, state, mu, A_inv, *, want_global, want_local):
         from ._ilmm import backward
 
-        return backward(state, self._Xs, self._y, mu, A_inv, want_global=want_global,
-                        want_local=want_local)
+        grads = backward(state, self._Xs, self._y, mu, A_inv, want_global=want_global,
+                         want_local=want_local)
+        w = self.noise_weights()
+        if w is not None and "noise_variance" in grads:  # chain rule to the one parameter
+            grads["noise_variance"] = float(np.asarray(grads["noise_variance"]) @ w)
+        return grads
 
     def finish(self, post, theta_g, gpack, config):
         """Posterior moments at the final vectors (:meth:`close` then forgets the data).
@@ -3051,7 +3098,7 @@ class ILMMStructuredClient(StructuredClient):
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = posterior(self._state, post.mean, post.covariance)
         self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
-        L = self.pack.unpack(self.theta)
+        L = self._values()
         coreg = {}
         for key, name in (("B_d", "deviation"), ("B_l", "local")):
             if key in L:

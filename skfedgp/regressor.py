@@ -117,6 +117,8 @@ def _warn_diagnostics(est, converged, n_rounds):
         B = dict(c.local_values(), noise_floor=getattr(c, "noise_floor", None))
         if B["noise_floor"] is None:
             del B["noise_floor"]
+        elif getattr(c, "noise_weights", None) is not None and c.noise_weights() is not None:
+            B["noise_floor"] = B["noise_floor"] * c.noise_weights()  # per-output values
         check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}")
         check(B, ("noise_variance",), f" of client {lab!r}")
     if at:
@@ -272,8 +274,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         client's own) carry the scales. Ignored for one target column.
     noise : {"isotropic", "diagonal"}, default="isotropic"
         Multi-output targets only: one noise variance per client shared by
-        its outputs (the paper's ``s2_i I_Q``), or one per client and
-        output.
+        its outputs (the paper's ``s2_i I_Q``, in target units: each output
+        is standardised by its own scale, and the standardised noise of
+        output ``q`` is ``s2_i`` times ``mean(y_scale_**2) /
+        y_scale_[q]**2``), or one per client and output.
     learning_rate : float, default=0.1
         Adam step size of the clients' local steps (``optimizer="adam"``).
     global_learning_rate : float, default=0.1

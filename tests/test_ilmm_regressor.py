@@ -140,7 +140,8 @@ def test_close_to_exact_gp_with_many_inducing_points():
     xt = (Xt - srv.x_offset) / srv.x_scale
     B = G["B_g"]
     ell = G["lengthscale_g"][0]
-    K = np.kron(se_ard(xs, xs, ell, 1.0), B @ B.T) + L["noise_variance"] * np.eye(n * Q)
+    noise = np.diag(np.broadcast_to(L["noise_variance"], (Q,)))  # per output
+    K = np.kron(se_ard(xs, xs, ell, 1.0), B @ B.T) + np.kron(np.eye(n), noise)
     Ks = np.kron(se_ard(xt, xs, ell, 1.0), B @ B.T)
     Kss = np.kron(se_ard(xt, xt, ell, 1.0), B @ B.T)
     ys = ((Y - est.y_offset_) / est.y_scale_ - L["offset"]).ravel()
@@ -149,7 +150,7 @@ def test_close_to_exact_gp_with_many_inducing_points():
     scale = np.asarray(est.y_scale_)
     np.testing.assert_allclose(m, est.y_offset_ + scale * mu, atol=2e-3 * scale.max())
     for k in range(Xt.shape[0]):
-        blk = S[k * Q:(k + 1) * Q, k * Q:(k + 1) * Q] + L["noise_variance"] * np.eye(Q)
+        blk = S[k * Q:(k + 1) * Q, k * Q:(k + 1) * Q] + noise
         np.testing.assert_allclose(C[k], np.outer(scale, scale) * blk,
                                    atol=2e-3 * scale.max() ** 2)
 
@@ -220,3 +221,45 @@ def test_predict_joint_matches_blocks(data, fitted):
         np.testing.assert_allclose(J[i * Q:(i + 1) * Q, i * Q:(i + 1) * Q], C[i], atol=1e-8)
     with pytest.raises(ValueError, match="one client"):
         fitted.predict_joint(Xt, gt)
+
+
+def test_isotropic_noise_is_one_variance_in_target_units():
+    """Outputs on scales 1 and 50 with the same noise: each output is
+    standardised by its own scale, yet noise="isotropic" gives every output
+    the same noise variance in target units, and the client's gradient in the
+    one packed noise parameter (chain rule through the per-output weights)
+    matches central finite differences."""
+    from skfedgp.federated import ILMMStructuredClient
+
+    rng = np.random.default_rng(3)
+    n = 30
+    X = rng.uniform(0, 6, (2 * n, 1))
+    g = np.repeat(["a", "b"], n)
+    Y = np.c_[np.sin(X[:, 0]), 50.0 * np.cos(X[:, 0])] + 0.05 * rng.standard_normal((2 * n, 2))
+    states = {}
+    est = FederatedHierarchicalGPRegressor(
+        n_latent=1, n_rounds=2, random_state=0,
+        checkpoint=lambda r, s: states.__setitem__(r, s)).fit(X, Y, groups=g)
+    scale = np.asarray(est.y_scale_)
+    assert scale.shape == (2,) and scale[1] > 10 * scale[0]
+    for c in est.clients_.values():
+        s2 = np.asarray(c.local_values()["noise_variance"])
+        assert s2.shape == (2,)
+        raw = s2 * scale**2
+        np.testing.assert_allclose(raw, raw[0], rtol=1e-12)
+    # chain rule: the surrogate's gradient in the packed (log) noise parameter
+    st = states[2]
+    client = ILMMStructuredClient(Client("a", X[g == "a"], Y[g == "a"]))
+    client.prepare(st.init)
+    client.set_state(st.client_states["a"])
+    cfg = est.server_.config
+    args = (st.theta_global, st.global_pack, cfg, st.post.mean, st.post.covariance)
+    theta = client.theta.copy()
+    sl = client.pack.slices["noise_variance"]
+    _, grad = client._surrogate(theta, *args)
+    h = 1e-4  # the surrogate is a sum of large terms: smaller steps cancel digits
+    tp, tm = theta.copy(), theta.copy()
+    tp[sl] += h
+    tm[sl] -= h
+    fd = (client._surrogate(tp, *args)[0] - client._surrogate(tm, *args)[0]) / (2 * h)
+    np.testing.assert_allclose(grad[sl], fd, rtol=1e-4)
