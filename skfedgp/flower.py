@@ -14,8 +14,9 @@ the same defaults, as :class:`~skfedgp.FederatedHierarchicalGPRegressor`.
 Serialisation (:func:`encode` / :func:`decode`) is field by field: arrays go
 into a Flower ``ArrayRecord`` (NumPy's own format, no pickle), numbers,
 strings and ``None`` markers into a ``ConfigRecord``; nested dataclasses
-(``ModelConfig``, ``Packer``, ``ClientUpdateValue.hyperparameters``) are
-flattened under dotted names. Only the types listed in :data:`CODEC_TYPES`
+(``ModelConfig``, ``Packer``, ``ClientUpdateValue.hyperparameters``) and
+dicts with string keys (``LocalHyperparameters.coregionalisation`` of
+multi-output targets) are flattened under dotted and numbered names. Only the types listed in :data:`CODEC_TYPES`
 are decoded: a message never executes code on the receiver.
 
 Static configuration (the :class:`~skfedgp.federated.ModelConfig` and the
@@ -94,6 +95,7 @@ _TYPE = "#type"
 _NONE = "#none"
 _TUPLE = "#tuple"
 _LIST = "#list"
+_DICT = "#dict"
 _LEN = "#len"
 
 
@@ -132,6 +134,14 @@ def _flatten(value, key, arrays, config):
         config[key + (_TUPLE if isinstance(value, tuple) else _LIST)] = len(value)
         for i, v in enumerate(value):
             _flatten(v, f"{key}[{i}]", arrays, config)
+    elif isinstance(value, dict):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise TypeError(
+                f"skfedgp.flower cannot serialise {key!r}: dict keys must be str, got {bad[0]!r}")
+        config[key + _DICT] = list(value)
+        for i, v in enumerate(value.values()):
+            _flatten(v, f"{key}{{{i}}}", arrays, config)
     else:
         raise TypeError(
             f"skfedgp.flower cannot serialise {key!r} of type {type(value).__name__}")
@@ -165,6 +175,9 @@ def _unflatten(key, arrays, config):
         cls = CODEC_TYPES[name]
         return cls(**{f.name: _unflatten(f"{key}.{f.name}", arrays, config)
                       for f in dataclasses.fields(cls)})
+    if key + _DICT in config:
+        return {str(k): _unflatten(f"{key}{{{i}}}", arrays, config)
+                for i, k in enumerate(config[key + _DICT])}
     for marker, kind in ((_TUPLE, tuple), (_LIST, list)):
         if key + marker in config:
             return kind(_unflatten(f"{key}[{i}]", arrays, config)
@@ -189,6 +202,8 @@ def _count(value):
         return int(sum(_count(getattr(value, f.name)) for f in dataclasses.fields(value)))
     if isinstance(value, (tuple, list)):
         return int(sum(_count(v) for v in value))
+    if isinstance(value, dict):
+        return int(sum(_count(v) for v in value.values()))
     raise TypeError(f"cannot count the bytes of a {type(value).__name__}")
 
 
@@ -197,7 +212,7 @@ def payload_nbytes(value):
 
     Parameters
     ----------
-    value : message dataclass, ndarray, number, tuple/list of those, or None
+    value : message dataclass, ndarray, number, tuple/list/dict of those, or None
 
     Returns
     -------
@@ -213,7 +228,7 @@ def encode(value, name="v"):
     Parameters
     ----------
     value : message dataclass, ModelConfig, Packer, ndarray, number, str, None,
-        or a tuple/list of those
+        or a tuple/list or str-keyed dict of those
     name : str, default="v"
         Prefix of the records: ``name + ".arrays"`` (``ArrayRecord``) and
         ``name + ".config"`` (``ConfigRecord``).

@@ -27,6 +27,10 @@ def _assert_same(a, b, path="v"):
         assert type(a) is type(b), path
         for f in dataclasses.fields(a):
             _assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, dict):
+        assert type(b) is dict and list(a) == list(b), path
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}{{{k}}}")
     elif isinstance(a, (tuple, list)):
         assert type(a) is type(b) and len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
@@ -42,8 +46,18 @@ def _examples():
     rng = np.random.default_rng(0)
     d, M, P = 3, 4, 17
     lh = F.LocalHyperparameters(rng.random(d), 0.25, 1e-3 * np.pi, -0.7)
+    Q = 2
+    # multi-output (ILMM) messages: per-output arrays and a dict of loadings
+    lh_mo = F.LocalHyperparameters(
+        rng.random((2, d)), None, rng.random(Q), rng.standard_normal(Q),
+        {"deviation": rng.standard_normal((1, Q, Q)), "local": rng.standard_normal((2, Q, Q))})
     return [
         F.ClientSummary(11, 3.5, 2.25, rng.random(d), rng.random(d) + 1.0),
+        F.ClientSummary(11, rng.standard_normal(Q), rng.random(Q), rng.random(d),
+                        rng.random(d) + 1.0, np.array([9, 11]), rng.standard_normal((Q, Q))),
+        lh_mo,
+        F.LocalHyperparameters(None, None, 0.5, rng.standard_normal(Q), {}),
+        F.ClientUpdateValue(9, -2.0, lh_mo),
         F.InitBroadcast(0.1, 2.0, np.zeros(0), -rng.random(d), rng.random(d)),
         F.GlobalBroadcast(4, rng.standard_normal(P)),
         F.ClientUpdate(2, rng.standard_normal(P), -123.456789),
@@ -112,6 +126,8 @@ def test_codec_refuses_unknown_types():
 
     with pytest.raises(TypeError, match="Bar"):
         fl.encode(Bar(1))
+    with pytest.raises(TypeError, match="dict keys must be str"):
+        fl.encode({1: np.ones(2)})
     rd = fl.encode(F.GlobalGradient(1, np.ones(2)))
     cfg = dict(rd["v.config"])
     cfg["v#type"] = "os.system"
