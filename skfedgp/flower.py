@@ -334,7 +334,8 @@ def _find_held(held, value, method):
 MESSAGE_CATEGORY = "train"
 #: Client methods a :class:`FlowerTransport` may call (those of
 #: :class:`~skfedgp.federated.StructuredClient` the training loop uses),
-#: plus ``"hello"`` (client id and number of features, the first exchange).
+#: plus ``"hello"`` (client id, numbers of features and of outputs, the
+#: first exchange).
 METHODS = ("hello", "summary", "prepare", "pilot", "initialise", "statistics",
            "global_gradient", "local_phase", "finish", "close", "get_state", "set_state")
 _STATE_KEY = "skfedgp"
@@ -357,22 +358,50 @@ class _Node:
 
 
 def _check_local_data(client_id, X, y):
-    """Validate what ``load_data`` returned on a node (clear errors, no NaN)."""
+    """Validate what ``load_data`` returned on a node.
+
+    ``X`` must be finite. A 1-D ``y`` (or one column) must be finite; a
+    ``y`` of shape ``(n, Q)``, ``Q > 1``, is validated as
+    :meth:`~skfedgp.FederatedHierarchicalGPRegressor.fit` validates
+    multi-output targets (:func:`skfedgp.regressor.check_multioutput_targets`:
+    NaN marks a missing output, inf and rows with every output missing are
+    errors).
+
+    Returns
+    -------
+    client_id : str or int
+    X : ndarray of shape (n, d)
+    y : ndarray of shape (n,) or (n, Q)
+
+    Raises
+    ------
+    TypeError
+        For a client id that is not a str or an int.
+    ValueError
+        For bad data, naming the client.
+    """
     from sklearn.utils import check_array
 
-    from .regressor import MIN_SAMPLES_PER_CLIENT
+    from .regressor import MIN_SAMPLES_PER_CLIENT, check_multioutput_targets
 
     if client_id is None or not isinstance(client_id, (str, numbers.Integral)) \
             or isinstance(client_id, bool):
         raise TypeError(
             f"load_data must return a client id that is a str or an int, got {client_id!r}")
-    X = check_array(X, dtype=np.float64, input_name="X")
-    y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
+    try:
+        X = check_array(X, dtype=np.float64, input_name="X")
+        if np.ndim(y) == 2 and np.shape(y)[1] > 1:
+            y = check_multioutput_targets(y, X.shape[0])
+        else:
+            y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
+    except ValueError as exc:
+        raise ValueError(f"client {client_id!r}: {exc}") from None
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
-    if y.ndim != 1 or y.shape[0] != X.shape[0]:
+    if y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
         raise ValueError(
-            f"client {client_id!r}: y must have shape ({X.shape[0]},), got {y.shape}")
+            f"client {client_id!r}: y must have shape ({X.shape[0]},) or "
+            f"({X.shape[0]}, n_outputs), got {y.shape}")
     if X.shape[0] < MIN_SAMPLES_PER_CLIENT:
         raise ValueError(
             f"client {client_id!r} has {X.shape[0]} sample(s); at least "
@@ -394,7 +423,10 @@ def _node_for(context, load_data):
         node = pickle.loads(saved["node"])  # written by this node itself, never sent
     else:
         cid, X, y = _check_local_data(*load_data(context))
-        node = _Node(cid, _fed.StructuredClient(_fed.Client(cid, X, y)))
+        # as structured_client(client, config) chooses: y of shape (n, Q) is
+        # the multi-output (ILMM) model, which the server learns from "hello"
+        cls = _fed.ILMMStructuredClient if y.ndim == 2 else _fed.StructuredClient
+        node = _Node(cid, cls(_fed.Client(cid, X, y)))
     _REGISTRY[key] = node
     return node
 
@@ -410,10 +442,12 @@ def _save_node(node, context):
         {"version": node.version, "node": pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)})
 
 
-def _n_features(client):
+def _data_shape(client):
+    """``(n_features, n_outputs)`` of a node's client (the ``hello`` reply);
+    ``n_outputs`` is 1 for 1-D targets."""
     raw = getattr(client, "_client", None)
-    X = raw._X if raw is not None else client._Xs
-    return int(X.shape[1])
+    X, y = (raw._X, raw._y) if raw is not None else (client._Xs, client._y)
+    return int(X.shape[1]), int(y.shape[1]) if y.ndim == 2 else 1
 
 
 def _handle(message, context, load_data, on_finish):
@@ -454,7 +488,7 @@ def _handle(message, context, load_data, on_finish):
                     node.held[f"arg:{kind}"] = value
                 args.append(value)
         if method == "hello":
-            result = _n_features(node.target)
+            result = _data_shape(node.target)
         else:
             result = getattr(node.target, method)(*args)
         kind = _kind(result)
@@ -481,11 +515,18 @@ def make_client_app(load_data, *, on_finish=None, mods=None):
     load_data : callable
         ``load_data(context) -> (client_id, X, y)``: the node's own data, read
         on the node (e.g. from a path in ``context.node_config``); ``client_id``
-        a str or int unique among the nodes, ``X`` of shape ``(n_i, d)``,
-        ``y`` of shape ``(n_i,)`` in original units. Called once per node.
+        a str or int unique among the nodes, ``X`` of shape ``(n_i, d)``
+        (finite), ``y`` in original units, of shape ``(n_i,)`` (finite) or
+        ``(n_i, Q)`` for ``Q > 1`` outputs: the multi-output (ILMM) model,
+        where a NaN entry is a missing output, validated as
+        :meth:`~skfedgp.FederatedHierarchicalGPRegressor.fit` validates it
+        (no inf, no row with every output missing). Every node must hold
+        the same ``Q``; the node reports it in the ``hello`` exchange.
+        Called once per node.
     on_finish : callable, optional
         ``on_finish(client_id, client, context)`` after the final exchange,
-        with the node's :class:`~skfedgp.federated.StructuredClient` (its
+        with the node's :class:`~skfedgp.federated.StructuredClient`
+        (:class:`~skfedgp.federated.ILMMStructuredClient` for ``Q > 1``; its
         fitted local vector ``client.theta``, ``client.local_values()`` and
         posterior moments ``client.posterior``): the place to save the
         client's personal model on the node.
@@ -577,6 +618,9 @@ class FlowerTransport:
         Client id to Flower node id.
     n_features_ : int
         Number of input features (the same on every node).
+    n_outputs_ : int
+        Number of outputs (target columns; 1 for 1-D targets), the same on
+        every node; more than 1 trains the multi-output (ILMM) model.
     payload_log_ : list of dict
         One entry per call: ``method``, ``round``, ``bytes_down``,
         ``bytes_up`` (model payload: arrays' ``nbytes`` and 8 bytes per
@@ -616,6 +660,9 @@ class FlowerTransport:
     def connect(self):
         """Wait for the nodes and learn their client ids (one ``hello`` each).
 
+        Each node answers with its client id, its number of features and
+        its number of outputs (target columns, 1 for 1-D targets).
+
         Returns
         -------
         self
@@ -627,8 +674,8 @@ class FlowerTransport:
         RuntimeError
             If a node fails to load its data.
         ValueError
-            If two nodes report the same client id or different numbers of
-            features.
+            If two nodes report the same client id, different numbers of
+            features or different numbers of outputs.
         """
         import time
 
@@ -644,7 +691,7 @@ class FlowerTransport:
             time.sleep(0.1)
             nodes = sorted(self.grid.get_node_ids())
         replies = self._exchange("hello", {n: () for n in nodes}, {}, 0)
-        cids, dims = {}, {}
+        cids, dims, outputs = {}, {}, {}
         for node, (cid, value, err) in replies.items():
             if err is not None:
                 raise RuntimeError(f"Flower node {node} failed at set-up: {err[0]}")
@@ -652,10 +699,15 @@ class FlowerTransport:
                 raise ValueError(
                     f"Flower nodes {cids[cid]} and {node} both report client id {cid!r}")
             cids[cid] = node
-            dims[cid] = value
+            dims[cid], outputs[cid] = value
         if len(set(dims.values())) != 1:
             raise ValueError(f"the nodes' data have different numbers of features: {dims}")
+        if len(set(outputs.values())) != 1:
+            raise ValueError(
+                "the nodes' data have different numbers of outputs (target columns; 1 for "
+                f"1-D targets): {outputs}; every node must hold the same Q columns")
         self.n_features_ = int(next(iter(dims.values())))
+        self.n_outputs_ = int(next(iter(outputs.values())))
         self.client_ids, _ = unique_labels(list(cids))
         self.node_ids_ = {c: cids[c] for c in self.client_ids}
         self._held = {c: {} for c in self.client_ids}
@@ -865,7 +917,10 @@ def fit_over_transport(transport, est, config, n_rounds):
     ----------
     transport : FlowerTransport
         After :meth:`FlowerTransport.connect` (any object with the transport
-        interface, ``n_features_`` and sorted ``client_ids`` will do).
+        interface, ``n_features_`` and sorted ``client_ids`` will do; an
+        ``n_outputs_`` above 1, the nodes' number of target columns, trains
+        the multi-output model with ``config.n_outputs`` set as ``fit``
+        sets it).
     est : FederatedHierarchicalGPRegressor
         Unfitted; its parameters are used.
     config : ModelConfig
@@ -875,9 +930,18 @@ def fit_over_transport(transport, est, config, n_rounds):
     -------
     dict
         The fitted global state; see :func:`make_server_app`.
+
+    Raises
+    ------
+    ValueError
+        With multi-output targets and parameters ``fit`` refuses for them
+        (``variance`` or ``local_variance`` given).
     """
     from sklearn.utils import check_random_state
 
+    n_outputs = int(getattr(transport, "n_outputs_", 1))
+    if n_outputs > 1:
+        config = est._multioutput_config(config, n_outputs)
     ids = list(transport.client_ids)
     rng = check_random_state(est.random_state)
     seeds = rng.randint(0, 2**31 - 1, size=len(ids) + 1)
@@ -919,6 +983,7 @@ def fit_over_transport(transport, est, config, n_rounds):
         "x_offset": server.x_offset,
         "x_scale": server.x_scale,
         "n_inducing": server.n_inducing_,
+        "n_outputs": config.n_outputs or 1,
         "config": config,
         "payload_log": list(transport.payload_log_),
         "wire_log": list(transport.wire_log_),
@@ -967,7 +1032,9 @@ def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_
         ``converged``, ``n_evaluations``, ``failed_clients``,
         ``excluded_clients`` (as ``failed_clients_`` and
         ``excluded_clients_``), ``population``, ``y_offset``,
-        ``y_scale``, ``x_offset``, ``x_scale``, ``n_inducing``, ``config``,
+        ``y_scale`` (per output with multi-output targets), ``x_offset``,
+        ``x_scale``, ``n_inducing``, ``n_outputs`` (1 for 1-D targets),
+        ``config``,
         ``payload_log`` and ``wire_log`` (per exchange,
         :class:`FlowerTransport`). The clients' local blocks and posterior
         moments stay on the clients (``make_client_app(on_finish=...)``).
