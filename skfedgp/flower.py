@@ -16,8 +16,9 @@ into a Flower ``ArrayRecord`` (NumPy's own format, no pickle), numbers,
 strings and ``None`` markers into a ``ConfigRecord``; nested dataclasses
 (``ModelConfig``, ``Packer``, ``ClientUpdateValue.hyperparameters``) and
 dicts with string keys (``LocalHyperparameters.coregionalisation`` of
-multi-output targets) are flattened under dotted and numbered names. Only the types listed in :data:`CODEC_TYPES`
-are decoded: a message never executes code on the receiver.
+multi-output targets) are flattened under dotted and numbered names. Only
+the types listed in :data:`CODEC_TYPES` are decoded: a message never
+executes code on the receiver.
 
 Static configuration (the :class:`~skfedgp.federated.ModelConfig` and the
 global :class:`~skfedgp._hierarchy.Packer`) is sent to a client once and kept
