@@ -14,9 +14,11 @@ the same defaults, as :class:`~skfedgp.FederatedHierarchicalGPRegressor`.
 Serialisation (:func:`encode` / :func:`decode`) is field by field: arrays go
 into a Flower ``ArrayRecord`` (NumPy's own format, no pickle), numbers,
 strings and ``None`` markers into a ``ConfigRecord``; nested dataclasses
-(``ModelConfig``, ``Packer``, ``ClientUpdateValue.hyperparameters``) are
-flattened under dotted names. Only the types listed in :data:`CODEC_TYPES`
-are decoded: a message never executes code on the receiver.
+(``ModelConfig``, ``Packer``, ``ClientUpdateValue.hyperparameters``) and
+dicts with string keys (``LocalHyperparameters.coregionalisation`` of
+multi-output targets) are flattened under dotted and numbered names. Only
+the types listed in :data:`CODEC_TYPES` are decoded: a message never
+executes code on the receiver.
 
 Static configuration (the :class:`~skfedgp.federated.ModelConfig` and the
 global :class:`~skfedgp._hierarchy.Packer`) is sent to a client once and kept
@@ -94,6 +96,7 @@ _TYPE = "#type"
 _NONE = "#none"
 _TUPLE = "#tuple"
 _LIST = "#list"
+_DICT = "#dict"
 _LEN = "#len"
 
 
@@ -132,6 +135,14 @@ def _flatten(value, key, arrays, config):
         config[key + (_TUPLE if isinstance(value, tuple) else _LIST)] = len(value)
         for i, v in enumerate(value):
             _flatten(v, f"{key}[{i}]", arrays, config)
+    elif isinstance(value, dict):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise TypeError(
+                f"skfedgp.flower cannot serialise {key!r}: dict keys must be str, got {bad[0]!r}")
+        config[key + _DICT] = list(value)
+        for i, v in enumerate(value.values()):
+            _flatten(v, f"{key}{{{i}}}", arrays, config)
     else:
         raise TypeError(
             f"skfedgp.flower cannot serialise {key!r} of type {type(value).__name__}")
@@ -165,6 +176,9 @@ def _unflatten(key, arrays, config):
         cls = CODEC_TYPES[name]
         return cls(**{f.name: _unflatten(f"{key}.{f.name}", arrays, config)
                       for f in dataclasses.fields(cls)})
+    if key + _DICT in config:
+        return {str(k): _unflatten(f"{key}{{{i}}}", arrays, config)
+                for i, k in enumerate(config[key + _DICT])}
     for marker, kind in ((_TUPLE, tuple), (_LIST, list)):
         if key + marker in config:
             return kind(_unflatten(f"{key}[{i}]", arrays, config)
@@ -189,6 +203,8 @@ def _count(value):
         return int(sum(_count(getattr(value, f.name)) for f in dataclasses.fields(value)))
     if isinstance(value, (tuple, list)):
         return int(sum(_count(v) for v in value))
+    if isinstance(value, dict):
+        return int(sum(_count(v) for v in value.values()))
     raise TypeError(f"cannot count the bytes of a {type(value).__name__}")
 
 
@@ -197,7 +213,7 @@ def payload_nbytes(value):
 
     Parameters
     ----------
-    value : message dataclass, ndarray, number, tuple/list of those, or None
+    value : message dataclass, ndarray, number, tuple/list/dict of those, or None
 
     Returns
     -------
@@ -213,7 +229,7 @@ def encode(value, name="v"):
     Parameters
     ----------
     value : message dataclass, ModelConfig, Packer, ndarray, number, str, None,
-        or a tuple/list of those
+        or a tuple/list or str-keyed dict of those
     name : str, default="v"
         Prefix of the records: ``name + ".arrays"`` (``ArrayRecord``) and
         ``name + ".config"`` (``ConfigRecord``).
@@ -319,7 +335,8 @@ def _find_held(held, value, method):
 MESSAGE_CATEGORY = "train"
 #: Client methods a :class:`FlowerTransport` may call (those of
 #: :class:`~skfedgp.federated.StructuredClient` the training loop uses),
-#: plus ``"hello"`` (client id and number of features, the first exchange).
+#: plus ``"hello"`` (client id, numbers of features and of outputs, the
+#: first exchange).
 METHODS = ("hello", "summary", "prepare", "pilot", "initialise", "statistics",
            "global_gradient", "local_phase", "finish", "close", "get_state", "set_state")
 _STATE_KEY = "skfedgp"
@@ -342,22 +359,50 @@ class _Node:
 
 
 def _check_local_data(client_id, X, y):
-    """Validate what ``load_data`` returned on a node (clear errors, no NaN)."""
+    """Validate what ``load_data`` returned on a node.
+
+    ``X`` must be finite. A 1-D ``y`` (or one column) must be finite; a
+    ``y`` of shape ``(n, Q)``, ``Q > 1``, is validated as
+    :meth:`~skfedgp.FederatedHierarchicalGPRegressor.fit` validates
+    multi-output targets (:func:`skfedgp.regressor.check_multioutput_targets`:
+    NaN marks a missing output, inf and rows with every output missing are
+    errors).
+
+    Returns
+    -------
+    client_id : str or int
+    X : ndarray of shape (n, d)
+    y : ndarray of shape (n,) or (n, Q)
+
+    Raises
+    ------
+    TypeError
+        For a client id that is not a str or an int.
+    ValueError
+        For bad data, naming the client.
+    """
     from sklearn.utils import check_array
 
-    from .regressor import MIN_SAMPLES_PER_CLIENT
+    from .regressor import MIN_SAMPLES_PER_CLIENT, check_multioutput_targets
 
     if client_id is None or not isinstance(client_id, (str, numbers.Integral)) \
             or isinstance(client_id, bool):
         raise TypeError(
             f"load_data must return a client id that is a str or an int, got {client_id!r}")
-    X = check_array(X, dtype=np.float64, input_name="X")
-    y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
+    try:
+        X = check_array(X, dtype=np.float64, input_name="X")
+        if np.ndim(y) == 2 and np.shape(y)[1] > 1:
+            y = check_multioutput_targets(y, X.shape[0])
+        else:
+            y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
+    except ValueError as exc:
+        raise ValueError(f"client {client_id!r}: {exc}") from None
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
-    if y.ndim != 1 or y.shape[0] != X.shape[0]:
+    if y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
         raise ValueError(
-            f"client {client_id!r}: y must have shape ({X.shape[0]},), got {y.shape}")
+            f"client {client_id!r}: y must have shape ({X.shape[0]},) or "
+            f"({X.shape[0]}, n_outputs), got {y.shape}")
     if X.shape[0] < MIN_SAMPLES_PER_CLIENT:
         raise ValueError(
             f"client {client_id!r} has {X.shape[0]} sample(s); at least "
@@ -379,7 +424,10 @@ def _node_for(context, load_data):
         node = pickle.loads(saved["node"])  # written by this node itself, never sent
     else:
         cid, X, y = _check_local_data(*load_data(context))
-        node = _Node(cid, _fed.StructuredClient(_fed.Client(cid, X, y)))
+        # as structured_client(client, config) chooses: y of shape (n, Q) is
+        # the multi-output (ILMM) model, which the server learns from "hello"
+        cls = _fed.ILMMStructuredClient if y.ndim == 2 else _fed.StructuredClient
+        node = _Node(cid, cls(_fed.Client(cid, X, y)))
     _REGISTRY[key] = node
     return node
 
@@ -395,10 +443,12 @@ def _save_node(node, context):
         {"version": node.version, "node": pickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)})
 
 
-def _n_features(client):
+def _data_shape(client):
+    """``(n_features, n_outputs)`` of a node's client (the ``hello`` reply);
+    ``n_outputs`` is 1 for 1-D targets."""
     raw = getattr(client, "_client", None)
-    X = raw._X if raw is not None else client._Xs
-    return int(X.shape[1])
+    X, y = (raw._X, raw._y) if raw is not None else (client._Xs, client._y)
+    return int(X.shape[1]), int(y.shape[1]) if y.ndim == 2 else 1
 
 
 def _handle(message, context, load_data, on_finish):
@@ -439,7 +489,7 @@ def _handle(message, context, load_data, on_finish):
                     node.held[f"arg:{kind}"] = value
                 args.append(value)
         if method == "hello":
-            result = _n_features(node.target)
+            result = _data_shape(node.target)
         else:
             result = getattr(node.target, method)(*args)
         kind = _kind(result)
@@ -466,11 +516,18 @@ def make_client_app(load_data, *, on_finish=None, mods=None):
     load_data : callable
         ``load_data(context) -> (client_id, X, y)``: the node's own data, read
         on the node (e.g. from a path in ``context.node_config``); ``client_id``
-        a str or int unique among the nodes, ``X`` of shape ``(n_i, d)``,
-        ``y`` of shape ``(n_i,)`` in original units. Called once per node.
+        a str or int unique among the nodes, ``X`` of shape ``(n_i, d)``
+        (finite), ``y`` in original units, of shape ``(n_i,)`` (finite) or
+        ``(n_i, Q)`` for ``Q > 1`` outputs: the multi-output (ILMM) model,
+        where a NaN entry is a missing output, validated as
+        :meth:`~skfedgp.FederatedHierarchicalGPRegressor.fit` validates it
+        (no inf, no row with every output missing). Every node must hold
+        the same ``Q``; the node reports it in the ``hello`` exchange.
+        Called once per node.
     on_finish : callable, optional
         ``on_finish(client_id, client, context)`` after the final exchange,
-        with the node's :class:`~skfedgp.federated.StructuredClient` (its
+        with the node's :class:`~skfedgp.federated.StructuredClient`
+        (:class:`~skfedgp.federated.ILMMStructuredClient` for ``Q > 1``; its
         fitted local vector ``client.theta``, ``client.local_values()`` and
         posterior moments ``client.posterior``): the place to save the
         client's personal model on the node.
@@ -562,6 +619,9 @@ class FlowerTransport:
         Client id to Flower node id.
     n_features_ : int
         Number of input features (the same on every node).
+    n_outputs_ : int
+        Number of outputs (target columns; 1 for 1-D targets), the same on
+        every node; more than 1 trains the multi-output (ILMM) model.
     payload_log_ : list of dict
         One entry per call: ``method``, ``round``, ``bytes_down``,
         ``bytes_up`` (model payload: arrays' ``nbytes`` and 8 bytes per
@@ -601,6 +661,9 @@ class FlowerTransport:
     def connect(self):
         """Wait for the nodes and learn their client ids (one ``hello`` each).
 
+        Each node answers with its client id, its number of features and
+        its number of outputs (target columns, 1 for 1-D targets).
+
         Returns
         -------
         self
@@ -612,8 +675,8 @@ class FlowerTransport:
         RuntimeError
             If a node fails to load its data.
         ValueError
-            If two nodes report the same client id or different numbers of
-            features.
+            If two nodes report the same client id, different numbers of
+            features or different numbers of outputs.
         """
         import time
 
@@ -629,7 +692,7 @@ class FlowerTransport:
             time.sleep(0.1)
             nodes = sorted(self.grid.get_node_ids())
         replies = self._exchange("hello", {n: () for n in nodes}, {}, 0)
-        cids, dims = {}, {}
+        cids, dims, outputs = {}, {}, {}
         for node, (cid, value, err) in replies.items():
             if err is not None:
                 raise RuntimeError(f"Flower node {node} failed at set-up: {err[0]}")
@@ -637,10 +700,15 @@ class FlowerTransport:
                 raise ValueError(
                     f"Flower nodes {cids[cid]} and {node} both report client id {cid!r}")
             cids[cid] = node
-            dims[cid] = value
+            dims[cid], outputs[cid] = value
         if len(set(dims.values())) != 1:
             raise ValueError(f"the nodes' data have different numbers of features: {dims}")
+        if len(set(outputs.values())) != 1:
+            raise ValueError(
+                "the nodes' data have different numbers of outputs (target columns; 1 for "
+                f"1-D targets): {outputs}; every node must hold the same Q columns")
         self.n_features_ = int(next(iter(dims.values())))
+        self.n_outputs_ = int(next(iter(outputs.values())))
         self.client_ids, _ = unique_labels(list(cids))
         self.node_ids_ = {c: cids[c] for c in self.client_ids}
         self._held = {c: {} for c in self.client_ids}
@@ -850,7 +918,10 @@ def fit_over_transport(transport, est, config, n_rounds):
     ----------
     transport : FlowerTransport
         After :meth:`FlowerTransport.connect` (any object with the transport
-        interface, ``n_features_`` and sorted ``client_ids`` will do).
+        interface, ``n_features_`` and sorted ``client_ids`` will do; an
+        ``n_outputs_`` above 1, the nodes' number of target columns, trains
+        the multi-output model with ``config.n_outputs`` set as ``fit``
+        sets it).
     est : FederatedHierarchicalGPRegressor
         Unfitted; its parameters are used.
     config : ModelConfig
@@ -860,9 +931,18 @@ def fit_over_transport(transport, est, config, n_rounds):
     -------
     dict
         The fitted global state; see :func:`make_server_app`.
+
+    Raises
+    ------
+    ValueError
+        With multi-output targets and parameters ``fit`` refuses for them
+        (``variance`` or ``local_variance`` given).
     """
     from sklearn.utils import check_random_state
 
+    n_outputs = int(getattr(transport, "n_outputs_", 1))
+    if n_outputs > 1:
+        config = est._multioutput_config(config, n_outputs)
     ids = list(transport.client_ids)
     rng = check_random_state(est.random_state)
     seeds = rng.randint(0, 2**31 - 1, size=len(ids) + 1)
@@ -904,6 +984,7 @@ def fit_over_transport(transport, est, config, n_rounds):
         "x_offset": server.x_offset,
         "x_scale": server.x_scale,
         "n_inducing": server.n_inducing_,
+        "n_outputs": config.n_outputs or 1,
         "config": config,
         "payload_log": list(transport.payload_log_),
         "wire_log": list(transport.wire_log_),
@@ -952,7 +1033,9 @@ def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_
         ``converged``, ``n_evaluations``, ``failed_clients``,
         ``excluded_clients`` (as ``failed_clients_`` and
         ``excluded_clients_``), ``population``, ``y_offset``,
-        ``y_scale``, ``x_offset``, ``x_scale``, ``n_inducing``, ``config``,
+        ``y_scale`` (per output with multi-output targets), ``x_offset``,
+        ``x_scale``, ``n_inducing``, ``n_outputs`` (1 for 1-D targets),
+        ``config``,
         ``payload_log`` and ``wire_log`` (per exchange,
         :class:`FlowerTransport`). The clients' local blocks and posterior
         moments stay on the clients (``make_client_app(on_finish=...)``).

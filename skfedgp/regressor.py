@@ -140,6 +140,47 @@ def _n_target_columns(y):
     return int(shape[1]) if len(shape) == 2 else 1
 
 
+def check_multioutput_targets(y, n_rows, estimator=None):
+    """Validate multi-output targets: NaN marks a missing output.
+
+    Shared by :meth:`FederatedHierarchicalGPRegressor.fit` and the Flower
+    ClientApp (:mod:`skfedgp.flower`), which validate the same way.
+
+    Parameters
+    ----------
+    y : array-like of shape (n_rows, n_outputs)
+        Targets; NaN entries are missing outputs.
+    n_rows : int
+        Number of rows of the inputs ``X``.
+    estimator : estimator instance, optional
+        Named in scikit-learn's conversion errors.
+
+    Returns
+    -------
+    y : ndarray of shape (n_rows, n_outputs), float64
+
+    Raises
+    ------
+    ValueError
+        If ``y`` is not 2-D, its length is not ``n_rows``, it holds an
+        infinite value, or a row has every output missing.
+    """
+    y = check_array(y, ensure_all_finite="allow-nan", dtype=np.float64, input_name="y",
+                    estimator=estimator)
+    if y.shape[0] != n_rows:
+        raise ValueError(
+            f"X has {n_rows} rows but y has {y.shape[0]}; they must match")
+    if np.any(np.isinf(y)):
+        raise ValueError("y contains infinite values; NaN marks a missing output, "
+                         "inf is not allowed")
+    empty = np.flatnonzero(np.all(np.isnan(y), axis=1))
+    if empty.size:
+        raise ValueError(
+            f"{empty.size} row(s) of y have every output missing (NaN), e.g. row "
+            f"{int(empty[0])}; drop them (a row needs at least one observed output)")
+    return y
+
+
 def _is_fit_attribute(name):
     """Whether an instance attribute belongs to the fitted state."""
     return (name.endswith("_") and not name.startswith("__")) or name == "_population_local"
@@ -684,19 +725,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         else:
             X, labels = split_client_column(self, X, self.client_column, reset=True)
             X = check_array(X, ensure_min_samples=1, dtype=np.float64, estimator=self)
-        y = check_array(y, ensure_all_finite="allow-nan", dtype=np.float64, input_name="y",
-                        estimator=self)
-        if y.shape[0] != X.shape[0]:
-            raise ValueError(
-                f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
-        if np.any(np.isinf(y)):
-            raise ValueError("y contains infinite values; NaN marks a missing output, "
-                             "inf is not allowed")
-        empty = np.flatnonzero(np.all(np.isnan(y), axis=1))
-        if empty.size:
-            raise ValueError(
-                f"{empty.size} row(s) of y have every output missing (NaN), e.g. row "
-                f"{int(empty[0])}; drop them (a row needs at least one observed output)")
+        y = check_multioutput_targets(y, X.shape[0], estimator=self)
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
             check_labels_present(labels, f"client_column={self.client_column!r}")
@@ -792,16 +821,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"samples per client are needed ({len(small)} client(s) too small)"
             )
         if y.ndim == 2:
-            if config.variational_family != "structured":
-                raise ValueError(
-                    "multi-output targets need variational_family='structured' (the "
-                    "mean-field family takes one target column)")
-            given = [k for k in ("variance", "local_variance") if getattr(self, k) is not None]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)} must be None with multi-output targets: the latent "
-                    "functions have unit variance and the loadings carry the scale")
-            config = dataclasses.replace(config, n_outputs=int(y.shape[1]))
+            config = self._multioutput_config(config, y.shape[1])
         for name in ("lengthscale", "local_lengthscale"):  # before any client sees them
             if getattr(self, name) is not None:
                 try:
@@ -841,6 +861,38 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.n_inducing_ = config.n_inducing
         self._population_local = self._population_block()
         return self
+
+    def _multioutput_config(self, config, n_outputs):
+        """The model configuration for ``n_outputs > 1`` target columns.
+
+        Parameters
+        ----------
+        config : ModelConfig
+            From :meth:`_check_params`.
+        n_outputs : int
+            Number of target columns (at least 2).
+
+        Returns
+        -------
+        ModelConfig
+            ``config`` with ``n_outputs`` set.
+
+        Raises
+        ------
+        ValueError
+            For the mean-field family or a given ``variance`` or
+            ``local_variance`` (the loadings carry the scale).
+        """
+        if config.variational_family != "structured":
+            raise ValueError(
+                "multi-output targets need variational_family='structured' (the "
+                "mean-field family takes one target column)")
+        given = [k for k in ("variance", "local_variance") if getattr(self, k) is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} must be None with multi-output targets: the latent "
+                "functions have unit variance and the loadings carry the scale")
+        return dataclasses.replace(config, n_outputs=int(n_outputs))
 
     def _fit_structured(self, clients, server, config, n_rounds, seeds, participation_seed):
         """Structured family: collapsed bound, exact q, L-BFGS-B or Adam."""

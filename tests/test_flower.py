@@ -27,6 +27,10 @@ def _assert_same(a, b, path="v"):
         assert type(a) is type(b), path
         for f in dataclasses.fields(a):
             _assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, dict):
+        assert type(b) is dict and list(a) == list(b), path
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}{{{k}}}")
     elif isinstance(a, (tuple, list)):
         assert type(a) is type(b) and len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
@@ -42,8 +46,18 @@ def _examples():
     rng = np.random.default_rng(0)
     d, M, P = 3, 4, 17
     lh = F.LocalHyperparameters(rng.random(d), 0.25, 1e-3 * np.pi, -0.7)
+    Q = 2
+    # multi-output (ILMM) messages: per-output arrays and a dict of loadings
+    lh_mo = F.LocalHyperparameters(
+        rng.random((2, d)), None, rng.random(Q), rng.standard_normal(Q),
+        {"deviation": rng.standard_normal((1, Q, Q)), "local": rng.standard_normal((2, Q, Q))})
     return [
         F.ClientSummary(11, 3.5, 2.25, rng.random(d), rng.random(d) + 1.0),
+        F.ClientSummary(11, rng.standard_normal(Q), rng.random(Q), rng.random(d),
+                        rng.random(d) + 1.0, np.array([9, 11]), rng.standard_normal((Q, Q))),
+        lh_mo,
+        F.LocalHyperparameters(None, None, 0.5, rng.standard_normal(Q), {}),
+        F.ClientUpdateValue(9, -2.0, lh_mo),
         F.InitBroadcast(0.1, 2.0, np.zeros(0), -rng.random(d), rng.random(d)),
         F.GlobalBroadcast(4, rng.standard_normal(P)),
         F.ClientUpdate(2, rng.standard_normal(P), -123.456789),
@@ -112,6 +126,8 @@ def test_codec_refuses_unknown_types():
 
     with pytest.raises(TypeError, match="Bar"):
         fl.encode(Bar(1))
+    with pytest.raises(TypeError, match="dict keys must be str"):
+        fl.encode({1: np.ones(2)})
     rd = fl.encode(F.GlobalGradient(1, np.ones(2)))
     cfg = dict(rd["v.config"])
     cfg["v#type"] = "os.system"
@@ -221,6 +237,72 @@ def test_flower_training_matches_estimator_fit(tmp_path):
     assert pay_up < wire_up < 3 * pay_up + 10_000 * len(res["wire_log"])
 
 
+def _multioutput_data(n_clients=3, n=20, seed=0, n_missing=6):
+    """Q=2 targets with ``n_missing`` NaN entries (never a whole row)."""
+    from skfedgp.datasets import make_hierarchical_regression
+
+    X, y, groups = make_hierarchical_regression(n_clients=n_clients, n_samples=n,
+                                                n_outputs=2, random_state=seed)
+    y = y.copy()
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(y.shape[0], n_missing, replace=False)
+    y[rows, rng.integers(0, 2, n_missing)] = np.nan
+    assert y.shape == (n_clients * n, 2) and np.isnan(y).sum() == n_missing
+    return X, y, groups
+
+
+def test_flower_multioutput_training_matches_estimator_fit():
+    """Multi-output (ILMM) targets with missing entries: the nodes report
+    Q=2 in the hello exchange and the Flower simulation trains the model
+    fit trains."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    pytest.importorskip("ray", reason="Flower's simulation runtime needs Ray "
+                        "(pip install \"flwr[simulation]\")")
+    X, y, groups = _multioutput_data(n_clients=3, n=20, seed=1)
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+    params = dict(random_state=0, n_rounds=2, n_inducing=6)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+    assert est.n_outputs_ == 2
+
+    server_app = fl.make_server_app(min_nodes=3, timeout=300, **params)
+    _simulate_app(server_app, fl.make_client_app(_loader(X, y, groups)), 3)
+    res = server_app.result_
+    assert res is not None, "the ServerApp did not finish"
+    assert res["n_outputs"] == 2 and res["config"].n_outputs == 2
+    assert res["config"] == est.server_.config
+    assert res["client_ids"] == sorted(est.clients_)
+    assert res["global_pack"].spec == est.server_.global_pack.spec
+    assert "B_g" in res["global_values"]
+    np.testing.assert_allclose(res["theta_global"], est.server_.theta_global,
+                               rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-8)
+    np.testing.assert_allclose(res["objective_history"], est.objective_history_, rtol=1e-8)
+    np.testing.assert_allclose(res["y_offset"], est.y_offset_, rtol=1e-12)
+    np.testing.assert_allclose(res["y_scale"], est.y_scale_, rtol=1e-12)
+    assert np.shape(res["y_scale"]) == (2,)
+    for k, v in res["population"].items():  # the coregionalisation dicts went over too
+        if isinstance(v, dict):
+            assert v.keys() == est._population_local[k].keys(), k
+            for kk in v:
+                np.testing.assert_allclose(v[kk], est._population_local[k][kk], rtol=1e-8)
+        else:
+            np.testing.assert_allclose(v, est._population_local[k], rtol=1e-8)
+
+    comm = est.communication_
+    per = {e["round"]: (e["bytes_up"], e["bytes_down"])
+           for e in fl.payload_per_round(res["payload_log"])}
+    assert sorted(per) == [c["round"] for c in comm]
+    for c in comm[1:]:
+        assert per[c["round"]] == (c["bytes_up"], c["bytes_down"]), c["round"]
+    d, T = X.shape[1], 3
+    assert per[0][0] == comm[0]["bytes_up"]
+    assert per[0][1] == comm[0]["bytes_down"] + T * 8 * (d - 1)
+
+
 # --------------------------------------------------------------------------
 # the transport and the ClientApp without a Flower runtime (fast)
 # --------------------------------------------------------------------------
@@ -285,6 +367,76 @@ def test_transport_in_process_gives_the_estimator_fit(fresh_process, task_identi
     # the configuration went once to each client, then only references
     sent = [e for e in transport.payload_log_ if e["method"] == "local_phase"]
     assert sent and all(e["bytes_down"] == 0 and e["bytes_up"] == 0 for e in sent)
+
+
+def test_transport_in_process_multioutput_gives_the_estimator_fit(task_identity):
+    """ILMM clients rebuilt from ``context.state`` in every message (subprocess
+    isolation) give fit's model; the nodes report their Q at hello."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    X, y, groups = _multioutput_data(n_clients=3, n=20, seed=2)
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+    params = dict(random_state=3, n_rounds=1, n_inducing=5, n_latent=(2, 1, 1))
+    est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+    grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 3, fresh_process=True)
+    transport = fl.FlowerTransport(grid, min_nodes=3).connect()
+    assert transport.n_outputs_ == 2 and transport.n_features_ == 1
+    e, config, n_rounds = fl._check_server_params(params)
+    assert config.n_outputs == 0  # learned from the nodes, not from the parameters
+    res = fl.fit_over_transport(transport, e, config, n_rounds)
+    assert res["config"].n_outputs == 2 and res["config"].n_latent == (2, 1, 1)
+    np.testing.assert_allclose(res["theta_global"], est.server_.theta_global, rtol=1e-10)
+    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
+    # parameters fit refuses with multi-output targets are refused here too
+    e, config, n_rounds = fl._check_server_params(dict(params, variance=1.0))
+    transport = fl.FlowerTransport(
+        _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 3), min_nodes=3).connect()
+    with pytest.raises(ValueError, match="variance must be None with multi-output"):
+        fl.fit_over_transport(transport, e, config, n_rounds)
+
+
+def test_connect_refuses_nodes_with_different_numbers_of_outputs(task_identity):
+    X, y, groups = _multioutput_data(n_clients=3, n=10, seed=0, n_missing=0)
+    labels = sorted(set(groups.tolist()))
+
+    def load_data(context):
+        k = int(context.node_config["partition-id"])
+        keep = groups == labels[k]
+        # site-2 holds one target column, the others two
+        return f"site-{labels[k]}", X[keep], (y[keep, 0] if k == 2 else y[keep])
+
+    tr = fl.FlowerTransport(_InProcessGrid(fl.make_client_app(load_data), 3), min_nodes=3)
+    with pytest.raises(ValueError, match="different numbers of outputs") as info:
+        tr.connect()
+    msg = str(info.value)
+    assert "'site-2': 1" in msg and "'site-0': 2" in msg and "'site-1': 2" in msg
+
+
+@pytest.mark.parametrize("spoil, match", [
+    (lambda X, y: y.__setitem__((3, slice(None)), np.nan), "every output missing"),
+    (lambda X, y: y.__setitem__((4, 1), np.inf), "infinit"),
+    (lambda X, y: X.__setitem__((2, 0), np.nan), "NaN"),
+    (lambda X, y: None, None),
+])
+def test_node_validates_multioutput_data_as_fit_does(spoil, match, task_identity):
+    """A NaN entry is a missing output (accepted); a row with every output
+    missing, inf in y or NaN in X is refused, naming the client, with fit's
+    message."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    X, y, groups = _multioutput_data(n_clients=2, n=10, seed=0, n_missing=4)
+    X, y = X.copy(), y.copy()
+    spoil(X, y)
+    tr = fl.FlowerTransport(_InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 2),
+                            min_nodes=2)
+    if match is None:
+        assert tr.connect().n_outputs_ == 2
+        return
+    with pytest.raises(RuntimeError, match=match) as info:
+        tr.connect()
+    assert "client 'site-0'" in str(info.value)
+    with pytest.raises(ValueError, match=match):
+        FederatedHierarchicalGPRegressor().fit(X, y, groups)
 
 
 def test_transport_reports_client_errors_as_failures(task_identity):
