@@ -1036,8 +1036,9 @@ def local_spec(components, M_l, d, Q, R_d, R_l, noise="isotropic"):
         Number of deviation latents (``<= R_g``).
     R_l : int
         Number of local latents.
-    noise : {"isotropic", "diagonal"}, default="isotropic"
-        One noise variance for all channels, or one per channel.
+    noise : {"isotropic", "isotropic_target", "diagonal"}, default="isotropic"
+        One noise variance for all channels (both isotropic options: the
+        client maps it to the channels), or one per channel.
 
     Returns
     -------
@@ -1050,17 +1051,18 @@ def local_spec(components, M_l, d, Q, R_d, R_l, noise="isotropic"):
     Raises
     ------
     ValueError
-        If ``noise`` is not one of the two options.
+        If ``noise`` is not one of the three options.
     """
     comps = _components(components)
-    if noise not in ("isotropic", "diagonal"):
-        raise ValueError(f"noise must be 'isotropic' or 'diagonal', got {noise!r}")
+    if noise not in ("isotropic", "isotropic_target", "diagonal"):
+        raise ValueError(
+            f"noise must be 'isotropic', 'isotropic_target' or 'diagonal', got {noise!r}")
     spec = []
     if "local" in comps:
         spec += [("Z_l", (M_l, d), "free"), ("lengthscale_l", (R_l, d), "log"),
                  ("B_l", (Q, R_l), "free")]
     if "deviation" in comps:
         spec.append(("B_d", (Q, R_d), "free"))
-    spec.append(("noise_variance", () if noise == "isotropic" else (Q,), "log"))
+    spec.append(("noise_variance", (Q,) if noise == "diagonal" else (), "log"))
     spec.append(("offset", (Q,), "free"))
     return Packer(spec)

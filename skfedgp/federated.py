@@ -2926,6 +2926,12 @@ def initial_loadings(covariance, rank, random_state):
     return B
 
 
+def _target_noise_weights(y_scale, shape):
+    """``w_q = mean(y_scale^2) / y_scale_q^2``: one variance in target units, per output."""
+    ys2 = np.broadcast_to(np.asarray(y_scale, dtype=float) ** 2, shape)
+    return float(np.mean(ys2)) / ys2
+
+
 def structured_client(client, config):
     """The structured-family client of ``client``: scalar or multi-output targets."""
     return ILMMStructuredClient(client) if config.n_outputs else StructuredClient(client)
@@ -2943,27 +2949,28 @@ class ILMMStructuredClient(StructuredClient):
     vector. NaN entries of the targets are missing outputs, left out of the
     likelihood.
 
-    With ``noise="isotropic"`` the one noise variance is isotropic in the
-    *target* units: every output is standardised by its own scale
-    ``y_scale_q``, so the packed scalar ``s2`` (in units of the mean of the
-    ``y_scale_q^2``) enters output ``q`` as ``s2 * w_q``, ``w_q =
-    mean(y_scale^2) / y_scale_q^2`` (:meth:`noise_weights`), and every
-    output gets the noise variance ``s2 * mean(y_scale^2)`` in target
-    units. :meth:`local_values` returns the per-output ``s2 * w``.
+    Noise (``config.noise``; every output is standardised by its own scale
+    ``y_scale_q``): ``"isotropic"``, one variance in standardised units (the
+    same share of every output's variance; invariant to each column's
+    units); ``"isotropic_target"``, one variance in *target* units (for
+    outputs in one unit): the packed scalar ``s2`` (in units of the mean of
+    the ``y_scale_q^2``) enters output ``q`` as ``s2 * w_q``, ``w_q =
+    mean(y_scale^2) / y_scale_q^2`` (:meth:`noise_weights`), so every output
+    gets ``s2 * mean(y_scale^2)`` in target units; ``"diagonal"``, one per
+    output. :meth:`local_values` returns the per-output values.
     """
 
     def noise_weights(self):
-        """Per-output factors ``w`` of the isotropic noise variance (None: diagonal noise).
+        """Per-output factors ``w`` of the one noise variance (``"isotropic_target"`` only, else None).
 
         Returns
         -------
         ndarray of shape (Q,) or None
         """
-        shapes = {name: shape for name, shape, _ in self.pack.spec}
-        if shapes["noise_variance"] != ():
+        if getattr(self, "_noise_mode", "isotropic") != "isotropic_target":
             return None
-        ys2 = np.broadcast_to(np.asarray(self._y_scale, dtype=float) ** 2, shapes["offset"])
-        return float(np.mean(ys2)) / ys2
+        shapes = {name: shape for name, shape, _ in self.pack.spec}
+        return _target_noise_weights(self._y_scale, shapes["offset"])
 
     def _values(self, theta=None):
         """Unpacked local vector with the noise variance per output."""
@@ -2976,8 +2983,9 @@ class ILMMStructuredClient(StructuredClient):
     def local_values(self):
         """Constrained local values (scaled inputs, standardised units).
 
-        ``noise_variance`` has shape (Q,): with ``noise="isotropic"`` the one
-        parameter times :meth:`noise_weights`.
+        ``noise_variance`` in standardised units: a float (``"isotropic"``)
+        or shape (Q,) (``"diagonal"``; ``"isotropic_target"``: the packed
+        value times :meth:`noise_weights`).
         """
         return self._values()
 
@@ -2992,15 +3000,17 @@ class ILMMStructuredClient(StructuredClient):
         fits = []
         for q in range(Y.shape[1]):
             rows = ~np.isnan(Y[:, q])
-            p = pilot_fit(self._Xs[rows], Y[rows, q], random_state)
-            if p is not None:
-                fits.append(p)
-        if not fits:
+            fits.append(pilot_fit(self._Xs[rows], Y[rows, q], random_state))
+        # per output (standardised units; NaN where no pilot ran): initialise
+        # converts them to the chosen noise model's own units
+        self._pilot_noise = np.array([np.nan if p is None else p.noise_variance for p in fits])
+        good = [p for p in fits if p is not None]
+        if not good:
             return None
         return PilotSummary(
-            np.exp(np.median([np.log(p.lengthscale) for p in fits], axis=0)),
-            float(np.median([p.variance for p in fits])),
-            float(np.median([p.noise_variance for p in fits])))
+            np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
+            float(np.median([p.variance for p in good])),
+            float(np.median([p.noise_variance for p in good])))
 
     def _own_covariance(self):
         """This client's output covariance (standardised units, pairwise complete)."""
@@ -3042,33 +3052,54 @@ class ILMMStructuredClient(StructuredClient):
                           B_l=np.sqrt(0.1) * initial_loadings(cov, R_l, random_state))
         if "deviation" in config.components:
             values["B_d"] = initial_loadings(cov, R_d, random_state + 1)
-        own_var = float(np.mean(np.diag(cov))) if np.any(np.diag(cov) > 1e-12) else 1.0
-        self.noise_floor = NOISE_FLOOR * own_var
-        self.prior_noise = float(np.clip(population.noise_variance, 2.0 * self.noise_floor,
-                                         LOG_BOUNDS["noise_variance"][1]))
-        if config.noise_variance is not None:
-            s2 = float(config.noise_variance) / float(np.mean(self._y_scale**2))
-            if s2 > LOG_BOUNDS["noise_variance"][1]:
-                check_in_bounds("noise_variance", s2, True)  # raises: above the range
-        else:
-            s2 = p.noise_variance
-        s2 = float(np.clip(max(s2, 2.0 * self.noise_floor), self.noise_floor * 1.01,
-                           LOG_BOUNDS["noise_variance"][1] * 0.99))
-        if config.noise == "diagonal":
-            # a given noise variance is in target units: output q's own share
-            w = (float(np.mean(self._y_scale**2)) / np.broadcast_to(self._y_scale**2, (Q,))
-                 if config.noise_variance is not None else np.ones(Q))
-            values["noise_variance"] = np.clip(s2 * w, self.noise_floor * 1.01,
-                                               LOG_BOUNDS["noise_variance"][1] * 0.99)
-        else:
-            values["noise_variance"] = s2
+        self._noise_mode = config.noise
+        values["noise_variance"] = self._initial_noise(config, cov, population, Q)
         values["offset"] = np.asarray(mean, dtype=float)
         self.pack = ilmm_local_spec(config.components, M_l, d, Q, R_d, R_l, noise=config.noise)
         self.theta = self.pack.pack(values)
 
+    def _initial_noise(self, config, cov, population, Q):
+        """Initial noise value(s), noise floor and hyperprior centre, in the packed units.
+
+        Standardised units for ``"isotropic"`` and ``"diagonal"``; for
+        ``"isotropic_target"`` the packed unit is ``mean(y_scale^2)`` (target
+        variance), so output ``q``'s standardised pilot noise ``s_q`` counts
+        as ``s_q / w_q``, the floor is that of the output with the largest
+        weight, and the population centre (standardised) is carried over
+        with the client's own conversion factor.
+        """
+        own_var = float(np.mean(np.diag(cov))) if np.any(np.diag(cov) > 1e-12) else 1.0
+        floor = NOISE_FLOOR * own_var
+        hi = LOG_BOUNDS["noise_variance"][1]
+        pilot = getattr(self, "_pilot_noise", None)
+        if pilot is None or pilot.shape != (Q,) or not np.any(np.isfinite(pilot)):
+            pilot = np.full(Q, population.noise_variance)
+        ok = np.isfinite(pilot)  # outputs whose pilot ran
+        w = (_target_noise_weights(self._y_scale, (Q,)) if config.noise == "isotropic_target"
+             else np.ones(Q))
+        own = float(np.median(pilot[ok] / w[ok]))
+        centre = population.noise_variance
+        if config.noise == "isotropic_target":
+            floor = floor / float(np.max(w))
+            centre = centre * own / float(np.median(pilot[ok]))
+        pilot = np.where(ok, pilot, own)
+        self.noise_floor = floor
+        self.prior_noise = float(np.clip(centre, 2.0 * floor, hi))
+        if config.noise_variance is not None:  # target units
+            ys2 = np.broadcast_to(np.asarray(self._y_scale, dtype=float) ** 2, (Q,))
+            s2 = (float(config.noise_variance) / ys2 if config.noise == "diagonal"
+                  else np.array([float(config.noise_variance) / float(np.mean(ys2))]))
+            if np.any(s2 > hi):
+                check_in_bounds("noise_variance", s2, True)  # raises: above the range
+        else:
+            s2 = pilot if config.noise == "diagonal" else np.array([own])
+        s2 = np.clip(np.maximum(s2, 2.0 * floor), floor * 1.01, hi * 0.99)
+        return s2 if config.noise == "diagonal" else float(s2[0])
+
     def _forward(self, theta_g, gpack, config, theta=None):
         from ._ilmm import forward
 
+        self._noise_mode = config.noise
         return forward(self._Xs, self._y, gpack.unpack(theta_g), self._values(theta),
                        config.components, jitter=config.jitter, client=self.client_id)
 

@@ -117,8 +117,9 @@ def _warn_diagnostics(est, converged, n_rounds):
         B = dict(c.local_values(), noise_floor=getattr(c, "noise_floor", None))
         if B["noise_floor"] is None:
             del B["noise_floor"]
-        elif getattr(c, "noise_weights", None) is not None and c.noise_weights() is not None:
-            B["noise_floor"] = B["noise_floor"] * c.noise_weights()  # per-output values
+        if getattr(c, "noise_weights", None) is not None and c.noise_weights() is not None:
+            # the floor and the range bound the one packed value, not the per-output ones
+            B["noise_variance"] = c.pack.unpack(c.theta)["noise_variance"]
         check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}")
         check(B, ("noise_variance",), f" of client {lab!r}")
     if at:
@@ -313,12 +314,17 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         function has its own lengthscales and unit variance; the loadings
         ``B_g`` (``Q x R_g``, on the server) and ``B_d``, ``B_l`` (each
         client's own) carry the scales. Ignored for one target column.
-    noise : {"isotropic", "diagonal"}, default="isotropic"
-        Multi-output targets only: one noise variance per client shared by
-        its outputs (the paper's ``s2_i I_Q``, in target units: each output
-        is standardised by its own scale, and the standardised noise of
-        output ``q`` is ``s2_i`` times ``mean(y_scale_**2) /
-        y_scale_[q]**2``), or one per client and output.
+    noise : {"isotropic", "isotropic_target", "diagonal"}, default="isotropic"
+        Multi-output targets only; every output is standardised by its own
+        scale ``y_scale_[q]``. "isotropic": one noise variance per client
+        shared by its outputs in standardised units (the paper's ``s2_i
+        I_Q``), i.e. the same share of every output's variance; the fit does
+        not depend on the units of each column. "isotropic_target": one
+        noise variance per client in *target* units, for outputs measured
+        in one unit whose noise is the same (as in the paper's synthetic
+        benchmark): output ``q`` gets ``s2_i * mean(y_scale_**2) /
+        y_scale_[q]**2`` in standardised units. "diagonal": one per client
+        and output.
     learning_rate : float, default=0.1
         Adam step size of the clients' local steps (``optimizer="adam"``).
     global_learning_rate : float, default=0.1
@@ -679,8 +685,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return ranks
 
     def _check_noise(self):
-        if self.noise not in ("isotropic", "diagonal"):
-            raise ValueError(f"noise must be 'isotropic' or 'diagonal', got {self.noise!r}")
+        if self.noise not in ("isotropic", "isotropic_target", "diagonal"):
+            raise ValueError("noise must be 'isotropic', 'isotropic_target' or 'diagonal', "
+                             f"got {self.noise!r}")
         return self.noise
 
     def _check_variational_update(self):

@@ -223,12 +223,34 @@ def test_predict_joint_matches_blocks(data, fitted):
         fitted.predict_joint(Xt, gt)
 
 
-def test_isotropic_noise_is_one_variance_in_target_units():
-    """Outputs on scales 1 and 50 with the same noise: each output is
-    standardised by its own scale, yet noise="isotropic" gives every output
-    the same noise variance in target units, and the client's gradient in the
-    one packed noise parameter (chain rule through the per-output weights)
-    matches central finite differences."""
+def test_isotropic_noise_does_not_depend_on_column_units():
+    """Default noise="isotropic" is in standardised units: multiplying one
+    target column by 1000 rescales that column's predictions and leaves the
+    other column's unchanged."""
+    rng = np.random.default_rng(3)
+    n = 30
+    X = rng.uniform(0, 6, (2 * n, 1))
+    g = np.repeat(["a", "b"], n)
+    Y = np.c_[np.sin(X[:, 0]), np.cos(X[:, 0])] + 0.1 * rng.standard_normal((2 * n, 2))
+    Xt = np.linspace(0, 6, 9)[:, None]
+    gt = np.repeat("a", 9)
+    kw = dict(n_latent=1, n_rounds=2, random_state=0)
+    m1, s1 = FederatedHierarchicalGPRegressor(**kw).fit(X, Y, groups=g).predict(
+        Xt, groups=gt, return_std=True)
+    k = np.array([1.0, 1000.0])
+    m2, s2 = FederatedHierarchicalGPRegressor(**kw).fit(X, Y * k, groups=g).predict(
+        Xt, groups=gt, return_std=True)
+    np.testing.assert_allclose(m2 / k, m1, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(s2 / k, s1, rtol=1e-6)
+
+
+def test_isotropic_target_noise_is_one_variance_in_target_units():
+    """Outputs on scales 1 and 50 with the same noise (sd 0.05):
+    noise="isotropic_target" gives every output the same noise variance in
+    target units, its hyperprior centre and starting value are in those units
+    (close to the true 0.0025, not off by the ratio of the scales), and the
+    client's gradient in the one packed noise parameter (chain rule through
+    the per-output weights) matches central finite differences."""
     from skfedgp.federated import ILMMStructuredClient
 
     rng = np.random.default_rng(3)
@@ -238,15 +260,18 @@ def test_isotropic_noise_is_one_variance_in_target_units():
     Y = np.c_[np.sin(X[:, 0]), 50.0 * np.cos(X[:, 0])] + 0.05 * rng.standard_normal((2 * n, 2))
     states = {}
     est = FederatedHierarchicalGPRegressor(
-        n_latent=1, n_rounds=2, random_state=0,
+        n_latent=1, n_rounds=2, random_state=0, noise="isotropic_target",
         checkpoint=lambda r, s: states.__setitem__(r, s)).fit(X, Y, groups=g)
     scale = np.asarray(est.y_scale_)
     assert scale.shape == (2,) and scale[1] > 10 * scale[0]
+    unit = float(np.mean(scale**2))  # the packed value's unit, target variance
     for c in est.clients_.values():
         s2 = np.asarray(c.local_values()["noise_variance"])
         assert s2.shape == (2,)
         raw = s2 * scale**2
         np.testing.assert_allclose(raw, raw[0], rtol=1e-12)
+        assert 0.0025 / 3 < raw[0] < 0.0025 * 3
+        assert 0.0025 / 4 < c.prior_noise * unit < 0.0025 * 4
     # chain rule: the surrogate's gradient in the packed (log) noise parameter
     st = states[2]
     client = ILMMStructuredClient(Client("a", X[g == "a"], Y[g == "a"]))
@@ -257,9 +282,32 @@ def test_isotropic_noise_is_one_variance_in_target_units():
     theta = client.theta.copy()
     sl = client.pack.slices["noise_variance"]
     _, grad = client._surrogate(theta, *args)
+    assert client.noise_weights() is not None
     h = 1e-4  # the surrogate is a sum of large terms: smaller steps cancel digits
     tp, tm = theta.copy(), theta.copy()
     tp[sl] += h
     tm[sl] -= h
     fd = (client._surrogate(tp, *args)[0] - client._surrogate(tm, *args)[0]) / (2 * h)
     np.testing.assert_allclose(grad[sl], fd, rtol=1e-4)
+
+
+def test_given_noise_variance_is_in_target_units():
+    """A given noise_variance (target units) starts every output at that
+    variance with noise="diagonal", and one above the range for some output
+    is refused."""
+    rng = np.random.default_rng(4)
+    X = rng.uniform(0, 6, (40, 1))
+    Y = np.c_[np.sin(X[:, 0]), 50.0 * np.cos(X[:, 0])] + 0.05 * rng.standard_normal((40, 2))
+    states = {}
+    est = FederatedHierarchicalGPRegressor(
+        n_latent=1, n_rounds=1, random_state=0, noise="diagonal", noise_variance=0.01,
+        local_steps=1, global_steps=1, checkpoint=lambda r, s: states.__setitem__(r, s))
+    est.fit(X, Y)
+    st = states[1]
+    (cs,) = st.client_states.values()
+    scale = np.asarray(est.y_scale_)
+    start = cs.pack.unpack(cs.theta)["noise_variance"] * scale**2
+    assert np.all(start < 0.05) and np.all(start > 0.002)  # near 0.01 after one short round
+    with pytest.raises(ValueError, match="noise_variance"):
+        FederatedHierarchicalGPRegressor(n_latent=1, n_rounds=1, noise="diagonal",
+                                         noise_variance=1e4 * scale[0] ** 2 * 2).fit(X, Y)
