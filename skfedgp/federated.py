@@ -1207,11 +1207,16 @@ class PilotSummary:
         Signal variance (standardised target units).
     noise_variance : float
         Noise variance (standardised target units).
+    noise_variance_target : float or None
+        Multi-output clients: the median over outputs of the pilot noise in
+        target-variance units divided by ``mean(y_scale^2)`` (the unit of
+        ``noise="isotropic_target"``); None otherwise.
     """
 
     lengthscale: np.ndarray
     variance: float
     noise_variance: float
+    noise_variance_target: float = None
 
 
 @dataclass(frozen=True)
@@ -1619,7 +1624,8 @@ class StructuredClient:
     def get_state(self):
         """This client's own checkpoint (:class:`ClientState`): its vector and optimiser state."""
         return ClientState(self.theta.copy(), self.pack, float(self.noise_floor),
-                           float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)))
+                           float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
+                           getattr(self, "_noise_mode", None))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -1628,6 +1634,8 @@ class StructuredClient:
         self.noise_floor = state.noise_floor
         self.prior_noise = state.prior_noise
         self._adam = copy.deepcopy(state.adam)
+        if getattr(state, "noise_mode", None) is not None:
+            self._noise_mode = state.noise_mode
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -1871,9 +1879,12 @@ class ClientState:
         Its layout.
     noise_floor, prior_noise : float
         The client's noise floor and the centre of its noise hyperprior
-        (standardised units).
+        (the units of its packed noise variance).
     adam : Adam or None
         State of the local Adam optimiser (``optimizer="adam"``).
+    noise_mode : str or None
+        Multi-output clients: the ``noise`` option the vector was trained
+        with (a resumed run must use the same); None otherwise.
     """
 
     theta: np.ndarray
@@ -1881,6 +1892,7 @@ class ClientState:
     noise_floor: float
     prior_noise: float
     adam: object = None
+    noise_mode: str = None
 
 
 @dataclass(frozen=True)
@@ -2122,6 +2134,7 @@ class _PopulationPilot:
     variance: float
     noise_variance: float
     ranges: np.ndarray
+    noise_variance_target: float = None
 
 
 
@@ -2430,16 +2443,20 @@ class _StructuredRun:
         d = server.d
         ranges = np.ones(d)  # scaled inputs live in the unit box
         if good:
+            target = [p.noise_variance_target for p in good
+                      if getattr(p, "noise_variance_target", None) is not None]
             pop = _PopulationPilot(
                 np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
                 float(np.median([p.variance for p in good])),
-                float(np.median([p.noise_variance for p in good])), ranges)
+                float(np.median([p.noise_variance for p in good])), ranges,
+                float(np.median(target)) if target else None)
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
         bc0 = GlobalBroadcast(0, theta_g.copy())
         comm["bytes_down"] += len(pilots) * (message_nbytes(bc0) + message_nbytes(
-            PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance)))
+            PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance,
+                         pop.noise_variance_target)))
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
         server.population_pilot = pop
@@ -3007,10 +3024,13 @@ class ILMMStructuredClient(StructuredClient):
         good = [p for p in fits if p is not None]
         if not good:
             return None
+        ok = np.isfinite(self._pilot_noise)
+        w = _target_noise_weights(self._y_scale, (Y.shape[1],))
         return PilotSummary(
             np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
             float(np.median([p.variance for p in good])),
-            float(np.median([p.noise_variance for p in good])))
+            float(np.median([p.noise_variance for p in good])),
+            float(np.median(self._pilot_noise[ok] / w[ok])))
 
     def _own_covariance(self):
         """This client's output covariance (standardised units, pairwise complete)."""
@@ -3065,24 +3085,30 @@ class ILMMStructuredClient(StructuredClient):
         ``"isotropic_target"`` the packed unit is ``mean(y_scale^2)`` (target
         variance), so output ``q``'s standardised pilot noise ``s_q`` counts
         as ``s_q / w_q``, the floor is that of the output with the largest
-        weight, and the population centre (standardised) is carried over
-        with the client's own conversion factor.
+        weight, and the hyperprior centre is the median of the clients'
+        values in that unit (:attr:`PilotSummary.noise_variance_target`).
+        Every option starts from the median over the client's outputs (one
+        value for every output with ``"diagonal"``).
         """
         own_var = float(np.mean(np.diag(cov))) if np.any(np.diag(cov) > 1e-12) else 1.0
         floor = NOISE_FLOOR * own_var
         hi = LOG_BOUNDS["noise_variance"][1]
         pilot = getattr(self, "_pilot_noise", None)
-        if pilot is None or pilot.shape != (Q,) or not np.any(np.isfinite(pilot)):
+        ran = pilot is not None and pilot.shape == (Q,) and bool(np.any(np.isfinite(pilot)))
+        if not ran:
             pilot = np.full(Q, population.noise_variance)
         ok = np.isfinite(pilot)  # outputs whose pilot ran
-        w = (_target_noise_weights(self._y_scale, (Q,)) if config.noise == "isotropic_target"
-             else np.ones(Q))
-        own = float(np.median(pilot[ok] / w[ok]))
-        centre = population.noise_variance
+        centre = own = float(np.median(pilot[ok]))
         if config.noise == "isotropic_target":
+            w = _target_noise_weights(self._y_scale, (Q,))
             floor = floor / float(np.max(w))
-            centre = centre * own / float(np.median(pilot[ok]))
-        pilot = np.where(ok, pilot, own)
+            # the population centre: the median of the clients' own values in
+            # this unit (PilotSummary.noise_variance_target)
+            target = getattr(population, "noise_variance_target", None)
+            own = float(np.median(pilot[ok] / w[ok])) if ran or target is None else target
+            centre = own if target is None else target
+        else:
+            centre = population.noise_variance
         self.noise_floor = floor
         self.prior_noise = float(np.clip(centre, 2.0 * floor, hi))
         if config.noise_variance is not None:  # target units
@@ -3090,15 +3116,24 @@ class ILMMStructuredClient(StructuredClient):
             s2 = (float(config.noise_variance) / ys2 if config.noise == "diagonal"
                   else np.array([float(config.noise_variance) / float(np.mean(ys2))]))
             if np.any(s2 > hi):
-                check_in_bounds("noise_variance", s2, True)  # raises: above the range
+                q = int(np.argmax(s2))
+                raise ValueError(
+                    f"noise_variance={config.noise_variance!r} (target units) is out of range: "
+                    f"output {q} (scale {float(np.sqrt(ys2[q])):.4g}) would start at "
+                    f"{float(s2[q]):.4g} times its variance, above {hi:g}")
         else:
-            s2 = pilot if config.noise == "diagonal" else np.array([own])
+            s2 = np.full(Q if config.noise == "diagonal" else 1, own)
         s2 = np.clip(np.maximum(s2, 2.0 * floor), floor * 1.01, hi * 0.99)
         return s2 if config.noise == "diagonal" else float(s2[0])
 
     def _forward(self, theta_g, gpack, config, theta=None):
         from ._ilmm import forward
 
+        mode = getattr(self, "_noise_mode", None)
+        if mode is not None and mode != config.noise:
+            raise ValueError(
+                f"client {self.client_id!r} was trained with noise={mode!r}; a warm start or "
+                f"resumed run must keep it, got noise={config.noise!r}")
         self._noise_mode = config.noise
         return forward(self._Xs, self._y, gpack.unpack(theta_g), self._values(theta),
                        config.components, jitter=config.jitter, client=self.client_id)

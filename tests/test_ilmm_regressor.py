@@ -247,17 +247,19 @@ def test_isotropic_noise_does_not_depend_on_column_units():
 def test_isotropic_target_noise_is_one_variance_in_target_units():
     """Outputs on scales 1 and 50 with the same noise (sd 0.05):
     noise="isotropic_target" gives every output the same noise variance in
-    target units, its hyperprior centre and starting value are in those units
-    (close to the true 0.0025, not off by the ratio of the scales), and the
+    target units, its hyperprior centre is in those units (close to the
+    true 0.0025, not off by the ratio of the scales) also for a client whose
+    pilot could run on one output only, and the
     client's gradient in the one packed noise parameter (chain rule through
     the per-output weights) matches central finite differences."""
     from skfedgp.federated import ILMMStructuredClient
 
     rng = np.random.default_rng(3)
     n = 30
-    X = rng.uniform(0, 6, (2 * n, 1))
-    g = np.repeat(["a", "b"], n)
-    Y = np.c_[np.sin(X[:, 0]), 50.0 * np.cos(X[:, 0])] + 0.05 * rng.standard_normal((2 * n, 2))
+    X = rng.uniform(0, 6, (3 * n, 1))
+    g = np.repeat(["a", "b", "c"], n)
+    Y = np.c_[np.sin(X[:, 0]), 50.0 * np.cos(X[:, 0])] + 0.05 * rng.standard_normal((3 * n, 2))
+    Y[np.flatnonzero(g == "c")[3:], 0] = np.nan  # client c: too few rows for a pilot of output 0
     states = {}
     est = FederatedHierarchicalGPRegressor(
         n_latent=1, n_rounds=2, random_state=0, noise="isotropic_target",
@@ -265,6 +267,7 @@ def test_isotropic_target_noise_is_one_variance_in_target_units():
     scale = np.asarray(est.y_scale_)
     assert scale.shape == (2,) and scale[1] > 10 * scale[0]
     unit = float(np.mean(scale**2))  # the packed value's unit, target variance
+    assert np.isnan(est.clients_["c"]._pilot_noise[0])  # its output-0 pilot did not run
     for c in est.clients_.values():
         s2 = np.asarray(c.local_values()["noise_variance"])
         assert s2.shape == (2,)
@@ -311,3 +314,21 @@ def test_given_noise_variance_is_in_target_units():
     with pytest.raises(ValueError, match="noise_variance"):
         FederatedHierarchicalGPRegressor(n_latent=1, n_rounds=1, noise="diagonal",
                                          noise_variance=1e4 * scale[0] ** 2 * 2).fit(X, Y)
+
+
+def test_resumed_or_warm_started_fit_keeps_the_noise_model():
+    """A warm start (or resume) with another noise option is refused by name
+    instead of reading the saved noise values in other units."""
+    X, Y, g = _small_multioutput()
+    est = FederatedHierarchicalGPRegressor(n_latent=1, n_rounds=1, random_state=0).fit(X, Y, g)
+    est.set_params(noise="isotropic_target", warm_start=True)
+    with pytest.raises(ValueError, match="was trained with noise='isotropic'"):
+        est.fit(X, Y, g)
+
+
+def _small_multioutput():
+    rng = np.random.default_rng(5)
+    X = rng.uniform(0, 6, (40, 1))
+    g = np.repeat(["a", "b"], 20)
+    Y = np.c_[np.sin(X[:, 0]), 3.0 * np.cos(X[:, 0])] + 0.05 * rng.standard_normal((40, 2))
+    return X, Y, g
