@@ -700,7 +700,9 @@ class FlowerTransport:
                 raise ValueError(
                     f"Flower nodes {cids[cid]} and {node} both report client id {cid!r}")
             cids[cid] = node
-            dims[cid], outputs[cid] = value
+            # a node of an earlier skfedgp version answers with n_features only
+            # (it supports one target column)
+            dims[cid], outputs[cid] = (value, 1) if np.ndim(value) == 0 else value
         if len(set(dims.values())) != 1:
             raise ValueError(f"the nodes' data have different numbers of features: {dims}")
         if len(set(outputs.values())) != 1:

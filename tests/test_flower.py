@@ -395,6 +395,17 @@ def test_transport_in_process_multioutput_gives_the_estimator_fit(task_identity)
         fl.fit_over_transport(transport, e, config, n_rounds)
 
 
+def test_connect_accepts_a_node_of_an_earlier_version(task_identity, monkeypatch):
+    """A node whose hello reply is the number of features only (skfedgp before
+    multi-output over Flower) counts as one target column."""
+    X, y, groups = _multioutput_data(n_clients=3, n=10, seed=0, n_missing=0)
+    monkeypatch.setattr(fl, "_data_shape", lambda client: int(client._client._X.shape[1]))
+    tr = fl.FlowerTransport(
+        _InProcessGrid(fl.make_client_app(_loader(X, y[:, 0], groups)), 3), min_nodes=3)
+    tr.connect()
+    assert tr.n_features_ == 1 and tr.n_outputs_ == 1
+
+
 def test_connect_refuses_nodes_with_different_numbers_of_outputs(task_identity):
     X, y, groups = _multioutput_data(n_clients=3, n=10, seed=0, n_missing=0)
     labels = sorted(set(groups.tolist()))
