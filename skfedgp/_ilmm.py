@@ -1022,6 +1022,24 @@ def global_spec(components, M, d, Q, R_g):
     return Packer(spec)
 
 
+#: The ``noise`` options of a multi-output client (:func:`local_spec`).
+NOISE_OPTIONS = ("isotropic", "isotropic_target", "diagonal")
+
+
+def check_noise(noise):
+    """Return ``noise`` if it is one of :data:`NOISE_OPTIONS`.
+
+    Raises
+    ------
+    ValueError
+        Naming the options, otherwise.
+    """
+    if noise not in NOISE_OPTIONS:
+        raise ValueError(
+            f"noise must be 'isotropic', 'isotropic_target' or 'diagonal', got {noise!r}")
+    return noise
+
+
 def local_spec(components, M_l, d, Q, R_d, R_l, noise="isotropic"):
     """Packer of one ILMM client's local vector (lengthscales and noise in log space).
 
@@ -1054,9 +1072,7 @@ def local_spec(components, M_l, d, Q, R_d, R_l, noise="isotropic"):
         If ``noise`` is not one of the three options.
     """
     comps = _components(components)
-    if noise not in ("isotropic", "isotropic_target", "diagonal"):
-        raise ValueError(
-            f"noise must be 'isotropic', 'isotropic_target' or 'diagonal', got {noise!r}")
+    check_noise(noise)
     spec = []
     if "local" in comps:
         spec += [("Z_l", (M_l, d), "free"), ("lengthscale_l", (R_l, d), "log"),

@@ -3098,7 +3098,7 @@ class ILMMStructuredClient(StructuredClient):
         if not ran:
             pilot = np.full(Q, population.noise_variance)
         ok = np.isfinite(pilot)  # outputs whose pilot ran
-        centre = own = float(np.median(pilot[ok]))
+        own = float(np.median(pilot[ok]))
         if config.noise == "isotropic_target":
             w = _target_noise_weights(self._y_scale, (Q,))
             floor = floor / float(np.max(w))

@@ -685,10 +685,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return ranks
 
     def _check_noise(self):
-        if self.noise not in ("isotropic", "isotropic_target", "diagonal"):
-            raise ValueError("noise must be 'isotropic', 'isotropic_target' or 'diagonal', "
-                             f"got {self.noise!r}")
-        return self.noise
+        from ._ilmm import check_noise
+
+        return check_noise(self.noise)
 
     def _check_variational_update(self):
         if self.variational_update not in ("adam", "closed_form"):

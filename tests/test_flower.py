@@ -214,27 +214,30 @@ def test_flower_training_matches_estimator_fit(tmp_path):
     for k, v in res["population"].items():
         np.testing.assert_allclose(v, est._population_local[k], rtol=1e-8)
 
-    # model payload per round equals communication_ for every training round
-    # and the final exchange ...
+    assert [c["round"] for c in res["communication"]] == [
+        c["round"] for c in est.communication_]
+    _assert_payload_matches_communication(res, est, d=X.shape[1], n_clients=3)
+    # what went over the wire is the payload plus bounded overhead
+    wire_up = sum(e["bytes_up"] for e in res["wire_log"])
+    pay_up = sum(e["bytes_up"] for e in res["payload_log"])
+    assert pay_up < wire_up < 3 * pay_up + 10_000 * len(res["wire_log"])
+
+
+def _assert_payload_matches_communication(res, est, d, n_clients):
+    """The model payload per round of a Flower run equals ``communication_``
+    for every training round and the final exchange; at set-up the uploads
+    are equal and the download differs by the layout of the initialisation
+    message, 8 (d - 1) bytes per client: it carries the population pilot with
+    its ``ranges`` (d numbers) and no round number, where communication_
+    counts a GlobalBroadcast (round number included) and a PilotSummary."""
     comm = est.communication_
-    assert [c["round"] for c in res["communication"]] == [c["round"] for c in comm]
     per = {e["round"]: (e["bytes_up"], e["bytes_down"])
            for e in fl.payload_per_round(res["payload_log"])}
     assert sorted(per) == [c["round"] for c in comm]
     for c in comm[1:]:
         assert per[c["round"]] == (c["bytes_up"], c["bytes_down"]), c["round"]
-    # ... and at set-up the uploads are equal; the download differs by the
-    # layout of the initialisation message, 8 (d - 1) bytes per client: it
-    # carries the population pilot with its ``ranges`` (d numbers) and no
-    # round number, where communication_ counts a GlobalBroadcast (round
-    # number included) and a PilotSummary
-    d, T = X.shape[1], 3
     assert per[0][0] == comm[0]["bytes_up"]
-    assert per[0][1] == comm[0]["bytes_down"] + T * 8 * (d - 1)
-    # what went over the wire is the payload plus bounded overhead
-    wire_up = sum(e["bytes_up"] for e in res["wire_log"])
-    pay_up = sum(e["bytes_up"] for e in res["payload_log"])
-    assert pay_up < wire_up < 3 * pay_up + 10_000 * len(res["wire_log"])
+    assert per[0][1] == comm[0]["bytes_down"] + n_clients * 8 * (d - 1)
 
 
 def _multioutput_data(n_clients=3, n=20, seed=0, n_missing=6):
@@ -292,15 +295,7 @@ def test_flower_multioutput_training_matches_estimator_fit():
         else:
             np.testing.assert_allclose(v, est._population_local[k], rtol=1e-8)
 
-    comm = est.communication_
-    per = {e["round"]: (e["bytes_up"], e["bytes_down"])
-           for e in fl.payload_per_round(res["payload_log"])}
-    assert sorted(per) == [c["round"] for c in comm]
-    for c in comm[1:]:
-        assert per[c["round"]] == (c["bytes_up"], c["bytes_down"]), c["round"]
-    d, T = X.shape[1], 3
-    assert per[0][0] == comm[0]["bytes_up"]
-    assert per[0][1] == comm[0]["bytes_down"] + T * 8 * (d - 1)
+    _assert_payload_matches_communication(res, est, d=X.shape[1], n_clients=3)
 
 
 # --------------------------------------------------------------------------
