@@ -1029,6 +1029,18 @@ NOISE_OPTIONS = ("isotropic", "isotropic_target", "diagonal")
 def check_noise(noise):
     """Return ``noise`` if it is one of :data:`NOISE_OPTIONS`.
 
+    ``"isotropic"`` is Yan 2026's ``s2_i I_Q`` (section 3.9, eq. 34) in
+    standardised units; ``"isotropic_target"`` and ``"diagonal"`` are this
+    package's additions (docs/maths.md, section 12).
+
+    Parameters
+    ----------
+    noise : str
+
+    Returns
+    -------
+    str
+
     Raises
     ------
     ValueError

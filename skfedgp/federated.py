@@ -2980,6 +2980,10 @@ class ILMMStructuredClient(StructuredClient):
     def noise_weights(self):
         """Per-output factors ``w`` of the one noise variance (``"isotropic_target"`` only, else None).
 
+        ``w_q = mean(y_scale^2) / y_scale_q^2``: Yan 2026's ``s2_i I_Q``
+        (section 3.9, eq. 34) in target units, mapped to the standardised
+        outputs (docs/maths.md, section 12).
+
         Returns
         -------
         ndarray of shape (Q,) or None

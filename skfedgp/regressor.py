@@ -145,7 +145,9 @@ def check_multioutput_targets(y, n_rows, estimator=None):
     """Validate multi-output targets: NaN marks a missing output.
 
     Shared by :meth:`FederatedHierarchicalGPRegressor.fit` and the Flower
-    ClientApp (:mod:`skfedgp.flower`), which validate the same way.
+    ClientApp (:mod:`skfedgp.flower`), which validate the same way. Missing
+    outputs are left out of the ILMM likelihood (Yan 2026, section 3.9,
+    eq. 34, summed over the observed entries; docs/maths.md, section 12).
 
     Parameters
     ----------
