@@ -2108,12 +2108,25 @@ _TIMING_CALLS = 3
 def _population_from(hypers, components):
     """Population local block from the clients' :class:`LocalHyperparameters`.
 
-    Geometric means of the local lengthscales, variances and noise variances.
+    Geometric means of the local lengthscales, variances and noise variances;
+    the mean of the clients' constant means ``c_i`` and, as
+    ``offset_variance``, the predictive variance of a new client's constant
+    mean: ``c_new ~ N(mean c_i, (1 + 1/T) var c_i)`` (sample variance,
+    ``ddof=1``, over the ``T`` clients; 0 for one client), the spread of the
+    clients' levels, which a never-seen client's prediction must include
+    (a Q x Q covariance for multi-output targets).
     """
+    offsets = np.array([np.atleast_1d(np.asarray(h.offset, dtype=float)) for h in hypers])
+    T = len(hypers)
+    if T >= 2:
+        off_cov = (1.0 + 1.0 / T) * np.atleast_2d(np.cov(offsets, rowvar=False, ddof=1))
+    else:
+        off_cov = np.zeros((offsets.shape[1],) * 2) if T else np.zeros((1, 1))
     if hypers and hypers[0].coregionalisation is not None:  # multi-output targets
         pop = {"noise_variance": np.exp(np.mean([np.log(h.noise_variance) for h in hypers],
                                                 axis=0)),
                "offset": np.mean([h.offset for h in hypers], axis=0),
+               "offset_variance": off_cov,
                "coregionalisation": {k: np.mean([h.coregionalisation[k] for h in hypers], axis=0)
                                      for k in hypers[0].coregionalisation}}
         if "local" in components:
@@ -2121,7 +2134,8 @@ def _population_from(hypers, components):
                                                   axis=0))
         return pop
     pop = {"noise_variance": float(np.exp(np.mean([np.log(h.noise_variance) for h in hypers]))),
-           "offset": float(np.mean([h.offset for h in hypers]))}
+           "offset": float(np.mean([h.offset for h in hypers])),
+           "offset_variance": float(off_cov[0, 0])}
     if "local" in components:
         pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers], axis=0))
         pop["variance_l"] = float(np.exp(np.mean([np.log(h.variance) for h in hypers])))

@@ -474,8 +474,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     exact posterior of the global part plus the *prior* of the deviation and
     local parts (``docs/maths.md`` section 8), with the population local
     hyperparameters (geometric means of the clients', sent in their final
-    messages) and the mean of the clients' constant means; its predictive
-    variance is therefore wider.
+    messages) and the mean of the clients' constant means; a new client's
+    level is a new draw from the clients' levels, so its predictive variance
+    also holds ``(1 + 1/T)`` times the sample variance of the ``T`` clients'
+    constant means (their sample covariance for multi-output targets). Its
+    predictive variance is therefore wider.
 
     When not to use it: a single client with a few thousand points or less
     is fitted faster and as well by scikit-learn's exact
@@ -1018,6 +1021,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return self._population_local, label
         return client.local_values(), label
 
+    def _offset_variance(self, label):
+        """Variance of a row's client constant mean (standardised units).
+
+        0 for a fitted client (its learned constant); for a never-seen label
+        the population's ``offset_variance``: a new client's level is a new
+        draw from the spread of the clients' constant means (scalar, or Q x
+        Q for multi-output targets).
+        """
+        if label in self.clients_:
+            return 0.0
+        return self._population_local.get("offset_variance", 0.0)
+
     def predict(self, X, groups=None, return_std=False, return_cov=False):
         """Predictive distribution of the targets for each row's client.
 
@@ -1158,6 +1173,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             for Cr, ell in prior:  # unit-variance latent GP mixed by the mean outer product
                 C = C + np.einsum("ij,qp->iqjp", se_ard(Xf, Xf, ell, 1.0), Cr)
         C = np.array(C, dtype=float).reshape(n * Q, n * Q)
+        # a never-seen client's level is shared by all its rows
+        C += np.tile(np.broadcast_to(self._offset_variance(lab), (Q, Q)), (n, n))
         C[np.diag_indices_from(C)] += np.tile(np.broadcast_to(s2, (Q,)), n)
         scale = np.asarray(self.y_scale_)
         sc = np.tile(scale, n)
@@ -1265,12 +1282,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 mean = sum(m for m, _ in out.values()) if out else np.zeros((n, Q))
                 cov = sum(cv for _, cv in out.values()) if out else np.zeros((n, Q, Q))
                 out = (mean, cov)
+        V_off = np.broadcast_to(self._offset_variance(lab), (Q, Q))  # a new client's level
         if per_component:
             out = dict(out)
-            out["offset"] = (np.broadcast_to(offset, (n, Q)).copy(), np.zeros((n, Q, Q)))
+            out["offset"] = (np.broadcast_to(offset, (n, Q)).copy(),
+                             np.broadcast_to(V_off, (n, Q, Q)).copy())
             return out
         mean, cov = out
-        cov = np.array(cov, dtype=float)
+        cov = np.array(cov, dtype=float) + V_off
         idx = np.arange(Q)
         cov[:, idx, idx] += np.broadcast_to(s2, (Q,))
         return mean + offset, cov
@@ -1350,18 +1369,19 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             cid = None if lab is _Population else lab
             blocks, mu_u, Sigma_u, H, E, s2, c = self._structured_client(
                 _Population if cid is None else cid)
+            v_off = float(self._offset_variance(lab))  # a never-seen client's level
             if not return_cov:
                 for rows in _chunks(idx):
                     m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
                                               client=cid)
                     mean[rows] = c + m
-                    var[rows] = v + s2
+                    var[rows] = v + s2 + v_off
                 continue
             Ws = test_features(Xf[idx], blocks, client=cid)
             Fs = np.hstack(Ws)
             mean[idx] = c + Fs @ (E @ mu_u)
             Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
-            within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size)
+            within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size) + v_off
             gam = residual_coefficients(blocks, comps, phi)
             for (name, Z, ell, v_, _), W, g in zip(blocks, Ws, gam):
                 g_eff = g - (1.0 if (name == "g" and "global" in comps) else 0.0)
@@ -1403,7 +1423,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``("global", "deviation", "local")``; arrays of shape
             (n_samples,), target units. With the structured family (the
             default) an ``"offset"`` entry holds each row's client constant
-            mean (its std is 0), and the predictive mean of :meth:`predict`
+            mean (its std is 0 for a fitted client; for a never-seen one
+            it is the spread of the clients' constant means, see Notes of
+            the class), and the predictive mean of :meth:`predict`
             equals the sum of all the means; with the mean-field family it
             equals ``y_offset_`` plus the sum.
         """
@@ -1431,6 +1453,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 blocks, mu_u, Sigma_u, _, E, _, c = self._structured_client(lab)
                 idx = np.flatnonzero(inv == k)
                 out["offset"][0][idx] = self.y_offset_ + self.y_scale_ * c
+                out["offset"][1][idx] = self.y_scale_ * np.sqrt(float(self._offset_variance(lab)))
                 for rows in _chunks(idx):
                     parts = predict_structured(Xf[rows], blocks, self.components_,
                                                G.get("phi", 1.0), mu_u, Sigma_u, E,

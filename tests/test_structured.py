@@ -320,7 +320,9 @@ def test_joint_covariance_across_clients_matches_dense_joint_posterior(two_clien
 
 
 def test_unseen_client_variance_pinned(two_clients):
-    """Global posterior + deviation prior phi*k_g + population local prior + noise."""
+    """Global posterior + deviation prior phi*k_g + population local prior + noise
+    + the spread of the clients' constant means, (1 + 1/T) times their sample
+    variance (a new client's level is a new draw)."""
     X, y, g, est = two_clients
     srv = est.server_
     G = srv.global_pack.unpack(srv.theta_global)
@@ -331,12 +333,38 @@ def test_unseen_client_variance_pinned(two_clients):
     L = np.linalg.cholesky(se(Z, Z, ell, var) + 1e-6 * var * np.eye(len(Z)))
     W = np.linalg.solve(L, se(Xts, Z, ell, var).T).T
     Ainv = est.global_posterior_["covariance"]
+    offsets = [c.local_values()["offset"] for c in est.clients_.values()]
+    T = len(offsets)
+    assert T == 2
+    spread = (1 + 1 / T) * np.var(offsets, ddof=1)
     expected = (np.einsum("ij,jk,ik->i", W, Ainv, W) + var - np.sum(W**2, axis=1)
-                + G["phi"] * var + pop["variance_l"] + pop["noise_variance"])
+                + G["phi"] * var + pop["variance_l"] + pop["noise_variance"] + spread)
     mean, std = est.predict(Xt, ["never-seen"] * 3, return_std=True)
     assert_allclose(std**2, est.y_scale_**2 * expected, rtol=1e-8)
     assert_allclose(mean, est.y_offset_ + est.y_scale_ * (
         pop["offset"] + W @ est.global_posterior_["mean"]), rtol=1e-10)
+
+
+def test_unseen_client_band_covers_another_level():
+    """Clients on different levels: a held-out client's readings lie within
+    the never-seen prediction's band (before, the band left out the spread of
+    the clients' constant means: std about 0.3 against an error of about 1.2)."""
+    rng = np.random.default_rng(5)
+    levels = np.linspace(-1.5, 1.5, 8)
+    X = rng.uniform(0, 10, (8 * 25, 1))
+    g = np.repeat(np.arange(8), 25)
+    y = np.sin(X[:, 0]) + levels[g] + 0.1 * rng.standard_normal(g.size)
+    keep = g != 6
+    est = FederatedHierarchicalGPRegressor(random_state=0).fit(X[keep], y[keep], g[keep])
+    Xt = np.linspace(0.5, 9.5, 40)[:, None]
+    m, s = est.predict(Xt, ["new"] * 40, return_std=True)
+    z = np.abs(np.sin(Xt[:, 0]) + levels[6] - m) / s
+    assert np.max(z) < 3.0
+    c = np.array([cl.local_values()["offset"] for cl in est.clients_.values()])
+    spread = (1 + 1 / 7) * np.var(c, ddof=1) * est.y_scale_**2
+    parts = est.predict_components(Xt, ["new"] * 40)
+    assert_allclose(parts["offset"][1] ** 2, spread, rtol=1e-10)
+    assert np.all(s**2 > spread)
 
 
 def test_no_client_data_in_fitted_model(two_clients):
