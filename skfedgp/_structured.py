@@ -464,7 +464,8 @@ def combine(S_list, b_list, e_list, M):
     Raises
     ------
     FloatingPointError
-        If the ELBO is not finite.
+        If the ELBO is not finite, or ``A`` is not positive definite in
+        floating point (ill-conditioned statistics; the message says so).
     """
     e_sum = float(np.sum(e_list))
     if M == 0:
@@ -473,7 +474,17 @@ def combine(S_list, b_list, e_list, M):
     else:
         A = np.eye(M) + np.sum(S_list, axis=0)
         b = np.sum(b_list, axis=0)
-        c = cho_factor(0.5 * (A + A.T), lower=True)
+        try:
+            c = cho_factor(0.5 * (A + A.T), lower=True)
+        except np.linalg.LinAlgError:
+            # A >= I in exact arithmetic: failing here means the clients'
+            # statistics lost their positive semi-definiteness to rounding
+            raise FloatingPointError(
+                "the global posterior precision I + sum_i S_i is not positive definite in "
+                "floating point: the clients' statistics are ill-conditioned (typically "
+                "nearly noise-free targets with as many inducing points as observations); "
+                "use fewer inducing points (n_inducing) or set a larger noise_variance"
+            ) from None
         mu = cho_solve(c, b)
         A_inv = cho_solve(c, np.eye(M))
         A_inv = 0.5 * (A_inv + A_inv.T)

@@ -797,7 +797,7 @@ class Server:
                               minimum=AUTO_MIN_INDUCING,
                               maximum=min(cap, self.n_total), fraction=frac)
         else:
-            M = int(cfg.n_inducing)
+            M = cap_inducing(int(cfg.n_inducing), self.n_total)
         # "auto": each client sizes its own local set (StructuredClient.initialise)
         M_local = None if cfg.n_inducing_local == "auto" else int(cfg.n_inducing_local)
         if cfg.n_outputs:
@@ -1499,6 +1499,41 @@ def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum, fra
     if not np.isfinite(m):
         m = float(maximum)
     return int(np.clip(np.ceil(m), minimum, max(minimum, maximum)))
+
+
+def cap_inducing(M, n_total, name="n_inducing"):
+    """A given number of global inducing points, at most the number of observations.
+
+    More inducing points than observations cannot improve the bound (with
+    ``M = N`` inducing inputs at the training inputs the collapsed bound is
+    already the exact marginal likelihood) but cost ``O(M^3)`` time and
+    ``O(M^2)`` memory per evaluation; like scikit-learn's ``Nystroem``, a
+    larger request is reduced to ``N`` with a warning.
+
+    Parameters
+    ----------
+    M : int
+        Requested number.
+    n_total : int
+        Number of training observations over all clients.
+    name : str
+        Parameter name for the warning.
+
+    Returns
+    -------
+    int
+
+    Warns
+    -----
+    UserWarning
+        When ``M > n_total``.
+    """
+    if M > n_total:
+        warnings.warn(f"{name}={M} exceeds the number of training observations "
+                      f"({n_total}); {n_total} inducing points are used", UserWarning,
+                      stacklevel=4)
+        return int(n_total)
+    return int(M)
 
 
 def budget_inducing(sizes, components, budget=None, n_latent=1):

@@ -52,6 +52,7 @@ from .federated import (
     ModelConfig,
     Server,
     TrainingState,
+    cap_inducing,
     check_participation,
     run_federated_training,
     run_structured_training,
@@ -247,12 +248,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         budget (about 2e10 multiply-adds summed over the clients, a few
         seconds on one core; ``federated.auto_inducing`` and
         ``federated.budget_inducing``); the mean-field family uses 25.
+        A given number above the number of observations is reduced to it
+        with a ``UserWarning`` (more cannot improve the bound).
     n_inducing_local : int or "auto", default="auto"
         Number ``M_i`` of inducing points of each client's local part.
         "auto": sized per client from its own lengthscales and input box, at
         most 64 and at most ``n_i``; a client with at most that many distinct
         inputs uses them all (its local part is then exact). The mean-field
-        family uses 25.
+        family uses 25 (a given number above the largest client's size is
+        reduced to it, with a ``UserWarning``).
     components : tuple of str, default=("global", "deviation", "local")
         Which parts to use: a non-empty subset. ``("local",)`` is Local-only
         (independent per-client sparse GPs), ``("global",)`` is Global-only,
@@ -843,6 +847,17 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         seeds = rng.randint(0, 2**31 - 1, size=len(labels) + 1)
         self.n_features_model_ = Xf.shape[1]
         clients = [Client(lab, Xf[inv == k], y[inv == k]) for k, lab in enumerate(labels)]
+        if config.variational_family != "structured":
+            # mean-field family: fixed sizes, at most the observations (all, and
+            # the largest client's for the local sets)
+            # (a warning only for a size the user gave)
+            def _cap(name, M, n):
+                return cap_inducing(M, n, name) if getattr(self, name) != "auto" else min(M, n)
+
+            config = dataclasses.replace(
+                config, n_inducing=_cap("n_inducing", config.n_inducing, Xf.shape[0]),
+                n_inducing_local=_cap("n_inducing_local", config.n_inducing_local,
+                                      int(counts.max())))
         server = Server(config, Xf.shape[1], int(seeds[-1]))
         client_seeds = [int(s) for s in seeds[:-1]]
         if config.variational_family == "structured":

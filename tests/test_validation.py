@@ -251,3 +251,44 @@ def test_prediction_memory_does_not_grow_beyond_outputs(fitted, monkeypatch):
     monkeypatch.setattr(regressor, "PREDICT_CHUNK_ROWS", 10**9)
     unchunked = (_peak_bytes(est, Xt, gt) - _peak_bytes(est, Xt[:n1], gt[:n1])) / (n2 - n1)
     assert unchunked > 2.5 * per_row, (unchunked, per_row)
+
+
+def test_more_inducing_points_than_observations_are_capped():
+    """n_inducing=10000 on 60 observations used to allocate tens of GiB: it is
+    reduced to the number of observations, with a warning naming both."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(60, 2))
+    y = np.sin(3 * X[:, 0]) + 0.05 * rng.standard_normal(60)
+    g = np.repeat([0, 1, 2], 20)
+    with pytest.warns(UserWarning, match=r"n_inducing=10000 exceeds the number of training "
+                                         r"observations \(60\); 60 inducing points"):
+        est = FederatedHierarchicalGPRegressor(n_inducing=10000, n_rounds=2,
+                                               random_state=0).fit(X, y, g)
+    assert est.n_inducing_ == 60
+    # the mean-field family: the global and the local sets
+    with pytest.warns(UserWarning) as rec:
+        est = FederatedHierarchicalGPRegressor(
+            n_inducing=500, n_inducing_local=45, variational_family="mean_field",
+            optimizer="adam", n_rounds=1, local_steps=1, random_state=0).fit(X, y, g)
+    msgs = " ".join(str(w.message) for w in rec)
+    assert "n_inducing=500 exceeds" in msgs and "n_inducing_local=45 exceeds" in msgs
+    assert est.n_inducing_ == 60
+    # sizes within the data: no warning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*exceeds the number of training")
+        FederatedHierarchicalGPRegressor(n_inducing=20, n_rounds=1,
+                                         random_state=0).fit(X, y, g)
+
+
+def test_indefinite_global_precision_is_a_clear_error():
+    """Noise-free targets with as many inducing points as observations: the
+    statistics lose positive definiteness to rounding; the error says so
+    (not a bare LinAlgError from SciPy), and the estimator stays unfitted."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(60, 2))
+    y = np.sin(3 * X[:, 0])
+    g = np.repeat([0, 1, 2], 20)
+    est = FederatedHierarchicalGPRegressor(n_inducing=60, random_state=0)
+    with pytest.raises(FloatingPointError, match="not positive definite in floating point"):
+        est.fit(X, y, g)
+    assert not hasattr(est, "clients_")
