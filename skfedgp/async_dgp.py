@@ -733,6 +733,11 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         self._rng = np.random.default_rng(check_random_state(self.random_state).randint(2**31))
         self.n_features_in_ = X.shape[1]
         idx = self._assign(X.shape[0], groups, start)
+        if self.optimize_hyperparameters and X.shape[0] < 2:
+            raise ValueError(
+                f"learning the hyperparameters needs at least 2 samples, got n_samples = {X.shape[0]}; "
+                "pass more data, or optimize_hyperparameters=False with the lengthscale, "
+                "variance and noise_variance given")
         ell, sf2, sn2 = self._init_hyper(X, y)
         self._y_sum, self._n_seen = float(y.sum()), X.shape[0]
         mean = self._y_sum / self._n_seen
@@ -768,7 +773,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            For NaN/inf, inconsistent shapes or invalid parameters.
+            For NaN/inf, inconsistent shapes, invalid parameters, or fewer
+            than 2 samples when the hyperparameters are learned.
         """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
         idx = self._start(X, y, groups, None)

@@ -811,11 +811,14 @@ class Server:
             if cand.shape[0] < M:
                 cand, _ = self._union_candidates(ell, at_least=M)
             values["Z_g"] = cand[:M]
+            # a given value is used as given; the pilots' at most a few spans
+            # of the unit box (start_lengthscale)
+            ell0 = ell if cfg.lengthscale is not None else start_lengthscale(ell, 1.0)
             if cfg.n_outputs:
-                values["lengthscale_g"] = np.tile(ell, (cfg.n_latent[0], 1))
+                values["lengthscale_g"] = np.tile(ell0, (cfg.n_latent[0], 1))
             else:
                 var = pop.variance if cfg.variance is None else float(cfg.variance)
-                values.update(lengthscale_g=ell, variance_g=check_in_bounds(
+                values.update(lengthscale_g=ell0, variance_g=check_in_bounds(
                     "variance_g", var, cfg.variance is not None))
         if "B_g" in gpack.slices:
             signal = pop.variance / max(pop.variance + pop.noise_variance, 1e-12)
@@ -1185,6 +1188,9 @@ AUTO_EVALUATION_BUDGET = 2e10
 AUTO_MAX_LOCAL = 64
 #: A client's pilot exact GP uses at most this many of its observations.
 PILOT_MAX_POINTS = 256
+#: Starting lengthscales (from the pilots) are at most this many times the
+#: span of the inputs along each dimension (:func:`start_lengthscale`).
+START_MAX_SPANS = 5.0
 #: Fewest observations for a client to run a pilot fit.
 PILOT_MIN_POINTS = 5
 
@@ -1474,6 +1480,42 @@ def pilot_fit(X, y, random_state):
     )
 
 
+def span_own(X):
+    """Extent of a client's inputs per dimension (max - min), shape (d,)."""
+    return X.max(axis=0) - X.min(axis=0) if X.shape[0] else np.zeros(X.shape[1])
+
+
+def start_lengthscale(lengthscale, span):
+    """Starting lengthscales: the pilot's, at most :data:`START_MAX_SPANS` spans.
+
+    A pilot fit on a few hundred of one client's points may call an input
+    irrelevant (lengthscale hundreds of times its span) that the whole
+    model can resolve. Started there, the gradient with respect to that
+    lengthscale scales like ``(span / lengthscale)^2`` and is practically
+    zero, so the optimiser sits on a plateau and stops. At five spans the
+    kernel still varies by less than 2 % across the data (the input is as
+    good as switched off) while the gradient can bring it back. The
+    inducing-point budget (``n_inducing="auto"``) still uses the pilot's
+    values.
+
+    Parameters
+    ----------
+    lengthscale : ndarray of shape (d,)
+        Pilot lengthscales (model units).
+    span : ndarray of shape (d,)
+        Extent of the inputs per dimension (model units); 0 leaves that
+        dimension's value unchanged.
+
+    Returns
+    -------
+    ndarray of shape (d,)
+    """
+    ell = np.asarray(lengthscale, dtype=float)
+    span = np.broadcast_to(np.asarray(span, dtype=float), ell.shape[-1:])
+    cap = np.where(span > 0, START_MAX_SPANS * span, np.inf)
+    return np.minimum(ell, cap)
+
+
 def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum, fraction=1.0):
     """Number of inducing points from the lengthscales and the input box.
 
@@ -1704,7 +1746,8 @@ class StructuredClient:
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),
                                         maximum=min(AUTO_MAX_LOCAL, self.n_samples))
             Zl = _local_inducing(self._Xs, M_local, random_state)
-            ell = (p.lengthscale if config.local_lengthscale is None
+            ell = (start_lengthscale(p.lengthscale, span_own(self._Xs))
+                   if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
             var = (0.1 * p.variance * ratio if config.local_variance is None
                    else float(config.local_variance))
@@ -3118,7 +3161,8 @@ class ILMMStructuredClient(StructuredClient):
                                         maximum=min(AUTO_MAX_LOCAL, self.n_samples))
             Zl = _local_inducing(self._Xs, M_local, random_state)
             M_l = Zl.shape[0]
-            ell = (p.lengthscale if config.local_lengthscale is None
+            ell = (start_lengthscale(p.lengthscale, span_own(self._Xs))
+                   if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
             ell = check_in_bounds("lengthscale_l", ell, config.local_lengthscale is not None)
             values.update(Z_l=Zl, lengthscale_l=np.tile(ell, (R_l, 1)),

@@ -92,6 +92,16 @@ def _warn_diagnostics(est, converged, n_rounds):
             f"training stopped after n_rounds={n_rounds} rounds before the ELBO converged "
             f"(tol={est.tol}); increase n_rounds or tol", ConvergenceWarning, stacklevel=3)
     at = []
+    why = {
+        ("noise_variance", "low"): (
+            f"a noise variance at its floor, {LOG_BOUNDS['noise_variance'][0]:g} times the "
+            "client's own target variance, means nearly noise-free data (or duplicated rows)"),
+        ("lengthscale", "low"): (
+            f"a lengthscale at its lower bound, {LOG_BOUNDS['lengthscale_g'][0]:g} of the input "
+            "range, means targets that change faster than the inputs resolve (e.g. equal "
+            "inputs with different targets)"),
+    }
+    reasons = []
 
     def check(values, names, where=""):
         for name in names:
@@ -101,15 +111,23 @@ def _warn_diagnostics(est, converged, n_rounds):
             if name == "noise_variance" and "noise_floor" in values:
                 lo = values["noise_floor"]
             v = np.atleast_1d(values[name])
-            low = np.any(v <= lo * (1 + 1e-6))
-            # a variance (or phi) at its lower bound is a component the evidence
-            # switched off, a documented outcome, not a failure; its lengthscale
-            # is then irrelevant
+            low = bool(np.any(v <= lo * (1 + 1e-6)))
+            high = bool(np.any(v >= hi * (1 - 1e-6)))
+            kind = "lengthscale" if name.startswith("lengthscale") else name
+            # documented outcomes, not failures: a variance (or phi) at its
+            # lower bound is a component the evidence switched off (its
+            # lengthscale is then irrelevant); a lengthscale at its upper
+            # bound is an input switched off (automatic relevance determination)
             if low and name.startswith(("variance", "phi")):
                 return
-            if (low and name != "lengthscale_g" or np.any(v >= hi * (1 - 1e-6))
-                    or (low and name == "lengthscale_g")):
-                at.append(name + where)
+            if high and kind == "lengthscale" and not low:
+                continue
+            if low or high:
+                side = "low" if low else "high"
+                at.append(f"{name}{where} ({'lower' if low else 'upper'} bound)")
+                text = why.get((kind, side))
+                if text and text not in reasons:
+                    reasons.append(text)
 
     G = est.server_.global_pack.unpack(est.server_.theta_global)
     check(G, ("variance_g", "lengthscale_g"))
@@ -125,10 +143,9 @@ def _warn_diagnostics(est, converged, n_rounds):
         check(B, ("noise_variance",), f" of client {lab!r}")
     if at:
         warnings.warn(
-            "hyperparameters ended at a bound of their range (a noise variance at its "
-            f"floor, {LOG_BOUNDS['noise_variance'][0]:g} times the client's own target "
-            f"variance, means nearly noise-free data): {', '.join(at[:10])}"
-            + (" ..." if len(at) > 10 else ""), ConvergenceWarning, stacklevel=3)
+            "hyperparameters ended at a bound of their range: " + ", ".join(at[:10])
+            + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
+            ConvergenceWarning, stacklevel=3)
 
 
 def _n_target_columns(y):
@@ -140,6 +157,34 @@ def _n_target_columns(y):
         except (ValueError, TypeError):  # ragged: let the validation report it
             return 1
     return int(shape[1]) if len(shape) == 2 else 1
+
+
+def check_target_values(y):
+    """Targets must be numbers whose spread float64 can hold.
+
+    Parameters
+    ----------
+    y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+
+    Raises
+    ------
+    ValueError
+        If ``y`` holds strings (a class label, not a number), or its values
+        are so large that their variance overflows float64 (the targets are
+        standardised by their spread; rescale them, e.g. divide by a power
+        of ten).
+    """
+    kind = getattr(np.asarray(y), "dtype", np.dtype(float)).kind
+    if kind in "USO":
+        raise ValueError(
+            f"y must hold numbers (a regression target), got an array of dtype "
+            f"{np.asarray(y).dtype}; for class labels use a classifier")
+    with np.errstate(over="ignore", invalid="ignore"):
+        spread = np.nanvar(np.asarray(y, dtype=float), axis=0)
+    if not np.all(np.isfinite(spread)):
+        raise ValueError(
+            "y is too large to standardise: the variance of its values overflows float64 "
+            f"(largest |y| = {np.nanmax(np.abs(y)):.3g}); rescale the targets")
 
 
 def check_multioutput_targets(y, n_rows, estimator=None):
@@ -169,6 +214,8 @@ def check_multioutput_targets(y, n_rows, estimator=None):
         If ``y`` is not 2-D, its length is not ``n_rows``, it holds an
         infinite value, or a row has every output missing.
     """
+    if np.asarray(y).dtype.kind in "US":
+        check_target_values(y)
     y = check_array(y, ensure_all_finite="allow-nan", dtype=np.float64, input_name="y",
                     estimator=estimator)
     if y.shape[0] != n_rows:
@@ -182,6 +229,7 @@ def check_multioutput_targets(y, n_rows, estimator=None):
         raise ValueError(
             f"{empty.size} row(s) of y have every output missing (NaN), e.g. row "
             f"{int(empty[0])}; drop them (a row needs at least one observed output)")
+    check_target_values(y)
     return y
 
 
@@ -715,6 +763,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """
         if _n_target_columns(y) > 1:  # multi-output: NaN marks a missing output
             return self._validate_multioutput_fit_data(X, y, groups)
+        if getattr(y, "dtype", None) is not None and y.dtype.kind in "US":
+            check_target_values(y)  # strings: name the problem before any conversion
         if self.client_column is None:
             X, y = validate_data(
                 self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
@@ -726,6 +776,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                              dtype=np.float64, estimator=self)
         if y.ndim == 2:
             y = column_or_1d(y, warn=True)  # DataConversionWarning, as scikit-learn does
+        check_target_values(y)
         groups = check_groups(groups, X.shape[0], "fit")
         if self.client_column is not None:  # the column overrides groups
             check_labels_present(labels, f"client_column={self.client_column!r}")
@@ -800,9 +851,24 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             If a ``K_zz`` cannot be factorised even with jitter (names the
             matrix and client).
         FloatingPointError
-            If training produces a non-finite ELBO or gradient.
+            If training produces a non-finite ELBO or gradient, or a global
+            posterior precision that is not positive definite in floating
+            point.
         skfedgp.federated.TrainingFailedError
             If every client failed or was excluded (structured family).
+
+        Warns
+        -----
+        sklearn.exceptions.ConvergenceWarning
+            When ``n_rounds`` ended before the ELBO converged (``tol``), or a
+            hyperparameter ended at a bound of its range (named, with the
+            likely reason: a noise variance at its floor means nearly
+            noise-free data). Not for a variance or ``phi`` at its lower
+            bound (a component switched off) or a lengthscale at its upper
+            bound (an input switched off): both are regular outcomes.
+        UserWarning
+            When a given ``n_inducing`` exceeds the number of observations
+            (it is reduced to it).
 
         Notes
         -----

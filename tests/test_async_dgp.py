@@ -291,3 +291,16 @@ def test_bad_input(rng):
         _fixed(n_experts=2).fit(X, y, groups=np.full(30, 5))
     with pytest.raises(ValueError, match="lengthscale"):
         _fixed(lengthscale=[1.0, -1.0]).fit(X, y)
+
+
+def test_one_sample_cannot_learn_hyperparameters(rng):
+    """One row used to give variance = noise = 1e-5 and a confident prediction
+    five lengthscales away; learning needs two rows, fixed values do not."""
+    X, y = _data(rng, n=30)
+    with pytest.raises(ValueError, match="at least 2 samples, got n_samples = 1"):
+        AsyncDGPRegressor(random_state=0).fit(X[:1], y[:1])
+    with pytest.raises(ValueError, match="at least 2 samples, got n_samples = 1"):
+        AsyncDGPRegressor(random_state=0).partial_fit(X[:1], y[:1])
+    est = _fixed().partial_fit(X[:1], y[:1])  # given hyperparameters: streaming may start
+    est.partial_fit(X[1:], y[1:])
+    assert np.all(np.isfinite(est.predict(X)))

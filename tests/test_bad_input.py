@@ -55,6 +55,30 @@ def test_non_finite_y(data, bad, match):
         _est().fit(X, y, g)
 
 
+@pytest.mark.parametrize("kind", ["labels", "numeric strings", "two columns of labels"])
+def test_string_targets_are_named(data, kind):
+    X, y, g = data
+    ys = {"labels": np.where(y > 0, "up", "down"),
+          "numeric strings": y.astype(str),
+          "two columns of labels": np.c_[np.where(y > 0, "up", "down")] .repeat(2, axis=1)}[kind]
+    with pytest.raises(ValueError, match=r"y must hold numbers \(a regression target\), got an "
+                                         r"array of dtype <U"):
+        _est().fit(X, ys, g)
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_targets_too_large_to_standardise(data, columns):
+    """y * 1e200 used to end in 'no client is left ... non-finite values in the message'."""
+    X, y, g = data
+    yy = (y * 1e200) if columns == 1 else np.c_[y, -y] * 1e200
+    est = _est()
+    with pytest.raises(ValueError, match=r"y is too large to standardise: the variance of its "
+                                         r"values overflows float64 \(largest \|y\| = "):
+        est.fit(X, yy, g)
+    assert not hasattr(est, "clients_")
+    _est().fit(X, y * 1e100, g)  # large but representable: fits
+
+
 def test_non_finite_X_at_predict(data):
     X, y, g = data
     est = _est().fit(X, y, g)

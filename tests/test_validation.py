@@ -292,3 +292,46 @@ def test_indefinite_global_precision_is_a_clear_error():
     with pytest.raises(FloatingPointError, match="not positive definite in floating point"):
         est.fit(X, y, g)
     assert not hasattr(est, "clients_")
+
+
+def test_bound_diagnostics_name_the_value_and_the_reason():
+    """A ConvergenceWarning names each hyperparameter at a bound with its
+    likely reason; an input switched off (lengthscale at its upper bound) and
+    a component switched off (variance at its lower bound) are not warned
+    about."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    from skfedgp.federated import LOG_BOUNDS
+    from skfedgp.regressor import _warn_diagnostics
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(40, 2))
+    y = np.sin(4 * X[:, 0]) + 0.1 * rng.standard_normal(40)
+    g = np.repeat([0, 1], 20)
+    est = FederatedHierarchicalGPRegressor(n_rounds=3, random_state=0).fit(X, y, g)
+    srv = est.server_
+    theta0 = srv.theta_global.copy()
+
+    def warned(**global_values):
+        G = srv.global_pack.unpack(theta0)
+        G.update(global_values)
+        srv.theta_global = srv.global_pack.pack(G)
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            _warn_diagnostics(est, True, 3)
+        srv.theta_global = theta0
+        return [str(w.message) for w in rec if issubclass(w.category, ConvergenceWarning)]
+
+    lo, hi = LOG_BOUNDS["lengthscale_g"]
+    G = srv.global_pack.unpack(theta0)
+    assert warned() == []
+    assert warned(lengthscale_g=np.r_[G["lengthscale_g"][0], hi]) == []   # x1 switched off
+    assert warned(variance_g=LOG_BOUNDS["variance_g"][0]) == []           # global part off
+    msg = warned(lengthscale_g=np.r_[lo, G["lengthscale_g"][1]])
+    assert len(msg) == 1 and "lengthscale_g (lower bound)" in msg[0]
+    assert "faster than the inputs resolve" in msg[0] and "noise-free" not in msg[0]
+    # noise-free data: the noise variances end at their floors, named per client
+    y0 = np.sin(4 * X[:, 0])
+    with pytest.warns(ConvergenceWarning, match=r"noise_variance of client 0 \(lower bound\).*"
+                                                r"nearly noise-free data"):
+        FederatedHierarchicalGPRegressor(random_state=0).fit(X, y0, g)
