@@ -578,7 +578,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     optimize_hyperparameters : bool, default=True
         Maximise the sum of the experts' log marginal likelihoods (analytic
         gradients, L-BFGS-B on log-parameters) in ``fit`` and in the first
-        ``partial_fit``; later ``partial_fit`` calls keep them fixed.
+        ``partial_fit``; later ``partial_fit`` calls keep them fixed. Needs
+        at least 2 samples (else ``ValueError``).
     max_points_per_expert : int, optional
         Sliding window: each expert keeps its latest points only.
     partition : {"random", "sequential"}, default="random"
@@ -807,8 +808,9 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            For NaN/inf, a different number of features than before, or
-            invalid parameters.
+            For NaN/inf, a different number of features than before,
+            invalid parameters, or a first call with fewer than 2 samples
+            when the hyperparameters are learned.
         """
         first = not hasattr(self, "experts_")
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)

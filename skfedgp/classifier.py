@@ -16,6 +16,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._linalg import CholeskyError, single_threaded_blas
+from .federated import default_sizes_quiet
 from .regressor import FederatedHierarchicalGPRegressor
 
 __all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "ppca_fit", "ppca_loglik",
@@ -649,7 +650,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             n = X.shape[0]
             Y = X.reshape(n, nc, n_points).transpose(0, 2, 1).reshape(n * n_points, nc)
             inputs = np.tile(grid, n)[:, None]
-            reg.fit(inputs, Y, groups=np.repeat(y_idx, n_points))
+            with default_sizes_quiet(self.estimator is None):
+                reg.fit(inputs, Y, groups=np.repeat(y_idx, n_points))
             self.inputs_ = grid.copy()
         else:
             span = float(grid.max() - grid.min())
@@ -658,7 +660,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             step = step if step > 0 else 1.0
             inputs = np.concatenate([k * (span + step) + grid for k in range(nc)])
             rows, cols = np.nonzero(observed)
-            reg.fit(inputs[cols][:, None], X[rows, cols], groups=y_idx[rows])
+            with default_sizes_quiet(self.estimator is None):
+                reg.fit(inputs[cols][:, None], X[rows, cols], groups=y_idx[rows])
             self.inputs_ = inputs
         self.estimator_ = reg
         self.classes_ = classes

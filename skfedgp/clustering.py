@@ -14,6 +14,7 @@ from sklearn.cluster import SpectralClustering
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .federated import default_sizes_quiet
 from .regressor import FederatedHierarchicalGPRegressor
 
 __all__ = ["OperatorClustering", "default_clustering_regressor"]
@@ -147,11 +148,15 @@ def _pad_pair(u, v):
 
 
 class OperatorClustering(ClusterMixin, BaseEstimator):
-    """Cluster federated clients by their trace-normalised kernel operators.
+    """Cluster federated clients by their fitted functions or kernel operators.
 
-    For every client ``i`` (using only its own inputs ``X_i`` and the fitted
-    kernels of a :class:`~skfedgp.FederatedHierarchicalGPRegressor`; pFedHGP
-    paper section 3.8)::
+    By default (``operator="personal"``, beyond the paper) the clients'
+    dissimilarity is the expected mean squared difference of their fitted
+    personal functions at shared evaluation points (see ``operator``). With
+    ``operator="published"`` it is the paper's: for every client ``i``
+    (using only its own inputs ``X_i`` and the fitted kernels of a
+    :class:`~skfedgp.FederatedHierarchicalGPRegressor`; pFedHGP paper
+    section 3.8)::
 
         A_d_i   = k_g(Z_g, X_i) (k_g(X_i, X_i) + s2_i I)^{-1} k_g(X_i, Z_g)   (M x M)
         A_loc_i = k_i(Z_i, X_i) (k_i(X_i, X_i) + s2_i I)^{-1} k_i(X_i, Z_i)   (M_i x M_i)
@@ -233,9 +238,11 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
     labels_ : ndarray of shape (n_samples,)
         Cluster of each row of ``X`` (its client's cluster).
     operators_ : dict
-        Client label to its trace-normalised operator ``Ahat_i`` (for
-        ``"published"``, a tuple of the two normalised blocks; ``(M, M)``
-        and ``(M_i, M_i)`` arrays).
+        Client label to what was compared: for ``"personal"`` (the default)
+        the tuple ``(mu_i, v_i)`` of posterior means and variances at the
+        evaluation points; for ``"published"`` a tuple of the two
+        trace-normalised blocks (``(M, M)`` and ``(M_i, M_i)`` arrays); for
+        ``"posterior"`` the trace-normalised ``(M, M)`` operator.
     dissimilarity_ : ndarray of shape (n_clients, n_clients)
         ``rho``, symmetric with zero diagonal.
     affinity_matrix_ : ndarray of shape (n_clients, n_clients)
@@ -283,7 +290,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
             reg.set_params(random_state=self.random_state)
         if y is None:
             raise ValueError("y is required to fit the regressor (or pass a fitted estimator)")
-        return reg.fit(X, y, groups=groups)
+        with default_sizes_quiet(est is None):
+            return reg.fit(X, y, groups=groups)
 
     def _published(self, reg, label, Xi):
         h = _client_hyperparameters(reg, label)

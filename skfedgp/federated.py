@@ -34,6 +34,7 @@ Sobol design, :mod:`scipy.stats.qmc`) and broadcasts an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -1295,7 +1296,8 @@ class LocalHyperparameters:
     noise_variance : float
     offset : float or ndarray of shape (Q,)
         The client's learned constant mean (standardised units; structured
-        family). The server keeps the mean over clients for unseen clients.
+        family). The server keeps the mean and the spread (sample
+        (co)variance) over clients for unseen clients.
     coregionalisation : dict or None
         Multi-output targets: ``{"deviation": (R_d, Q, Q), "local": (R_l, Q, Q)}``,
         the outer products ``B[:, r] B[:, r]^T`` of the client's loadings;
@@ -1578,6 +1580,21 @@ def cap_inducing(M, n_total, name="n_inducing"):
     return int(M)
 
 
+@contextlib.contextmanager
+def default_sizes_quiet(active=True):
+    """Silence :func:`cap_inducing`'s warning for sizes the user did not set.
+
+    The classifier's and the clustering's default regressors fix their
+    inducing sizes; on small data the cap applies without a warning the user
+    could act on.
+    """
+    with warnings.catch_warnings():
+        if active:
+            warnings.filterwarnings("ignore", message=r"n_inducing(_local)?=\d+ exceeds",
+                                    category=UserWarning)
+        yield
+
+
 def budget_inducing(sizes, components, budget=None, n_latent=1):
     """Largest number of global inducing points one ELBO evaluation affords.
 
@@ -1740,13 +1757,13 @@ class StructuredClient:
         ratio = ratio if (ratio > 10.0 or ratio < 0.1) else 1.0
         values = {}
         if "local" in config.components:
+            span = span_own(self._Xs)
             if M_local is None:
-                span = self._Xs.max(axis=0) - self._Xs.min(axis=0)
                 M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),
                                         maximum=min(AUTO_MAX_LOCAL, self.n_samples))
             Zl = _local_inducing(self._Xs, M_local, random_state)
-            ell = (start_lengthscale(p.lengthscale, span_own(self._Xs))
+            ell = (start_lengthscale(p.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
             var = (0.1 * p.variance * ratio if config.local_variance is None
@@ -2192,19 +2209,27 @@ def _population_from(hypers, components):
     mean: ``c_new ~ N(mean c_i, (1 + 1/T) var c_i)`` (sample variance,
     ``ddof=1``, over the ``T`` clients; 0 for one client), the spread of the
     clients' levels, which a never-seen client's prediction must include
-    (a Q x Q covariance for multi-output targets).
+    (a Q x Q covariance for multi-output targets; a normal approximation of
+    the Student-t predictive, which also accounts for the estimated
+    variance); and, as ``offset_mean_variance``, ``var c_i / T``, the
+    covariance of two different new clients' levels (they share the
+    estimated mean).
     """
     offsets = np.array([np.atleast_1d(np.asarray(h.offset, dtype=float)) for h in hypers])
     T = len(hypers)
     if T >= 2:
-        off_cov = (1.0 + 1.0 / T) * np.atleast_2d(np.cov(offsets, rowvar=False, ddof=1))
+        spread = np.atleast_2d(np.cov(offsets, rowvar=False, ddof=1))
     else:
-        off_cov = np.zeros((offsets.shape[1],) * 2) if T else np.zeros((1, 1))
+        spread = np.zeros((offsets.shape[1],) * 2) if T else np.zeros((1, 1))
+    # (1 + 1/T) s^2 for one new client; s^2 / T (the estimated mean's share)
+    # is also the covariance of two different new clients' levels
+    off_cov = (1.0 + 1.0 / max(T, 1)) * spread
+    mean_cov = spread / max(T, 1)
     if hypers and hypers[0].coregionalisation is not None:  # multi-output targets
         pop = {"noise_variance": np.exp(np.mean([np.log(h.noise_variance) for h in hypers],
                                                 axis=0)),
                "offset": np.mean([h.offset for h in hypers], axis=0),
-               "offset_variance": off_cov,
+               "offset_variance": off_cov, "offset_mean_variance": mean_cov,
                "coregionalisation": {k: np.mean([h.coregionalisation[k] for h in hypers], axis=0)
                                      for k in hypers[0].coregionalisation}}
         if "local" in components:
@@ -2213,7 +2238,8 @@ def _population_from(hypers, components):
         return pop
     pop = {"noise_variance": float(np.exp(np.mean([np.log(h.noise_variance) for h in hypers]))),
            "offset": float(np.mean([h.offset for h in hypers])),
-           "offset_variance": float(off_cov[0, 0])}
+           "offset_variance": float(off_cov[0, 0]),
+           "offset_mean_variance": float(mean_cov[0, 0])}
     if "local" in components:
         pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers], axis=0))
         pop["variance_l"] = float(np.exp(np.mean([np.log(h.variance) for h in hypers])))
@@ -3154,14 +3180,14 @@ class ILMMStructuredClient(StructuredClient):
         values = {}
         M_l = 0
         if "local" in config.components:
+            span = span_own(self._Xs)
             if M_local is None:
-                span = self._Xs.max(axis=0) - self._Xs.min(axis=0)
                 M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),
                                         maximum=min(AUTO_MAX_LOCAL, self.n_samples))
             Zl = _local_inducing(self._Xs, M_local, random_state)
             M_l = Zl.shape[0]
-            ell = (start_lengthscale(p.lengthscale, span_own(self._Xs))
+            ell = (start_lengthscale(p.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
             ell = check_in_bounds("lengthscale_l", ell, config.local_lengthscale is not None)

@@ -159,12 +159,22 @@ def _n_target_columns(y):
     return int(shape[1]) if len(shape) == 2 else 1
 
 
+def _holds_strings(y):
+    """Whether ``y`` (array-like, pandas included) holds strings."""
+    a = np.asarray(y)
+    if a.dtype.kind in "US":
+        return True
+    return a.dtype.kind == "O" and any(isinstance(v, str) for v in a.ravel())
+
+
 def check_target_values(y):
     """Targets must be numbers whose spread float64 can hold.
 
     Parameters
     ----------
     y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        NaN entries (missing outputs) are ignored; a column with none
+        observed is left to the caller's own check.
 
     Raises
     ------
@@ -174,17 +184,20 @@ def check_target_values(y):
         standardised by their spread; rescale them, e.g. divide by a power
         of ten).
     """
-    kind = getattr(np.asarray(y), "dtype", np.dtype(float)).kind
-    if kind in "USO":
+    if _holds_strings(y):
         raise ValueError(
             f"y must hold numbers (a regression target), got an array of dtype "
-            f"{np.asarray(y).dtype}; for class labels use a classifier")
+            f"{np.asarray(y).dtype} with strings; for class labels use a classifier")
+    a = np.asarray(y, dtype=float)
+    a = a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
+    seen = ~np.isnan(a)
     with np.errstate(over="ignore", invalid="ignore"):
-        spread = np.nanvar(np.asarray(y, dtype=float), axis=0)
-    if not np.all(np.isfinite(spread)):
-        raise ValueError(
-            "y is too large to standardise: the variance of its values overflows float64 "
-            f"(largest |y| = {np.nanmax(np.abs(y)):.3g}); rescale the targets")
+        for q in range(a.shape[1]):
+            col = a[seen[:, q], q]
+            if col.size and not np.isfinite(np.var(col)):
+                raise ValueError(
+                    "y is too large to standardise: the variance of its values overflows "
+                    f"float64 (largest |y| = {np.max(np.abs(col)):.3g}); rescale the targets")
 
 
 def check_multioutput_targets(y, n_rows, estimator=None):
@@ -214,8 +227,8 @@ def check_multioutput_targets(y, n_rows, estimator=None):
         If ``y`` is not 2-D, its length is not ``n_rows``, it holds an
         infinite value, or a row has every output missing.
     """
-    if np.asarray(y).dtype.kind in "US":
-        check_target_values(y)
+    if _holds_strings(y):
+        check_target_values(y)  # names the problem before scikit-learn's conversion
     y = check_array(y, ensure_all_finite="allow-nan", dtype=np.float64, input_name="y",
                     estimator=estimator)
     if y.shape[0] != n_rows:
@@ -763,8 +776,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """
         if _n_target_columns(y) > 1:  # multi-output: NaN marks a missing output
             return self._validate_multioutput_fit_data(X, y, groups)
-        if getattr(y, "dtype", None) is not None and y.dtype.kind in "US":
-            check_target_values(y)  # strings: name the problem before any conversion
+        if _holds_strings(y):
+            check_target_values(y)  # names the problem before scikit-learn's conversion
         if self.client_column is None:
             X, y = validate_data(
                 self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
@@ -1445,12 +1458,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Mg = A_inv.shape[0]
         cov = np.zeros((n, n)) if return_cov else None
         Phi = np.zeros((n, Mg)) if return_cov else None
+        unseen_rows = []
         for k, lab in enumerate(labels):
             idx = np.flatnonzero(inv == k)
             cid = None if lab is _Population else lab
             blocks, mu_u, Sigma_u, H, E, s2, c = self._structured_client(
                 _Population if cid is None else cid)
             v_off = float(self._offset_variance(lab))  # a never-seen client's level
+            # its share common to all never-seen clients (the estimated mean)
+            v_common = 0.0 if lab in self.clients_ else float(
+                self._population_local.get("offset_mean_variance", 0.0))
+            if v_common:
+                unseen_rows.append(idx)
             if not return_cov:
                 for rows in _chunks(idx):
                     m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
@@ -1462,7 +1481,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             Fs = np.hstack(Ws)
             mean[idx] = c + Fs @ (E @ mu_u)
             Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
-            within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size) + v_off
+            within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size) + (v_off - v_common)
             gam = residual_coefficients(blocks, comps, phi)
             for (name, Z, ell, v_, _), W, g in zip(blocks, Ws, gam):
                 g_eff = g - (1.0 if (name == "g" and "global" in comps) else 0.0)
@@ -1472,6 +1491,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             if Mg:
                 Phi[idx] = Fs @ H
         if return_cov:
+            if unseen_rows:  # never-seen clients' levels share the estimated mean
+                u = np.concatenate(unseen_rows)
+                cov[np.ix_(u, u)] += float(self._population_local["offset_mean_variance"])
             if Mg:
                 cov += Phi @ A_inv @ Phi.T
             if "global" in comps:

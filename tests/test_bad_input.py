@@ -55,15 +55,30 @@ def test_non_finite_y(data, bad, match):
         _est().fit(X, y, g)
 
 
-@pytest.mark.parametrize("kind", ["labels", "numeric strings", "two columns of labels"])
+@pytest.mark.parametrize("kind", ["labels", "numeric strings", "two columns of labels",
+                                  "object array", "pandas Series", "pandas string Series",
+                                  "pandas DataFrame"])
 def test_string_targets_are_named(data, kind):
+    import pandas as pd
+
     X, y, g = data
-    ys = {"labels": np.where(y > 0, "up", "down"),
-          "numeric strings": y.astype(str),
-          "two columns of labels": np.c_[np.where(y > 0, "up", "down")] .repeat(2, axis=1)}[kind]
+    lab = np.where(y > 0, "up", "down")
+    ys = {"labels": lab, "numeric strings": y.astype(str),
+          "two columns of labels": np.c_[lab, lab], "object array": lab.astype(object),
+          "pandas Series": pd.Series(lab), "pandas string Series": pd.Series(lab, dtype="string"),
+          "pandas DataFrame": pd.DataFrame({"a": lab, "b": lab})}[kind]
     with pytest.raises(ValueError, match=r"y must hold numbers \(a regression target\), got an "
-                                         r"array of dtype <U"):
+                                         r"array of dtype .* with strings"):
         _est().fit(X, ys, g)
+
+
+def test_output_never_observed_is_named(data):
+    """An all-NaN target column keeps its own message (not the overflow one)."""
+    X, y, g = data
+    Y = np.c_[y, -y]
+    Y[:, 1] = np.nan
+    with pytest.raises(ValueError, match="output 1 has no observed"):
+        _est().fit(X, Y, g)
 
 
 @pytest.mark.parametrize("columns", [1, 2])

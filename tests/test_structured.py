@@ -365,6 +365,39 @@ def test_unseen_client_band_covers_another_level():
     parts = est.predict_components(Xt, ["new"] * 40)
     assert_allclose(parts["offset"][1] ** 2, spread, rtol=1e-10)
     assert np.all(s**2 > spread)
+    # joint covariance: far apart (no kernel coupling left), two rows of one
+    # new client share the whole level variance, two different new clients
+    # the estimated mean's share var/T, a fitted and a new client nothing
+    # beyond the global posterior
+    far = np.array([[-1e4], [1e4], [-2e4], [2e4], [3e4]])
+    labs = ["new", "new", "other", "other", 0]
+    _, C = est.predict(far, labs, return_cov=True)
+    _, sd = est.predict(far, labs, return_std=True)
+    assert_allclose(np.sqrt(np.diag(C)), sd, rtol=1e-10)
+    share = np.var(c, ddof=1) / 7 * est.y_scale_**2
+    assert_allclose(C[0, 1], spread, rtol=1e-6)
+    assert_allclose(C[2, 3], spread, rtol=1e-6)
+    assert_allclose([C[0, 2], C[1, 3], C[0, 3]], share, rtol=1e-6)
+    assert abs(C[0, 4]) < 1e-6 * spread
+
+
+def test_start_lengthscale_caps_at_five_spans():
+    """Pilot lengthscales far beyond the data start at 5 spans; shorter ones,
+    and dimensions without spread, are kept."""
+    out = fed.start_lengthscale(np.array([274.0, 0.3, 50.0, 7.0]),
+                                np.array([1.0, 1.0, 0.0, 2.0]))
+    assert_allclose(out, [5.0, 0.3, 50.0, 7.0])
+    assert fed.START_MAX_SPANS == 5.0
+    # in a fit: a pilot that calls an input irrelevant does not start there
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (200, 3))
+    y = np.sin(3 * X[:, 0]) + 0.02 * X[:, 1] + 0.05 * rng.standard_normal(200)
+    est = FederatedHierarchicalGPRegressor(n_rounds=0, random_state=0).fit(
+        X, y, np.repeat([0, 1], 100))
+    G = est.server_.global_pack.unpack(est.server_.theta_global)
+    assert np.all(G["lengthscale_g"] <= 5.0 * (1 + 1e-12))
+    for c in est.clients_.values():
+        assert np.all(c.local_values()["lengthscale_l"] <= 5.0 * 1.0 + 1e-9)
 
 
 def test_no_client_data_in_fitted_model(two_clients):
