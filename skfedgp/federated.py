@@ -1302,6 +1302,10 @@ class LocalHyperparameters:
         Multi-output targets: ``{"deviation": (R_d, Q, Q), "local": (R_l, Q, Q)}``,
         the outer products ``B[:, r] B[:, r]^T`` of the client's loadings;
         the server keeps their means for never-seen clients.
+    offset_observed : ndarray of shape (Q,) or None
+        Multi-output targets: 1.0 for each output the client observed at
+        least once, else 0.0 (that output's constant mean was never learned
+        and is left out of the population's mean and spread). None: all.
     """
 
     lengthscale: np.ndarray
@@ -1309,6 +1313,7 @@ class LocalHyperparameters:
     noise_variance: float
     offset: float = 0.0
     coregionalisation: dict = None
+    offset_observed: np.ndarray = None
 
 
 def structured_global_spec(components, M, d):
@@ -2200,6 +2205,47 @@ _TIMED_METHODS = ("statistics", "global_gradient", "local_phase")
 _TIMING_CALLS = 3
 
 
+def _offset_moments(offsets, seen):
+    """Mean, new-client covariance and shared-mean covariance of the levels.
+
+    Parameters
+    ----------
+    offsets : ndarray of shape (T, Q)
+        The clients' constant means.
+    seen : ndarray of shape (T, Q), bool
+        Which were learned (the client observed that output).
+
+    Returns
+    -------
+    mean : ndarray of shape (Q,)
+        Over the clients that observed each output (0 if none did).
+    new : ndarray of shape (Q, Q)
+        ``(1 + 1/T_qp) S_qp``, ``S`` the pairwise-complete sample covariance
+        (``ddof=1``) over the ``T_qp`` clients that observed both outputs
+        (0 where fewer than 2 did), made positive semi-definite.
+    shared : ndarray of shape (Q, Q)
+        ``S_qp / T_qp``: the covariance of two different new clients' levels.
+    """
+    T, Q = offsets.shape
+    mean = np.array([offsets[seen[:, q], q].mean() if seen[:, q].any() else 0.0
+                     for q in range(Q)])
+    S = np.zeros((Q, Q))
+    n = np.ones((Q, Q))
+    for q in range(Q):
+        for p in range(q, Q):
+            both = seen[:, q] & seen[:, p]
+            k = int(both.sum())
+            if k >= 2:
+                a = offsets[both, q] - offsets[both, q].mean()
+                b = offsets[both, p] - offsets[both, p].mean()
+                S[q, p] = S[p, q] = float(a @ b) / (k - 1)
+                n[q, p] = n[p, q] = k
+    if Q > 1:  # a pairwise-complete estimate need not be PSD: nearest PSD matrix
+        w, V = np.linalg.eigh(S)
+        S = (V * np.maximum(w, 0.0)) @ V.T
+    return mean, (1.0 + 1.0 / n) * S, S / n
+
+
 def _population_from(hypers, components):
     """Population local block from the clients' :class:`LocalHyperparameters`.
 
@@ -2216,19 +2262,13 @@ def _population_from(hypers, components):
     estimated mean).
     """
     offsets = np.array([np.atleast_1d(np.asarray(h.offset, dtype=float)) for h in hypers])
-    T = len(hypers)
-    if T >= 2:
-        spread = np.atleast_2d(np.cov(offsets, rowvar=False, ddof=1))
-    else:
-        spread = np.zeros((offsets.shape[1],) * 2) if T else np.zeros((1, 1))
-    # (1 + 1/T) s^2 for one new client; s^2 / T (the estimated mean's share)
-    # is also the covariance of two different new clients' levels
-    off_cov = (1.0 + 1.0 / max(T, 1)) * spread
-    mean_cov = spread / max(T, 1)
+    seen = np.array([np.ones(offsets.shape[1]) if getattr(h, "offset_observed", None) is None
+                     else np.asarray(h.offset_observed, dtype=float) for h in hypers]) > 0.5
+    off_mean, off_cov, mean_cov = _offset_moments(offsets, seen)
     if hypers and hypers[0].coregionalisation is not None:  # multi-output targets
         pop = {"noise_variance": np.exp(np.mean([np.log(h.noise_variance) for h in hypers],
                                                 axis=0)),
-               "offset": np.mean([h.offset for h in hypers], axis=0),
+               "offset": off_mean,
                "offset_variance": off_cov, "offset_mean_variance": mean_cov,
                "coregionalisation": {k: np.mean([h.coregionalisation[k] for h in hypers], axis=0)
                                      for k in hypers[0].coregionalisation}}
@@ -2237,7 +2277,7 @@ def _population_from(hypers, components):
                                                   axis=0))
         return pop
     pop = {"noise_variance": float(np.exp(np.mean([np.log(h.noise_variance) for h in hypers]))),
-           "offset": float(np.mean([h.offset for h in hypers])),
+           "offset": float(off_mean[0]),
            "offset_variance": float(off_cov[0, 0]),
            "offset_mean_variance": float(mean_cov[0, 0])}
     if "local" in components:
@@ -3292,5 +3332,6 @@ class ILMMStructuredClient(StructuredClient):
         for key, name in (("B_d", "deviation"), ("B_l", "local")):
             if key in L:
                 coreg[name] = np.einsum("qr,pr->rqp", L[key], L[key])
+        observed = (~np.all(np.isnan(self._y), axis=0)).astype(float)
         return LocalHyperparameters(L.get("lengthscale_l"), None, L["noise_variance"],
-                                    L["offset"], coreg)
+                                    L["offset"], coreg, observed)

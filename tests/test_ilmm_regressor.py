@@ -357,3 +357,28 @@ def _small_multioutput():
     g = np.repeat(["a", "b"], 20)
     Y = np.c_[np.sin(X[:, 0]), 3.0 * np.cos(X[:, 0])] + 0.05 * rng.standard_normal((40, 2))
     return X, Y, g
+
+
+def test_unobserved_output_is_left_out_of_the_population_level():
+    """A client that never observed an output never learned that output's
+    constant mean: the population's mean and spread of that output come from
+    the clients that did (and every client says which, in its final message)."""
+    X, Y, g, *_ = make_hierarchical_regression(
+        n_clients=4, n_samples=20, n_outputs=2, scenario="A", n_test=5, random_state=2)
+    Y = Y.copy()
+    last = np.unique(g)[-1]
+    Y[g == last, 1] = np.nan
+    est = FederatedHierarchicalGPRegressor(n_rounds=2, random_state=0).fit(X, Y, g)
+    offs = {lab: c.local_values()["offset"] for lab, c in est.clients_.items()}
+    kept = np.array([offs[lab][1] for lab in offs if lab != last])
+    pop = est._population_local
+    np.testing.assert_allclose(pop["offset"][1], kept.mean(), rtol=1e-12)
+    np.testing.assert_allclose(pop["offset_variance"][1, 1], (1 + 1 / 3) * np.var(kept, ddof=1),
+                               rtol=1e-10)
+    allc = np.array([offs[lab][0] for lab in offs])
+    np.testing.assert_allclose(pop["offset"][0], allc.mean(), rtol=1e-12)
+    np.testing.assert_allclose(pop["offset_variance"][0, 0], (1 + 1 / 4) * np.var(allc, ddof=1),
+                               rtol=1e-10)
+    assert np.all(np.linalg.eigvalsh(pop["offset_variance"]) >= -1e-12)
+    # the flags travel in the counted final message (not recomputed from data)
+    assert not np.allclose(np.mean([offs[lab][1] for lab in offs]), kept.mean())
