@@ -2262,8 +2262,10 @@ def _population_from(hypers, components):
     estimated mean).
     """
     offsets = np.array([np.atleast_1d(np.asarray(h.offset, dtype=float)) for h in hypers])
+    offsets = offsets.reshape(len(hypers), -1) if hypers else np.zeros((0, 1))
     seen = np.array([np.ones(offsets.shape[1]) if getattr(h, "offset_observed", None) is None
                      else np.asarray(h.offset_observed, dtype=float) for h in hypers]) > 0.5
+    seen = seen.reshape(offsets.shape)
     off_mean, off_cov, mean_cov = _offset_moments(offsets, seen)
     if hypers and hypers[0].coregionalisation is not None:  # multi-output targets
         pop = {"noise_variance": np.exp(np.mean([np.log(h.noise_variance) for h in hypers],
