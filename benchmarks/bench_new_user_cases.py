@@ -1,4 +1,4 @@
-"""Default settings against exact GPs on cases a new user meets (issues 5 and 6).
+"""Default settings on cases a new user meets (issues 5 and 6).
 
 Two cases, each at the regressor's defaults (``random_state=0``), printing
 RMSE, mean Gaussian NLL, the share of test points beyond 3 predictive std
@@ -14,7 +14,8 @@ and the 95 % coverage:
 * ``unseen``: 8 clients of 30 points on different levels (``N(0, 1)``) and
   with their own smooth deviations; each client in turn is left out and
   predicted as a never-seen client (its band must include the spread of the
-  clients' levels).
+  clients' levels; no exact-GP reference: an exact GP per client has
+  nothing to say about a client it never saw).
 
 Usage::
 

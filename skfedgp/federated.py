@@ -2220,17 +2220,22 @@ def _offset_moments(offsets, seen):
     mean : ndarray of shape (Q,)
         Over the clients that observed each output (0 if none did).
     new : ndarray of shape (Q, Q)
-        ``(1 + 1/T_qp) S_qp``, ``S`` the pairwise-complete sample covariance
-        (``ddof=1``) over the ``T_qp`` clients that observed both outputs
-        (0 where fewer than 2 did), made positive semi-definite.
+        ``S + G o S``: the covariance of a new client's level about
+        ``mean``; ``S`` is the pairwise-complete sample covariance
+        (``ddof=1``, over the clients that observed both outputs; 0 where
+        fewer than 2 did) projected onto the positive semi-definite cone,
+        ``G = D^-1 N D^-1`` with ``N_qp`` the number of clients that observed
+        both outputs and ``D = diag(N)``, so that ``G o S`` is the covariance
+        of ``mean`` (``S_qq / T_q`` on the diagonal). Both terms are PSD
+        (``G`` is a Gram matrix; Schur product theorem).
     shared : ndarray of shape (Q, Q)
-        ``S_qp / T_qp``: the covariance of two different new clients' levels.
+        ``G o S``: the covariance of two different new clients' levels.
     """
     T, Q = offsets.shape
+    seen = np.asarray(seen, dtype=bool)
     mean = np.array([offsets[seen[:, q], q].mean() if seen[:, q].any() else 0.0
                      for q in range(Q)])
     S = np.zeros((Q, Q))
-    n = np.ones((Q, Q))
     for q in range(Q):
         for p in range(q, Q):
             both = seen[:, q] & seen[:, p]
@@ -2239,11 +2244,14 @@ def _offset_moments(offsets, seen):
                 a = offsets[both, q] - offsets[both, q].mean()
                 b = offsets[both, p] - offsets[both, p].mean()
                 S[q, p] = S[p, q] = float(a @ b) / (k - 1)
-                n[q, p] = n[p, q] = k
     if Q > 1:  # a pairwise-complete estimate need not be PSD: nearest PSD matrix
         w, V = np.linalg.eigh(S)
         S = (V * np.maximum(w, 0.0)) @ V.T
-    return mean, (1.0 + 1.0 / n) * S, S / n
+    N = seen.T.astype(float) @ seen.astype(float)
+    d = np.where(np.diag(N) > 0, 1.0 / np.maximum(np.diag(N), 1.0), 0.0)
+    G = d[:, None] * N * d[None, :]
+    shared = G * S
+    return mean, S + shared, shared
 
 
 def _population_from(hypers, components):
@@ -3335,5 +3343,6 @@ class ILMMStructuredClient(StructuredClient):
             if key in L:
                 coreg[name] = np.einsum("qr,pr->rqp", L[key], L[key])
         observed = (~np.all(np.isnan(self._y), axis=0)).astype(float)
+        self.offset_observed = observed  # kept (a flag per output, no data) for prediction
         return LocalHyperparameters(L.get("lengthscale_l"), None, L["noise_variance"],
                                     L["offset"], coreg, observed)

@@ -1121,11 +1121,31 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         0 for a fitted client (its learned constant); for a never-seen label
         the population's ``offset_variance``: a new client's level is a new
         draw from the spread of the clients' constant means (scalar, or Q x
-        Q for multi-output targets).
+        Q for multi-output targets). A fitted multi-output client that never
+        observed an output never learned that output's level: those rows
+        and columns get the population's (see :meth:`_client_offset`).
         """
+        pop = self._population_local.get("offset_variance", 0.0)
         if label in self.clients_:
-            return 0.0
-        return self._population_local.get("offset_variance", 0.0)
+            unseen = self._unobserved_outputs(label)
+            if unseen is None:
+                return 0.0
+            return np.outer(unseen, unseen) * pop
+        return pop
+
+    def _unobserved_outputs(self, label):
+        """Mask (float, shape (Q,)) of the outputs a fitted client never observed, or None."""
+        obs = getattr(self.clients_[label], "offset_observed", None)
+        if obs is None or np.all(np.asarray(obs) > 0.5):
+            return None
+        return (np.asarray(obs) <= 0.5).astype(float)
+
+    def _client_offset(self, label, offset):
+        """A fitted client's levels, the population's for outputs it never observed."""
+        unseen = self._unobserved_outputs(label)
+        if unseen is None:
+            return offset
+        return np.where(unseen > 0, self._population_local["offset"], offset)
 
     def predict(self, X, groups=None, return_std=False, return_cov=False):
         """Predictive distribution of the targets for each row's client.
@@ -1248,7 +1268,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             L = c.local_values()
             mean, C = ilmm_predict(Xf, G, L, comps, c.posterior["mu_u"],
                                    c.posterior["Sigma_u"], full_cov=True, client=lab)
-            s2, offset = L["noise_variance"], L["offset"]
+            s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
         else:
             pop = self._population_local
             s2, offset = pop["noise_variance"], pop["offset"]
@@ -1357,7 +1377,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             cid = lab
             out = ilmm_predict(Xs, G, L, comps, P["mu_u"], P["Sigma_u"],
                                per_component=per_component, client=cid)
-            s2, offset = L["noise_variance"], L["offset"]
+            s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
         else:
             pop = self._population_local
             s2, offset = pop["noise_variance"], pop["offset"]

@@ -380,5 +380,41 @@ def test_unobserved_output_is_left_out_of_the_population_level():
     np.testing.assert_allclose(pop["offset_variance"][0, 0], (1 + 1 / 4) * np.var(allc, ddof=1),
                                rtol=1e-10)
     assert np.all(np.linalg.eigvalsh(pop["offset_variance"]) >= -1e-12)
-    # the flags travel in the counted final message (not recomputed from data)
     assert not np.allclose(np.mean([offs[lab][1] for lab in offs]), kept.mean())
+    # the client that never observed output 1 never learned its level there:
+    # it gets the population's level and spread for that output only
+    Xt = X[:3]
+    parts = est.predict_components(Xt, np.full(3, last))
+    scale = np.asarray(est.y_scale_)
+    np.testing.assert_allclose(parts["offset"][1][:, 0], 0.0)
+    np.testing.assert_allclose(parts["offset"][1][:, 1],
+                               scale[1] * np.sqrt(pop["offset_variance"][1, 1]), rtol=1e-10)
+    np.testing.assert_allclose(parts["offset"][0][:, 1],
+                               est.y_offset_[1] + scale[1] * pop["offset"][1], rtol=1e-10)
+
+
+def test_offset_moments_overlapping_outputs():
+    """Pairwise-complete moments: exact diagonal, the covariance of the
+    output means sigma_qp T_qp / (T_q T_p), and PSD results where the plain
+    pairwise estimate scaled entrywise was not (review example)."""
+    from skfedgp.federated import _offset_moments
+
+    off = np.array([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [1.0, 0.0]])
+    seen = np.array([[1, 1], [1, 1], [1, 1], [1, 0]], dtype=bool)
+    mean, new, shared = _offset_moments(off, seen)
+    np.testing.assert_allclose(mean, [1.0, 1.0])
+    for M in (new, shared):
+        np.testing.assert_allclose(M, M.T)
+        assert np.all(np.linalg.eigvalsh(M) >= -1e-12)
+    # new = S + G o S with S the (projected) pairwise covariance and
+    # G_qp = T_qp / (T_q T_p): here T = (4, 3), T_01 = 3
+    S = new - shared
+    G = np.array([[1 / 4, 3 / (4 * 3)], [3 / (4 * 3), 1 / 3]])
+    np.testing.assert_allclose(shared, G * S, rtol=1e-12)
+    # G is the covariance factor of the two output means (Monte Carlo, unit
+    # variances, correlation 0.9, output 1 seen by the first three clients)
+    rng = np.random.default_rng(0)
+    Sig = np.array([[1.0, 0.9], [0.9, 1.0]])
+    draws = rng.multivariate_normal([0, 0], Sig, size=(200_000, 4))
+    mc = np.cov(draws[:, :, 0].mean(axis=1), draws[:, :3, 1].mean(axis=1))
+    np.testing.assert_allclose(mc, G * Sig, rtol=0.03)
