@@ -174,8 +174,15 @@ def _unflatten(key, arrays, config):
         if name not in CODEC_TYPES:
             raise ValueError(f"skfedgp.flower: unknown message type {name!r} in a record")
         cls = CODEC_TYPES[name]
-        return cls(**{f.name: _unflatten(f"{key}.{f.name}", arrays, config)
-                      for f in dataclasses.fields(cls)})
+        values = {}
+        for f in dataclasses.fields(cls):
+            sub = f"{key}.{f.name}"
+            if not _present(sub, arrays, config) and (
+                    f.default is not dataclasses.MISSING
+                    or f.default_factory is not dataclasses.MISSING):
+                continue  # an optional field a node of an earlier version does not send
+            values[f.name] = _unflatten(sub, arrays, config)
+        return cls(**values)
     if key + _DICT in config:
         return {str(k): _unflatten(f"{key}{{{i}}}", arrays, config)
                 for i, k in enumerate(config[key + _DICT])}
@@ -184,6 +191,12 @@ def _unflatten(key, arrays, config):
             return kind(_unflatten(f"{key}[{i}]", arrays, config)
                         for i in range(int(config[key + marker])))
     raise ValueError(f"skfedgp.flower: field {key!r} is missing from the record")
+
+
+def _present(key, arrays, config):
+    """Whether a record holds a value (of any kind) under ``key``."""
+    return key in arrays or key in config or any(
+        key + m in config for m in (_NONE, _TYPE, _DICT, _TUPLE, _LIST))
 
 
 def _count(value):

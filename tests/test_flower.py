@@ -575,3 +575,29 @@ def test_beijing_example_loader_reads_only_its_own_station():
     frac = np.round((X[:, 0] % 1.0) * 24).astype(int)
     assert set(frac.tolist()) <= {2, 14}
     assert X.min() >= 0 and X.max() < 366
+
+
+def test_codec_reads_records_without_newer_optional_fields():
+    """A node of an earlier version does not send fields added since
+    (``LocalHyperparameters.offset_observed``, ``PilotSummary.noise_variance_target``):
+    they take their defaults; a required field that is missing is still an error."""
+    from flwr.common import ArrayRecord, ConfigRecord
+
+    lh = F.LocalHyperparameters(np.ones(2), None, np.array([0.1, 0.2]), np.array([0.5, -0.5]),
+                                None, np.array([1.0, 0.0]))
+    for value, field in ((lh, "offset_observed"),
+                         (F.PilotSummary(np.ones(2), 1.0, 0.1, 0.3), "noise_variance_target")):
+        rd = fl.encode(value, name="x")
+        drop = f"v.{field}"
+        rd["x.arrays"] = ArrayRecord({k: v for k, v in rd["x.arrays"].items()
+                                      if not k.startswith(drop)})
+        rd["x.config"] = ConfigRecord({k: v for k, v in rd["x.config"].items()
+                                       if not k.startswith(drop)})
+        back = fl.decode(rd, name="x")
+        assert getattr(back, field) is None
+    rd = fl.encode(F.PilotSummary(np.ones(2), 1.0, 0.1), name="x")
+    config = dict(rd["x.config"])
+    del config["v.variance"]
+    rd["x.config"] = ConfigRecord(config)
+    with pytest.raises(ValueError, match="'v.variance' is missing"):
+        fl.decode(rd, name="x")
