@@ -649,10 +649,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("channel_mode='multioutput' does not accept NaN points yet")
             n = X.shape[0]
             Y = X.reshape(n, nc, n_points).transpose(0, 2, 1).reshape(n * n_points, nc)
-            inputs = np.tile(grid, n)[:, None]
-            with default_sizes_quiet(self.estimator is None):
-                reg.fit(inputs, Y, groups=np.repeat(y_idx, n_points))
-            self.inputs_ = grid.copy()
+            fit_args = (np.tile(grid, n)[:, None], Y, np.repeat(y_idx, n_points))
+            inputs_ = grid.copy()
         else:
             span = float(grid.max() - grid.min())
             diffs = np.diff(np.sort(grid))
@@ -660,9 +658,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             step = step if step > 0 else 1.0
             inputs = np.concatenate([k * (span + step) + grid for k in range(nc)])
             rows, cols = np.nonzero(observed)
-            with default_sizes_quiet(self.estimator is None):
-                reg.fit(inputs[cols][:, None], X[rows, cols], groups=y_idx[rows])
-            self.inputs_ = inputs
+            fit_args = (inputs[cols][:, None], X[rows, cols], y_idx[rows])
+            inputs_ = inputs
+        with default_sizes_quiet(self.estimator is None):
+            reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
+        self.inputs_ = inputs_
         self.estimator_ = reg
         self.classes_ = classes
         self.class_log_prior_ = log_prior

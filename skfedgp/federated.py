@@ -1487,11 +1487,6 @@ def pilot_fit(X, y, random_state):
     )
 
 
-def span_own(X):
-    """Extent of a client's inputs per dimension (max - min), shape (d,)."""
-    return X.max(axis=0) - X.min(axis=0) if X.shape[0] else np.zeros(X.shape[1])
-
-
 def start_lengthscale(lengthscale, span):
     """Starting lengthscales: the pilot's, at most :data:`START_MAX_SPANS` spans.
 
@@ -1762,7 +1757,7 @@ class StructuredClient:
         ratio = ratio if (ratio > 10.0 or ratio < 0.1) else 1.0
         values = {}
         if "local" in config.components:
-            span = span_own(self._Xs)
+            span = np.ptp(self._Xs, axis=0)
             if M_local is None:
                 M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),
@@ -3230,7 +3225,7 @@ class ILMMStructuredClient(StructuredClient):
         values = {}
         M_l = 0
         if "local" in config.components:
-            span = span_own(self._Xs)
+            span = np.ptp(self._Xs, axis=0)
             if M_local is None:
                 M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),

@@ -93,10 +93,10 @@ def _warn_diagnostics(est, converged, n_rounds):
             f"(tol={est.tol}); increase n_rounds or tol", ConvergenceWarning, stacklevel=3)
     at = []
     why = {
-        ("noise_variance", "low"): (
+        ("noise_variance", "lower"): (
             f"a noise variance at its floor, {LOG_BOUNDS['noise_variance'][0]:g} times the "
             "client's own target variance, means nearly noise-free data (or duplicated rows)"),
-        ("lengthscale", "low"): (
+        ("lengthscale", "lower"): (
             f"a lengthscale at its lower bound, {LOG_BOUNDS['lengthscale_g'][0]:g} of the input "
             "range, means targets that change faster than the inputs resolve (e.g. equal "
             "inputs with different targets)"),
@@ -123,8 +123,8 @@ def _warn_diagnostics(est, converged, n_rounds):
             if high and kind == "lengthscale" and not low:
                 continue
             if low or high:
-                side = "low" if low else "high"
-                at.append(f"{name}{where} ({'lower' if low else 'upper'} bound)")
+                side = "lower" if low else "upper"
+                at.append(f"{name}{where} ({side} bound)")
                 text = why.get((kind, side))
                 if text and text not in reasons:
                     reasons.append(text)
@@ -159,12 +159,14 @@ def _n_target_columns(y):
     return int(shape[1]) if len(shape) == 2 else 1
 
 
-def _holds_strings(y):
-    """Whether ``y`` (array-like, pandas included) holds strings."""
+def _check_not_strings(y):
+    """Refuse targets (array-like, pandas included) that hold strings."""
     a = np.asarray(y)
-    if a.dtype.kind in "US":
-        return True
-    return a.dtype.kind == "O" and any(isinstance(v, str) for v in a.ravel())
+    if a.dtype.kind in "US" or (a.dtype.kind == "O" and any(isinstance(v, str)
+                                                             for v in a.ravel())):
+        raise ValueError(
+            f"y must hold numbers (a regression target), got an array of dtype "
+            f"{a.dtype} with strings; for class labels use a classifier")
 
 
 def check_target_values(y):
@@ -184,10 +186,7 @@ def check_target_values(y):
         standardised by their spread; rescale them, e.g. divide by a power
         of ten).
     """
-    if _holds_strings(y):
-        raise ValueError(
-            f"y must hold numbers (a regression target), got an array of dtype "
-            f"{np.asarray(y).dtype} with strings; for class labels use a classifier")
+    _check_not_strings(y)
     a = np.asarray(y, dtype=float)
     a = a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
     seen = ~np.isnan(a)
@@ -227,8 +226,7 @@ def check_multioutput_targets(y, n_rows, estimator=None):
         If ``y`` is not 2-D, its length is not ``n_rows``, it holds an
         infinite value, or a row has every output missing.
     """
-    if _holds_strings(y):
-        check_target_values(y)  # names the problem before scikit-learn's conversion
+    _check_not_strings(y)  # names the problem before scikit-learn's conversion
     y = check_array(y, ensure_all_finite="allow-nan", dtype=np.float64, input_name="y",
                     estimator=estimator)
     if y.shape[0] != n_rows:
@@ -776,8 +774,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """
         if _n_target_columns(y) > 1:  # multi-output: NaN marks a missing output
             return self._validate_multioutput_fit_data(X, y, groups)
-        if _holds_strings(y):
-            check_target_values(y)  # names the problem before scikit-learn's conversion
+        _check_not_strings(y)  # names the problem before scikit-learn's conversion
         if self.client_column is None:
             X, y = validate_data(
                 self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
@@ -1478,6 +1475,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Mg = A_inv.shape[0]
         cov = np.zeros((n, n)) if return_cov else None
         Phi = np.zeros((n, Mg)) if return_cov else None
+        # the part of a never-seen client's level variance that every
+        # never-seen client shares (the estimated mean)
+        common = float(self._population_local.get("offset_mean_variance", 0.0))
         unseen_rows = []
         for k, lab in enumerate(labels):
             idx = np.flatnonzero(inv == k)
@@ -1485,9 +1485,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             blocks, mu_u, Sigma_u, H, E, s2, c = self._structured_client(
                 _Population if cid is None else cid)
             v_off = float(self._offset_variance(lab))  # a never-seen client's level
-            # its share common to all never-seen clients (the estimated mean)
-            v_common = 0.0 if lab in self.clients_ else float(
-                self._population_local.get("offset_mean_variance", 0.0))
+            v_common = 0.0 if lab in self.clients_ else common
             if v_common:
                 unseen_rows.append(idx)
             if not return_cov:
@@ -1513,7 +1511,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if return_cov:
             if unseen_rows:  # never-seen clients' levels share the estimated mean
                 u = np.concatenate(unseen_rows)
-                cov[np.ix_(u, u)] += float(self._population_local["offset_mean_variance"])
+                cov[np.ix_(u, u)] += common
             if Mg:
                 cov += Phi @ A_inv @ Phi.T
             if "global" in comps:
