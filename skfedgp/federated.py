@@ -1511,6 +1511,12 @@ def start_lengthscale(lengthscale, span):
     Returns
     -------
     ndarray of shape (d,)
+        Model units (inputs scaled to the clients' joint unit box).
+
+    Notes
+    -----
+    Beyond the paper (Yan 2026 sets the initial values by hand): the
+    package's data-derived initialisation, docs/maths.md section 11.
     """
     ell = np.asarray(lengthscale, dtype=float)
     span = np.broadcast_to(np.asarray(span, dtype=float), ell.shape[-1:])
@@ -1571,6 +1577,13 @@ def cap_inducing(M, n_total, name="n_inducing"):
     -----
     UserWarning
         When ``M > n_total``.
+
+    Notes
+    -----
+    A resource guard of the package (beyond the paper); the bound it keeps
+    exact at ``M = N`` is Titsias (2009), "Variational learning of inducing
+    variables in sparse Gaussian processes", AISTATS, eq. 9 (docs/maths.md
+    section 9).
     """
     if M > n_total:
         warnings.warn(f"{name}={M} exceeds the number of training observations "
@@ -1587,6 +1600,19 @@ def default_sizes_quiet(active=True):
     The classifier's and the clustering's default regressors fix their
     inducing sizes; on small data the cap applies without a warning the user
     could act on.
+
+    Parameters
+    ----------
+    active : bool, default=True
+        False leaves the warnings as they are (a regressor the user gave).
+
+    Yields
+    ------
+    None
+
+    Notes
+    -----
+    Package plumbing around :func:`cap_inducing`; no paper source.
     """
     with warnings.catch_warnings():
         if active:

@@ -185,6 +185,11 @@ def check_target_values(y):
         are so large that their variance overflows float64 (the targets are
         standardised by their spread; rescale them, e.g. divide by a power
         of ten).
+
+    Notes
+    -----
+    Input validation of the package (beyond the paper); the target
+    standardisation it protects is docs/maths.md section 10.
     """
     _check_not_strings(y)
     a = np.asarray(y, dtype=float)
