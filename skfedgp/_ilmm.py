@@ -79,6 +79,7 @@ __all__ = [
     "forward",
     "backward",
     "posterior",
+    "offset_uncertainty",
     "predict",
     "global_spec",
     "local_spec",
@@ -614,6 +615,47 @@ def posterior(state, mu, A_inv):
     return mu_u, Sigma, H
 
 
+def offset_uncertainty(state, Sigma_u):
+    """Estimation uncertainty of the client's constant means (flat prior).
+
+    The multi-output form of :func:`skfedgp._structured.offset_uncertainty`:
+    for the outputs ``O`` the client observed, with
+    ``A_q = E_q^T F^T D_q 1 / s2_q`` (column ``q`` of ``A``), the joint
+    Gaussian over ``(u, c_O)`` has precision
+    ``[[Sigma_u^{-1}, A_O], [A_O^T, diag(n_q / s2_q)]]``, so
+    ``Cov(c_O) = (diag(n_q / s2_q) - A_O^T Sigma_u A_O)^{-1}`` and
+    ``E[u | c_O] = mu_u - Sigma_u A_O (c_O - c_hat_O)``.
+
+    Parameters
+    ----------
+    state : ILMMState
+    Sigma_u : ndarray of shape (N_u, N_u)
+        From :func:`posterior`.
+
+    Returns
+    -------
+    covariance : ndarray of shape (Q_O, Q_O)
+        ``Cov(c_O)`` (standardised units squared).
+    gain : ndarray of shape (N_u, Q_O)
+        ``K = dE[u | c_O] / dc_O = -Sigma_u A_O``.
+    observed : ndarray of int of shape (Q_O,)
+        The outputs ``O``.
+    """
+    lay = state.layout
+    obs = np.flatnonzero(np.asarray(state.n_q) > 0)
+    s2 = np.broadcast_to(np.asarray(state.s2, float), (lay.Q,))
+    A = (lay.coef.T * state.wk[lay.idx])[:, obs] / s2[obs]  # (N_u, Q_O)
+    K = -(Sigma_u @ A)
+    prec = np.asarray(state.n_q, float)[obs] / s2[obs]
+    H = np.diag(prec) + A.T @ K
+    H = 0.5 * (H + H.T)
+    # H is positive definite in exact arithmetic (u's prior is proper); keep
+    # round-off from making an eigenvalue vanish
+    lam, U = np.linalg.eigh(H)
+    lam = np.maximum(lam, 1e-12 * float(np.max(prec, initial=1.0)))
+    return (U / lam) @ U.T, K, obs
+
+
 def _p_inverse(state):
     """``P^{-1}`` (cached on the state: forward's factor serves posterior and backward)."""
     Pinv = state._cache.get("Pinv")
@@ -876,8 +918,20 @@ def _block_of_feature(lay, f):
     raise IndexError(f)  # pragma: no cover - the layout maps every coordinate
 
 
-def _moments(Xs, lay, Ls, mu_u, Sigma_u, names, full_cov):
-    """Latent moments using only the coordinates of ``u`` of components ``names``."""
+def _offset_map(A, offset, Q):
+    """``G = A K + S`` (rows, Q, Q_O): the map from the constants ``c_O`` to the outputs."""
+    _, K, obs = offset
+    Gm = A @ K
+    Gm[..., obs, np.arange(obs.size)] += 1.0
+    return Gm
+
+
+def _moments(Xs, lay, Ls, mu_u, Sigma_u, names, full_cov, offset=None):
+    """Latent moments using only the coordinates of ``u`` of components ``names``.
+
+    With ``offset`` (:func:`offset_uncertainty`) the covariance is that of
+    ``f + c`` with the client's constants integrated.
+    """
     Q, idx = lay.Q, lay.idx
     coef = np.zeros_like(lay.coef)
     Gam = [np.zeros((Q, Q)) for _ in lay.blocks]  # residual loading per feature block
@@ -894,6 +948,9 @@ def _moments(Xs, lay, Ls, mu_u, Sigma_u, names, full_cov):
         mean = A @ mu_u
         A2 = A.reshape(nst * Q, -1)
         cov = (A2 @ Sigma_u @ A2.T).reshape(nst, Q, nst, Q)
+        if offset is not None:
+            G2 = _offset_map(A, offset, Q).reshape(nst * Q, -1)
+            cov += (G2 @ offset[0] @ G2.T).reshape(nst, Q, nst, Q)
         for k, (_, _, Z, ell, a, b) in enumerate(lay.blocks):
             if np.any(Gam[k]):
                 W = Fs[:, a:b]
@@ -908,6 +965,9 @@ def _moments(Xs, lay, Ls, mu_u, Sigma_u, names, full_cov):
         A = Fs[:, idx][:, None, :] * coef[None]  # (c, Q, N_u)
         mean[a0:a0 + CHUNK_ROWS] = A @ mu_u
         cv = np.einsum("nqj,npj->nqp", A @ Sigma_u, A)
+        if offset is not None:
+            Gm = _offset_map(A, offset, Q)
+            cv += np.einsum("nqj,npj->nqp", Gm @ offset[0], Gm)
         for k, (*_, a, b) in enumerate(lay.blocks):
             if np.any(Gam[k]):
                 W = Fs[:, a:b]
@@ -918,7 +978,7 @@ def _moments(Xs, lay, Ls, mu_u, Sigma_u, names, full_cov):
 
 
 def predict(Xs, G, L, components, mu_u, Sigma_u, *, full_cov=False, per_component=False,
-            client=None, jitter=DEFAULT_JITTER):
+            client=None, jitter=DEFAULT_JITTER, offset=None):
     """Latent predictive mean and covariance of one ILMM client (no offset, no noise).
 
     Paper eqs. 38-39 (H. Yan 2026, section 3.9) with the structured
@@ -953,6 +1013,10 @@ def predict(Xs, G, L, components, mu_u, Sigma_u, *, full_cov=False, per_componen
     jitter : float, default=DEFAULT_JITTER
         Relative jitter of every ``K_zz`` (use the value given to
         :func:`forward`).
+    offset : tuple or None, default=None
+        ``(covariance, gain, observed)`` from :func:`offset_uncertainty`:
+        the covariance is then that of ``f + c`` with the client's estimated
+        constants integrated (not with ``per_component``).
 
     Returns
     -------
@@ -981,7 +1045,7 @@ def predict(Xs, G, L, components, mu_u, Sigma_u, *, full_cov=False, per_componen
     if per_component:
         return {name: _moments(Xs, lay, Ls, mu_u, Sigma_u, (name,), full_cov)
                 for name in _COMPONENTS if name in comps}
-    return _moments(Xs, lay, Ls, mu_u, Sigma_u, comps, full_cov)
+    return _moments(Xs, lay, Ls, mu_u, Sigma_u, comps, full_cov, offset)
 
 
 # ---------------------------------------------------------------------------

@@ -67,6 +67,7 @@ __all__ = [
     "combine",
     "ServerPosterior",
     "client_posterior",
+    "offset_uncertainty",
     "predict_structured",
     "layout_map",
     "residual_coefficients",
@@ -535,6 +536,44 @@ def client_posterior(state, mu, A_inv):
     return mu_u, Sigma, H
 
 
+def offset_uncertainty(state, Sigma_u):
+    """Estimation uncertainty of the client's constant mean ``c_i`` (flat prior).
+
+    The fitted ``c_i`` maximises the collapsed ELBO, which is a concave
+    quadratic in ``c_i``; with a flat prior on ``c_i`` it is the posterior
+    mean, and the joint Gaussian over ``(u, c_i)`` (the other clients'
+    constants held at their estimates) has precision
+    ``[[Sigma_u^{-1}, a], [a^T, n / s2]]`` with ``a = E^T F^T 1 / s2``.
+    Hence ``Var(c_i) = 1 / (n / s2 - a^T Sigma_u a)`` and
+    ``E[u | c_i] = mu_u - Sigma_u a (c_i - c_hat_i)``: predicting
+    ``f_i(x*) + c_i`` adds ``Var(c_i) (1 + F* E k)^2`` with
+    ``k = -Sigma_u a``. It is the universal-kriging correction for an
+    estimated constant mean (Cressie, *Statistics for Spatial Data*, Wiley,
+    1993, section 3.4.5), in the sparse model's feature space; an addition of
+    this package (docs/maths.md, section 13), not in Yan 2026.
+
+    Parameters
+    ----------
+    state : ClientState
+    Sigma_u : ndarray of shape (N_u, N_u)
+        From :func:`client_posterior`.
+
+    Returns
+    -------
+    variance : float
+        ``Var(c_i)`` (standardised units squared).
+    gain : ndarray of shape (N_u,)
+        ``k = dE[u | c_i] / dc_i``.
+    """
+    a = state.E.T @ state.wk / state.s2
+    k = -(Sigma_u @ a)
+    prec = state.n / state.s2
+    # a^T Sigma_u a < n / s2 strictly (Sigma_u's prior part is proper); keep
+    # round-off from making the difference vanish
+    h = max(prec + float(a @ k), 1e-12 * prec)
+    return 1.0 / h, k
+
+
 # ---------------------------------------------------------------------------
 # the client's backward pass: gradients
 # ---------------------------------------------------------------------------
@@ -712,7 +751,7 @@ def _test_features(Xs, blocks, client=None):
 
 
 def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
-                       full_cov=False, per_component=False, client=None):
+                       full_cov=False, per_component=False, client=None, offset=None):
     """Latent predictive mean and (co)variance of one client.
 
     Parameters
@@ -732,13 +771,19 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
     per_component : bool
         Return ``{name: (mean, var)}`` per component.
     client : hashable, optional
+    offset : tuple (variance, gain) or None, default=None
+        From :func:`offset_uncertainty`: the covariance then includes the
+        estimation uncertainty of the client's constant mean,
+        ``variance (1 + F* E gain)(1 + F* E gain)^T`` (not with
+        ``per_component``).
 
     Returns
     -------
     mean : ndarray of shape (n*,)
     cov : ndarray of shape (n*,) or (n*, n*)
         Latent covariance (no noise):
-        ``F* Sigma_z F*^T + gamma_g (K_g** - W_g* W_g*^T) + (K_l** - W_l* W_l*^T)``.
+        ``F* Sigma_z F*^T + gamma_g (K_g** - W_g* W_g*^T) + (K_l** - W_l* W_l*^T)``
+        (plus the constant mean's term with ``offset``).
     """
     lay = _layout(blocks, components)
     Ws = _test_features(Xs, blocks, client)
@@ -774,8 +819,13 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
     mean = Fs @ (E @ mu_u)
     Sz = E @ Sigma_u @ E.T
     gam = lay.residual_coef(phi)
+    if offset is not None:
+        v_c, k_c = offset
+        g_c = 1.0 + Fs @ (E @ k_c)
     if full_cov:
         cov = Fs @ Sz @ Fs.T
+        if offset is not None:
+            cov += v_c * np.outer(g_c, g_c)
         off = 0
         for k, (name, Z, ell, var, _) in enumerate(blocks):
             W = Ws[k]
@@ -785,6 +835,8 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
                 cov += g * (se_ard(Xs, Xs, ell, var) - W @ W.T)
         return mean, 0.5 * (cov + cov.T)
     var = np.einsum("ij,ij->i", Fs @ Sz, Fs)
+    if offset is not None:
+        var += v_c * g_c**2
     off = 0
     for k, (name, Z, ell, v, _) in enumerate(blocks):
         W = Ws[k]

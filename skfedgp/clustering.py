@@ -341,7 +341,10 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
             raise ValueError("operator='personal' needs a regressor with a client "
                              "offset, deviation or local component")
         mu = sum(parts[c][0] for c in names)
-        var = sum(parts[c][1] ** 2 for c in names)
+        # the constant mean enters by its estimate: its estimation variance is
+        # mostly cancelled by its covariance with the other parts, which the
+        # per-component moments leave out
+        var = sum(parts[c][1] ** 2 for c in names if c != "offset")
         return mu, var
 
     def fit(self, X, y=None, groups=None):

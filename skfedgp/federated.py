@@ -1695,7 +1695,10 @@ class StructuredClient:
     pack : Packer
     posterior : dict or None
         After training: ``mu_u``, ``Sigma_u``, ``H`` (see
-        :func:`skfedgp._structured.client_posterior`); model parameters only.
+        :func:`skfedgp._structured.client_posterior`), ``offset_variance``
+        and ``offset_gain`` (see
+        :func:`skfedgp._structured.offset_uncertainty`); model parameters
+        only.
     """
 
     def __init__(self, client):
@@ -1959,12 +1962,14 @@ class StructuredClient:
         -------
         LocalHyperparameters
         """
-        from ._structured import client_posterior
+        from ._structured import client_posterior, offset_uncertainty
 
         if self._state is None:  # a process-based backend dropped it: recompute (identical)
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = client_posterior(self._state, post.mean, post.covariance)
-        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
+        v_c, k_c = offset_uncertainty(self._state, Sigma_u)
+        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H,
+                          "offset_variance": v_c, "offset_gain": k_c}
         B = self.pack.unpack(self.theta)
         return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
                                     B["noise_variance"], B["offset"])
@@ -2275,6 +2280,15 @@ def _offset_moments(offsets, seen):
     return mean, S + shared, shared
 
 
+def _masked_mean(values, mask):
+    """Mean over axis 0 of ``values`` where ``mask`` (same shape) holds; all rows where none does."""
+    values = np.asarray(values, dtype=float)
+    mask = np.broadcast_to(mask, values.shape)
+    count = mask.sum(axis=0)
+    masked = np.where(mask, values, 0.0).sum(axis=0) / np.maximum(count, 1)
+    return np.where(count > 0, masked, values.mean(axis=0))
+
+
 def _population_from(hypers, components):
     """Population local block from the clients' :class:`LocalHyperparameters`.
 
@@ -2297,12 +2311,23 @@ def _population_from(hypers, components):
     seen = seen.reshape(offsets.shape)
     off_mean, off_cov, mean_cov = _offset_moments(offsets, seen)
     if hypers and hypers[0].coregionalisation is not None:  # multi-output targets
-        pop = {"noise_variance": np.exp(np.mean([np.log(h.noise_variance) for h in hypers],
-                                                axis=0)),
+        # an output a client never observed never trained its noise variance
+        # (diagonal noise) or its loadings' rows: averages over the clients
+        # that observed it (pairs of outputs: that observed both)
+        log_s2 = np.array([np.broadcast_to(np.log(h.noise_variance), (seen.shape[1],))
+                           for h in hypers])
+        s2_pop = np.exp(_masked_mean(log_s2, seen))
+        if np.ndim(hypers[0].noise_variance) == 0:
+            s2_pop = np.exp(np.mean(log_s2))
+        pair = seen[:, :, None] & seen[:, None, :]
+        pop = {"noise_variance": s2_pop,
                "offset": off_mean,
                "offset_variance": off_cov, "offset_mean_variance": mean_cov,
-               "coregionalisation": {k: np.mean([h.coregionalisation[k] for h in hypers], axis=0)
-                                     for k in hypers[0].coregionalisation}}
+               "coregionalisation": {
+                   k: np.stack([_masked_mean(np.array([h.coregionalisation[k][r]
+                                                       for h in hypers]), pair)
+                                for r in range(len(hypers[0].coregionalisation[k]))])
+                   for k in hypers[0].coregionalisation}}
         if "local" in components:
             pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers],
                                                   axis=0))
@@ -3352,12 +3377,14 @@ class ILMMStructuredClient(StructuredClient):
             function of the deviation and local parts (what a never-seen
             client's prior needs; the loadings themselves stay here).
         """
-        from ._ilmm import posterior
+        from ._ilmm import offset_uncertainty, posterior
 
         if self._state is None:
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = posterior(self._state, post.mean, post.covariance)
-        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
+        V_c, K_c, obs = offset_uncertainty(self._state, Sigma_u)
+        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H,
+                          "offset_variance": V_c, "offset_gain": K_c, "offset_outputs": obs}
         L = self._values()
         coreg = {}
         for key, name in (("B_d", "deviation"), ("B_l", "local")):

@@ -548,6 +548,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     constant means (their sample covariance for multi-output targets). Its
     predictive variance is therefore wider.
 
+    A fitted client's constant mean is an estimate. With the structured
+    family its prediction integrates it under a flat prior (the other
+    clients' held at their estimates): the variance gains
+    ``Var(c_i) (1 + d mean / d c_i)^2``, universal kriging's correction for
+    an estimated constant mean (Cressie, *Statistics for Spatial Data*,
+    Wiley, 1993, section 3.4.5; ``docs/maths.md`` section 13). It matters
+    for clients with few points and far from a client's data; the mean is
+    unchanged.
+
     When not to use it: a single client with a few thousand points or less
     is fitted faster and as well by scikit-learn's exact
     ``GaussianProcessRegressor``; non-Gaussian noise, non-stationary
@@ -1269,7 +1278,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if c is not None:
             L = c.local_values()
             mean, C = ilmm_predict(Xf, G, L, comps, c.posterior["mu_u"],
-                                   c.posterior["Sigma_u"], full_cov=True, client=lab)
+                                   c.posterior["Sigma_u"], full_cov=True, client=lab,
+                                   offset=self._offset_estimate(lab))
             s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
         else:
             pop = self._population_local
@@ -1377,8 +1387,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             L = c.local_values()
             P = c.posterior
             cid = lab
+            est = self._offset_estimate(lab)
             out = ilmm_predict(Xs, G, L, comps, P["mu_u"], P["Sigma_u"],
-                               per_component=per_component, client=cid)
+                               per_component=per_component, client=cid,
+                               offset=None if per_component else est)
             s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
         else:
             pop = self._population_local
@@ -1401,8 +1413,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         V_off = np.broadcast_to(self._offset_variance(lab), (Q, Q))  # a new client's level
         if per_component:
             out = dict(out)
+            V_c = np.array(V_off, dtype=float)
+            est = self._offset_estimate(lab)
+            if est is not None:  # the fitted constants' own estimation covariance
+                V_c[np.ix_(est[2], est[2])] += est[0]
             out["offset"] = (np.broadcast_to(offset, (n, Q)).copy(),
-                             np.broadcast_to(V_off, (n, Q, Q)).copy())
+                             np.broadcast_to(V_c, (n, Q, Q)).copy())
             return out
         mean, cov = out
         cov = np.array(cov, dtype=float) + V_off
@@ -1468,6 +1484,20 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Sigma_u[n_vg:, n_vg:] = np.eye(n_c)
         return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"], pop["offset"]
 
+    def _offset_estimate(self, lab):
+        """``(Var(c_i), gain)`` of a fitted client's constant mean, or None.
+
+        See :func:`skfedgp._structured.offset_uncertainty`; None for a label
+        not seen in fit (its level is a new draw, :meth:`_offset_variance`).
+        """
+        c = self.clients_.get(lab) if lab is not _Population else None
+        P = getattr(c, "posterior", None) or {}
+        if "offset_variance" not in P:
+            return None
+        if "offset_outputs" in P:  # multi-output: (Q_O x Q_O, N_u x Q_O, outputs O)
+            return P["offset_variance"], P["offset_gain"], P["offset_outputs"]
+        return P["offset_variance"], P["offset_gain"]
+
     def _predict_structured(self, Xf, labels, inv, return_cov):
         """Mean, variance (or joint covariance) of the noisy targets, standardised units."""
         comps = self.components_
@@ -1493,10 +1523,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             v_common = 0.0 if lab in self.clients_ else common
             if v_common:
                 unseen_rows.append(idx)
+            est = self._offset_estimate(lab)
             if not return_cov:
                 for rows in _chunks(idx):
                     m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
-                                              client=cid)
+                                              client=cid, offset=est)
                     mean[rows] = c + m
                     var[rows] = v + s2 + v_off
                 continue
@@ -1505,6 +1536,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             mean[idx] = c + Fs @ (E @ mu_u)
             Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
             within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size) + (v_off - v_common)
+            if est is not None:  # the estimated constant mean's uncertainty
+                g_c = 1.0 + Fs @ (E @ est[1])
+                within += est[0] * np.outer(g_c, g_c)
             gam = residual_coefficients(blocks, comps, phi)
             for (name, Z, ell, v_, _), W, g in zip(blocks, Ws, gam):
                 g_eff = g - (1.0 if (name == "g" and "global" in comps) else 0.0)
@@ -1549,9 +1583,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``("global", "deviation", "local")``; arrays of shape
             (n_samples,), target units. With the structured family (the
             default) an ``"offset"`` entry holds each row's client constant
-            mean (its std is 0 for a fitted client; for a never-seen one
-            it is the spread of the clients' constant means, see Notes of
-            the class), and the predictive mean of :meth:`predict`
+            mean (for a fitted client its std is the estimate's posterior
+            std under a flat prior, see Notes of the class; for a
+            never-seen one it is the spread of the clients' constant
+            means), and the predictive mean of :meth:`predict`
             equals the sum of all the means; with the mean-field family it
             equals ``y_offset_`` plus the sum.
         """
@@ -1579,7 +1614,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 blocks, mu_u, Sigma_u, _, E, _, c = self._structured_client(lab)
                 idx = np.flatnonzero(inv == k)
                 out["offset"][0][idx] = self.y_offset_ + self.y_scale_ * c
-                out["offset"][1][idx] = self.y_scale_ * np.sqrt(float(self._offset_variance(lab)))
+                est = self._offset_estimate(lab)
+                v_c = float(self._offset_variance(lab)) + (est[0] if est is not None else 0.0)
+                out["offset"][1][idx] = self.y_scale_ * np.sqrt(v_c)
                 for rows in _chunks(idx):
                     parts = predict_structured(Xf[rows], blocks, self.components_,
                                                G.get("phi", 1.0), mu_u, Sigma_u, E,

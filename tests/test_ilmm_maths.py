@@ -188,6 +188,62 @@ def test_prediction_equals_dense_exact_posterior(exact_setup):
         assert_allclose(cf, c_exact, atol=1e-6)
 
 
+def test_offset_uncertainty_equals_dense_universal_kriging(exact_setup):
+    """The client's estimated constants integrated under a flat prior (the other
+    client's held at theirs): dense universal kriging with one trend column per
+    observed channel of client i. Client 0 never observes channel 2, so its
+    constants cover channels 0 and 1 only."""
+    Xs, Ys, G, Ls = exact_setup
+    Q = 3
+    Ys = [Ys[0].copy(), Ys[1]]
+    Ys[0][:, 2] = np.nan
+    Ys[0][np.all(np.isnan(Ys[0]), axis=1), 0] = 0.1
+    post, sts = _elbo(Xs, Ys, G, Ls, jitter=1e-10)
+    C = _dense(Xs, G, Ls) + np.diag(_noise_diag(Xs, Ls))
+    y = np.concatenate([(Y - L["offset"]).ravel() for Y, L in zip(Ys, Ls)])
+    obs = np.isfinite(y)
+    Xall = np.vstack(Xs)
+    Xt = np.random.default_rng(7).uniform(size=(3, 2))
+    off = np.cumsum([0] + [len(X) * Q for X in Xs])
+    for i, (X, L, st) in enumerate(zip(Xs, Ls, sts)):
+        Kx = np.zeros((len(Xt) * Q, len(y)))
+        Kss = np.zeros((len(Xt) * Q, len(Xt) * Q))
+        for r in range(2):
+            b = G["B_g"][:, r]
+            Kx += np.kron(se(Xt, Xall, G["lengthscale_g"][r]), np.outer(b, b))
+            bd = L["B_d"][:, r]
+            Kx[:, off[i]:off[i + 1]] += G["phi"] * np.kron(se(Xt, X, G["lengthscale_g"][r]),
+                                                           np.outer(bd, bd))
+            Kss += np.kron(se(Xt, Xt, G["lengthscale_g"][r]),
+                           np.outer(b, b) + G["phi"] * np.outer(bd, bd))
+        bl = L["B_l"][:, 0]
+        Kx[:, off[i]:off[i + 1]] += np.kron(se(Xt, X, L["lengthscale_l"][0]), np.outer(bl, bl))
+        Kss += np.kron(se(Xt, Xt, L["lengthscale_l"][0]), np.outer(bl, bl))
+        seen = [q for q in range(Q) if np.any(np.isfinite(Ys[i][:, q]))]
+        T = np.zeros((len(y), len(seen)))  # trend: client i's constant per seen channel
+        for j, q in enumerate(seen):
+            T[off[i] + q:off[i + 1]:Q, j] = 1.0
+        T = T[obs]
+        Kx = Kx[:, obs]
+        Co = C[np.ix_(obs, obs)]
+        V = np.linalg.inv(T.T @ np.linalg.solve(Co, T))
+        Sel = np.zeros((len(Xt) * Q, len(seen)))
+        for j, q in enumerate(seen):
+            Sel[q::Q, j] = 1.0
+        R = Sel - Kx @ np.linalg.solve(Co, T)
+        c_exact = (Kss - Kx @ np.linalg.solve(Co, Kx.T) + R @ V @ R.T).reshape(
+            len(Xt), Q, len(Xt), Q)
+        mu_u, Sigma_u, _ = _ilmm.posterior(st, post.mu, post.A_inv)
+        est = _ilmm.offset_uncertainty(st, Sigma_u)
+        assert list(est[2]) == seen
+        assert_allclose(est[0], V, rtol=1e-6, atol=1e-9)
+        _, cf = _ilmm.predict(Xt, G, L, ALL, mu_u, Sigma_u, full_cov=True, jitter=1e-10,
+                              offset=est)
+        assert_allclose(cf, c_exact, atol=1e-6)
+        _, c = _ilmm.predict(Xt, G, L, ALL, mu_u, Sigma_u, jitter=1e-10, offset=est)
+        assert_allclose(c, np.stack([c_exact[n, :, n, :] for n in range(len(Xt))]), atol=1e-6)
+
+
 # --------------------------------------------------------------------------
 # analytic gradients against central finite differences
 # --------------------------------------------------------------------------

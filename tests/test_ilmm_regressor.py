@@ -62,8 +62,12 @@ def test_unseen_client_includes_spread_of_levels(data, fitted):
     parts = est.predict_components(Xt, np.full(4, "new"))
     np.testing.assert_allclose(parts["offset"][1], np.tile(scale * np.sqrt(np.diag(V)), (4, 1)),
                                rtol=1e-10)
+    # a fitted client's constants are estimates: their own posterior std
     seen = est.predict_components(Xt, np.full(4, data[2][0]))
-    np.testing.assert_array_equal(seen["offset"][1], 0.0)
+    P = est.clients_[data[2][0]].posterior
+    sd = np.zeros(Q)
+    sd[P["offset_outputs"]] = np.sqrt(np.diag(P["offset_variance"]))
+    np.testing.assert_allclose(seen["offset"][1], np.tile(scale * sd, (4, 1)), rtol=1e-10)
     # the rows of one new client share the draw: its per-row blocks match the
     # joint covariance's, and two rows far apart (no kernel coupling left) are
     # coupled by exactly that covariance
@@ -143,7 +147,8 @@ def test_close_to_exact_gp_with_many_inducing_points():
     """One client, 1-D inputs, far more inducing points than the function's
     detail needs: the sparse posterior equals the exact ILMM GP posterior at the
     fitted hyperparameters (Titsias' bound is tight when the inducing points
-    resolve the kernel)."""
+    resolve the kernel), with the client's estimated constants integrated under
+    a flat prior (universal kriging, one trend column per output)."""
     from skfedgp.kernels import se_ard
 
     rng = np.random.default_rng(0)
@@ -172,6 +177,10 @@ def test_close_to_exact_gp_with_many_inducing_points():
     ys = ((Y - est.y_offset_) / est.y_scale_ - L["offset"]).ravel()
     mu = L["offset"] + (Ks @ np.linalg.solve(K, ys)).reshape(-1, Q)
     S = Kss - Ks @ np.linalg.solve(K, Ks.T)
+    T = np.kron(np.ones((n, 1)), np.eye(Q))  # trend: the constant of each output
+    V = np.linalg.inv(T.T @ np.linalg.solve(K, T))
+    R = np.kron(np.ones((len(Xt), 1)), np.eye(Q)) - Ks @ np.linalg.solve(K, T)
+    S = S + R @ V @ R.T
     scale = np.asarray(est.y_scale_)
     np.testing.assert_allclose(m, est.y_offset_ + scale * mu, atol=2e-3 * scale.max())
     for k in range(Xt.shape[0]):
@@ -386,11 +395,45 @@ def test_unobserved_output_is_left_out_of_the_population_level():
     Xt = X[:3]
     parts = est.predict_components(Xt, np.full(3, last))
     scale = np.asarray(est.y_scale_)
-    np.testing.assert_allclose(parts["offset"][1][:, 0], 0.0)
+    P = est.clients_[last].posterior  # output 0: its own estimate's std
+    assert list(P["offset_outputs"]) == [0]
+    np.testing.assert_allclose(parts["offset"][1][:, 0],
+                               scale[0] * np.sqrt(P["offset_variance"][0, 0]), rtol=1e-10)
     np.testing.assert_allclose(parts["offset"][1][:, 1],
                                scale[1] * np.sqrt(pop["offset_variance"][1, 1]), rtol=1e-10)
     np.testing.assert_allclose(parts["offset"][0][:, 1],
                                est.y_offset_[1] + scale[1] * pop["offset"][1], rtol=1e-10)
+
+
+def test_unobserved_output_is_left_out_of_population_noise_and_loadings():
+    """noise="diagonal": an output a client never observed never trained its
+    noise variance or its loadings' rows there; the never-seen client's
+    population values for that output average over the clients that observed it."""
+    X, Y, g, *_ = make_hierarchical_regression(
+        n_clients=4, n_samples=20, n_outputs=2, scenario="A", n_test=5, random_state=2)
+    Y = Y.copy()
+    last = np.unique(g)[-1]
+    Y[g == last, 1] = np.nan
+    est = FederatedHierarchicalGPRegressor(n_rounds=2, noise="diagonal",
+                                           random_state=0).fit(X, Y, g)
+    pop = est._population_local
+    vals = {lab: c.local_values() for lab, c in est.clients_.items()}
+    others = [lab for lab in vals if lab != last]
+    s2 = np.array([vals[lab]["noise_variance"] for lab in vals])
+    s2_kept = np.array([vals[lab]["noise_variance"] for lab in others])
+    np.testing.assert_allclose(pop["noise_variance"][1], np.exp(np.mean(np.log(s2_kept[:, 1]))),
+                               rtol=1e-10)
+    np.testing.assert_allclose(pop["noise_variance"][0], np.exp(np.mean(np.log(s2[:, 0]))),
+                               rtol=1e-10)
+    assert not np.isclose(np.exp(np.mean(np.log(s2[:, 1]))), pop["noise_variance"][1])
+    for key, name in (("B_d", "deviation"), ("B_l", "local")):
+        B = {lab: vals[lab][key] for lab in vals}
+        want_11 = np.mean([B[lab][1, 0] ** 2 for lab in others])
+        np.testing.assert_allclose(pop["coregionalisation"][name][0, 1, 1], want_11, rtol=1e-10)
+        want_00 = np.mean([B[lab][0, 0] ** 2 for lab in vals])
+        np.testing.assert_allclose(pop["coregionalisation"][name][0, 0, 0], want_00, rtol=1e-10)
+        want_01 = np.mean([B[lab][0, 0] * B[lab][1, 0] for lab in others])
+        np.testing.assert_allclose(pop["coregionalisation"][name][0, 0, 1], want_01, rtol=1e-10)
 
 
 def test_offset_moments_overlapping_outputs():

@@ -20,6 +20,7 @@ from skfedgp._structured import (
     combine,
     feature_blocks,
     layout_map,
+    offset_uncertainty,
     predict_structured,
 )
 from skfedgp.federated import message_arrays, message_nbytes
@@ -123,6 +124,47 @@ def test_predictive_mean_and_covariance_equal_exact_posterior():
         assert_allclose(m, m_exact, atol=1e-6)
         assert_allclose(c, c_exact, atol=1e-6)
         _, v = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E)
+        assert_allclose(v, np.diag(c), atol=1e-10)
+
+
+def test_offset_uncertainty_equals_universal_kriging():
+    """A client's estimated constant mean, integrated under a flat prior (the
+    other clients' held at theirs): dense universal kriging with the trend
+    ``1_i`` on client i's rows gives Var(c_i) = 1 / (1_i^T C^{-1} 1_i) and adds
+    ``(1 - k*^T C^{-1} 1_i)^2 Var(c_i)`` to the predictive covariance."""
+    Xs, ys = _clients((12, 9, 7))
+    G, Bs = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
+    for k, B in enumerate(Bs):
+        B["offset"] = 0.3 * k - 0.2
+    post, sts = _elbo(Xs, ys, G, Bs, jitter=1e-10)
+    rng = np.random.default_rng(6)
+    Xt = rng.uniform(size=(5, 2))
+    Xall = np.vstack(Xs)
+    C = _dense_cov(Xs, G, Bs)
+    off = np.cumsum([0] + [len(X) for X in Xs])
+    for i, (X, B, st) in enumerate(zip(Xs, Bs, sts)):
+        sl = slice(off[i], off[i + 1])
+        ones = np.zeros(len(Xall))
+        ones[sl] = 1.0
+        Kx = se(Xt, Xall, G["lengthscale_g"], G["variance_g"])
+        Kx[:, sl] += G["phi"] * se(Xt, X, G["lengthscale_g"], G["variance_g"])
+        Kx[:, sl] += se(Xt, X, B["lengthscale_l"], B["variance_l"])
+        Kss = ((1 + G["phi"]) * se(Xt, Xt, G["lengthscale_g"], G["variance_g"])
+               + se(Xt, Xt, B["lengthscale_l"], B["variance_l"]))
+        Ci1 = np.linalg.solve(C, ones)
+        v_exact = 1.0 / (ones @ Ci1)
+        r = 1.0 - Kx @ Ci1
+        c_exact = Kss - Kx @ np.linalg.solve(C, Kx.T) + v_exact * np.outer(r, r)
+        mu_u, Sigma_u, _ = client_posterior(st, post.mu, post.A_inv)
+        v_c, k_c = offset_uncertainty(st, Sigma_u)
+        assert_allclose(v_c, v_exact, rtol=1e-6)
+        blocks = feature_blocks(G, B, ALL, jitter=1e-10)
+        E, _ = layout_map(blocks, ALL, G["phi"])
+        _, c = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E, full_cov=True,
+                                  offset=(v_c, k_c))
+        assert_allclose(c, c_exact, atol=1e-6)
+        _, v = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E,
+                                  offset=(v_c, k_c))
         assert_allclose(v, np.diag(c), atol=1e-10)
 
 
