@@ -547,10 +547,12 @@ def offset_uncertainty(state, Sigma_u):
     Hence ``Var(c_i) = 1 / (n / s2 - a^T Sigma_u a)`` and
     ``E[u | c_i] = mu_u - Sigma_u a (c_i - c_hat_i)``: predicting
     ``f_i(x*) + c_i`` adds ``Var(c_i) (1 + F* E k)^2`` with
-    ``k = -Sigma_u a``. It is the universal-kriging correction for an
-    estimated constant mean (Cressie, *Statistics for Spatial Data*, Wiley,
-    1993, section 3.4.5), in the sparse model's feature space; an addition of
-    this package (docs/maths.md, section 13), not in Yan 2026.
+    ``k = -Sigma_u a``. It is ordinary kriging's correction for an
+    estimated constant mean (Cressie, *Statistics for Spatial Data*, revised
+    edition, Wiley, 1993, section 3.2), in the sparse model's feature space;
+    an addition of this package (docs/maths.md, section 13), not in Yan
+    2026. The mean is unchanged where the fitted ``c_hat_i`` maximises the
+    ELBO (training's stopping rule leaves it there up to ``tol``).
 
     Parameters
     ----------

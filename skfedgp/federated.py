@@ -2271,13 +2271,18 @@ def _offset_moments(offsets, seen):
                 b = offsets[both, p] - offsets[both, p].mean()
                 S[q, p] = S[p, q] = float(a @ b) / (k - 1)
     if Q > 1:  # a pairwise-complete estimate need not be PSD: nearest PSD matrix
-        w, V = np.linalg.eigh(S)
-        S = (V * np.maximum(w, 0.0)) @ V.T
+        S = _nearest_psd(S)
     N = seen.T.astype(float) @ seen.astype(float)
     d = np.where(np.diag(N) > 0, 1.0 / np.maximum(np.diag(N), 1.0), 0.0)
     G = d[:, None] * N * d[None, :]
     shared = G * S
     return mean, S + shared, shared
+
+
+def _nearest_psd(S):
+    """The nearest (Frobenius) positive semi-definite matrix to symmetric ``S``."""
+    w, V = np.linalg.eigh(0.5 * (S + S.T))
+    return (V * np.maximum(w, 0.0)) @ V.T
 
 
 def _masked_mean(values, mask):
@@ -2289,7 +2294,7 @@ def _masked_mean(values, mask):
     return np.where(count > 0, masked, values.mean(axis=0))
 
 
-def _population_from(hypers, components):
+def _population_from(hypers, components, noise="isotropic"):
     """Population local block from the clients' :class:`LocalHyperparameters`.
 
     Geometric means of the local lengthscales, variances and noise variances;
@@ -2311,22 +2316,22 @@ def _population_from(hypers, components):
     seen = seen.reshape(offsets.shape)
     off_mean, off_cov, mean_cov = _offset_moments(offsets, seen)
     if hypers and hypers[0].coregionalisation is not None:  # multi-output targets
-        # an output a client never observed never trained its noise variance
-        # (diagonal noise) or its loadings' rows: averages over the clients
-        # that observed it (pairs of outputs: that observed both)
-        log_s2 = np.array([np.broadcast_to(np.log(h.noise_variance), (seen.shape[1],))
-                           for h in hypers])
-        s2_pop = np.exp(_masked_mean(log_s2, seen))
-        if np.ndim(hypers[0].noise_variance) == 0:
-            s2_pop = np.exp(np.mean(log_s2))
+        # an output a client never observed never trained its own noise
+        # variance (noise="diagonal"; the isotropic options train one value on
+        # the outputs it observed) or its loadings' rows: averages over the
+        # clients that observed it (pairs of outputs: that observed both), a
+        # pairwise average projected back onto the PSD cone
+        log_s2 = np.array([np.log(h.noise_variance) for h in hypers])
+        s2_pop = np.exp(_masked_mean(log_s2, seen) if noise == "diagonal"
+                        else np.mean(log_s2, axis=0))
         pair = seen[:, :, None] & seen[:, None, :]
         pop = {"noise_variance": s2_pop,
                "offset": off_mean,
                "offset_variance": off_cov, "offset_mean_variance": mean_cov,
                "coregionalisation": {
-                   k: np.stack([_masked_mean(np.array([h.coregionalisation[k][r]
-                                                       for h in hypers]), pair)
-                                for r in range(len(hypers[0].coregionalisation[k]))])
+                   k: np.stack([_nearest_psd(_masked_mean(
+                       np.array([h.coregionalisation[k][r] for h in hypers]), pair))
+                       for r in range(len(hypers[0].coregionalisation[k]))])
                    for k in hypers[0].coregionalisation}}
         if "local" in components:
             pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers],
@@ -2947,7 +2952,7 @@ class _StructuredRun:
         else:
             history.append(float(post_s.elbo))
             objectives.append(float(post_s.elbo + lp))
-        population = _population_from([finals[k] for k in live], cfg.components)
+        population = _population_from([finals[k] for k in live], cfg.components, cfg.noise)
         clients = getattr(self.transport, "clients", None)
         return ([clients[k] for k in live] if clients is not None else None), {
             "elbo_history": history, "objective_history": objectives,

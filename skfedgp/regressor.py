@@ -551,11 +551,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     A fitted client's constant mean is an estimate. With the structured
     family its prediction integrates it under a flat prior (the other
     clients' held at their estimates): the variance gains
-    ``Var(c_i) (1 + d mean / d c_i)^2``, universal kriging's correction for
+    ``Var(c_i) (1 + d mean / d c_i)^2``, ordinary kriging's correction for
     an estimated constant mean (Cressie, *Statistics for Spatial Data*,
-    Wiley, 1993, section 3.4.5; ``docs/maths.md`` section 13). It matters
-    for clients with few points and far from a client's data; the mean is
-    unchanged.
+    revised edition, Wiley, 1993, section 3.2; ``docs/maths.md`` section
+    13). It matters for clients with few points and far from a client's
+    data; the mean is unchanged. Across clients, ``return_cov`` holds the
+    other clients' constants fixed (each client's own block includes its
+    term, so the joint covariance stays positive semi-definite).
 
     When not to use it: a single client with a few thousand points or less
     is fitted faster and as well by scikit-learn's exact
@@ -1186,7 +1188,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             Predictive mean, target units.
         y_std : ndarray of shape (n_samples,) or (n_samples, n_outputs), optional
             Predictive standard deviation of a new noisy observation
-            (latent variance plus the client's noise variance), target units.
+            (latent variance plus the client's noise variance; with the
+            structured family also the uncertainty of a fitted client's
+            estimated constant mean, or a never-seen client's level),
+            target units.
         y_cov : ndarray of shape (n_samples, n_samples) or (n_samples, n_outputs, n_outputs), optional
             One target column: the joint predictive covariance of the noisy
             observations of all rows. Multi-output targets: the ``Q x Q``
@@ -1485,10 +1490,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"], pop["offset"]
 
     def _offset_estimate(self, lab):
-        """``(Var(c_i), gain)`` of a fitted client's constant mean, or None.
+        """Estimation uncertainty of a fitted client's constant mean(s), or None.
 
-        See :func:`skfedgp._structured.offset_uncertainty`; None for a label
-        not seen in fit (its level is a new draw, :meth:`_offset_variance`).
+        One output: ``(Var(c_i), gain)``
+        (:func:`skfedgp._structured.offset_uncertainty`). Multi-output:
+        ``(Cov(c_O), gain, outputs O)`` (:func:`skfedgp._ilmm.offset_uncertainty`).
+        None for a label not seen in fit (its level is a new draw,
+        :meth:`_offset_variance`) and for a client fitted without them.
         """
         c = self.clients_.get(lab) if lab is not _Population else None
         P = getattr(c, "posterior", None) or {}
@@ -1586,7 +1594,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             mean (for a fitted client its std is the estimate's posterior
             std under a flat prior, see Notes of the class; for a
             never-seen one it is the spread of the clients' constant
-            means), and the predictive mean of :meth:`predict`
+            means; where the client's deviation or local part can also
+            carry a level, the estimate's std is large and mostly cancelled
+            by its covariance with those parts, which the per-component
+            stds leave out), and the predictive mean of :meth:`predict`
             equals the sum of all the means; with the mean-field family it
             equals ``y_offset_`` plus the sum.
         """

@@ -436,6 +436,57 @@ def test_unobserved_output_is_left_out_of_population_noise_and_loadings():
         np.testing.assert_allclose(pop["coregionalisation"][name][0, 0, 1], want_01, rtol=1e-10)
 
 
+def test_population_coregionalisation_stays_psd_when_clients_miss_different_outputs():
+    """Each client observed two of three outputs: the pairwise averages of the
+    loadings' outer products are projected back onto the PSD cone, so a
+    never-seen client's predictive Q x Q block is a covariance."""
+    from skfedgp.federated import LocalHyperparameters, _population_from
+
+    b = [np.array([1.0, 1.0, 0.3]), np.array([0.3, 1.0, 1.0]), np.array([1.0, 0.3, -1.0])]
+    obs = [[1, 1, 0], [0, 1, 1], [1, 0, 1]]
+    hyp = [LocalHyperparameters(np.ones((1, 1)), None, np.full(3, 0.01), np.zeros(3),
+                                {"local": np.outer(b[k], b[k])[None]}, np.array(obs[k], float))
+           for k in range(3)]
+    C = _population_from(hyp, ("local",))["coregionalisation"]["local"][0]
+    assert np.linalg.eigvalsh(C).min() >= -1e-12
+    # without the projection the pairwise average has a negative eigenvalue
+    raw = np.zeros((3, 3))
+    for q in range(3):
+        for p in range(3):
+            raw[q, p] = np.mean([b[k][q] * b[k][p] for k in range(3) if obs[k][q] and obs[k][p]])
+    assert np.linalg.eigvalsh(raw).min() < -0.1
+    rng = np.random.default_rng(0)
+    X, Y, g = [], [], []
+    for k in range(3):
+        x = rng.uniform(0, 10, 30)
+        Yk = np.outer(np.sin(x + k), b[k]) + 0.05 * rng.standard_normal((30, 3))
+        Yk[:, [q for q in range(3) if not obs[k][q]]] = np.nan
+        X.append(x)
+        Y.append(Yk)
+        g += [k] * 30
+    est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=3, components=("local",),
+                                           n_latent=1).fit(np.concatenate(X)[:, None],
+                                                           np.vstack(Y), np.array(g))
+    _, C_new = est.predict(np.array([[5.0]]), ["new"], return_cov=True)
+    assert np.linalg.eigvalsh(C_new[0]).min() > 0
+
+
+def test_isotropic_target_population_noise_keeps_the_output_ratio():
+    """noise="isotropic_target": one trained value mapped to the outputs by a
+    fixed ratio; the population keeps that ratio even when a client missed an
+    output (only noise="diagonal" averages per output over observers)."""
+    X, Y, g, *_ = make_hierarchical_regression(
+        n_clients=4, n_samples=20, n_outputs=2, scenario="A", n_test=5, random_state=2)
+    Y = Y.copy()
+    Y[g == np.unique(g)[-1], 1] = np.nan
+    est = FederatedHierarchicalGPRegressor(n_rounds=2, noise="isotropic_target",
+                                           random_state=0).fit(X, Y, g)
+    s2 = np.array([c.local_values()["noise_variance"] for c in est.clients_.values()])
+    pop = est._population_local["noise_variance"]
+    np.testing.assert_allclose(pop, np.exp(np.mean(np.log(s2), axis=0)), rtol=1e-12)
+    np.testing.assert_allclose(pop[1] / pop[0], s2[0, 1] / s2[0, 0], rtol=1e-10)
+
+
 def test_offset_moments_overlapping_outputs():
     """Pairwise-complete moments: exact diagonal, the covariance of the
     output means sigma_qp T_qp / (T_q T_p), and PSD results where the plain
