@@ -315,3 +315,33 @@ def test_look_alike_labels_in_client_column_warn(frame):
         est.predict(X)  # the same labels as in fit: no warning
     finally:
         ctx.__exit__(None, None, None)
+
+
+def test_pipeline_routes_groups_with_metadata_routing():
+    """With scikit-learn's metadata routing, a Pipeline passes ``groups`` to
+    fit, predict and score once the estimator requests it; the predictions are
+    those of the estimator fitted on the transformed inputs."""
+    import sklearn
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (45, 2))
+    g = np.repeat(["a", "b", "c"], 15)
+    y = np.sin(X[:, 0]) + (g == "b") + 0.05 * rng.standard_normal(45)
+    kw = dict(n_rounds=2, random_state=0)
+    with sklearn.config_context(enable_metadata_routing=True):
+        gp = (FederatedHierarchicalGPRegressor(**kw).set_fit_request(groups=True)
+              .set_predict_request(groups=True).set_score_request(groups=True))
+        pipe = make_pipeline(StandardScaler(), gp).fit(X, y, groups=g)
+        m = pipe.predict(X, groups=g)
+        r2 = pipe.score(X, y, groups=g)
+    Xs = StandardScaler().fit_transform(X)
+    ref = FederatedHierarchicalGPRegressor(**kw).fit(Xs, y, g)
+    np.testing.assert_allclose(m, ref.predict(Xs, g), rtol=1e-10)
+    np.testing.assert_allclose(r2, ref.score(Xs, y, g), rtol=1e-10)
+    # the client part is used: the population prediction differs
+    with pytest.warns(UserWarning):
+        pop = ref.predict(Xs)
+    assert not np.allclose(m, pop)
+
