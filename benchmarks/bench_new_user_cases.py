@@ -1,6 +1,6 @@
 """Default settings on cases a new user meets (issues 5 and 6).
 
-Two cases, each at the regressor's defaults (``random_state=0``), printing
+Three cases, each at the regressor's defaults (``random_state=0``), printing
 RMSE, mean Gaussian NLL, the share of test points beyond 3 predictive std
 and the 95 % coverage:
 
@@ -11,6 +11,11 @@ and the 95 % coverage:
   client. A per-client pilot calls the weakly interacting inputs
   irrelevant; the starting lengthscales are capped at a few spans
   (``federated.start_lengthscale``) so the fit does not stop on a plateau.
+* ``small-client``: clients of 40, 40 and 2 points of ``sin x + 0.3 k``
+  (``k`` the client) plus noise sd 0.1, x in [0, 10], 100 test points each;
+  the 2-point client's band must include the uncertainty of its estimated
+  constant mean (``docs/maths.md`` section 13). Reference: the exact GP
+  per client.
 * ``unseen``: 8 clients of 30 points on different levels (``N(0, 1)``) and
   with their own smooth deviations; each client in turn is left out and
   predicted as a never-seen client (its band must include the spread of the
@@ -19,7 +24,8 @@ and the 95 % coverage:
 
 Usage::
 
-    python benchmarks/bench_new_user_cases.py [--case relevance unseen] [--seeds 0 1 2 3]
+    python benchmarks/bench_new_user_cases.py [--case relevance small-client unseen]
+        [--seeds 0 1 2 3]
 """
 
 from __future__ import annotations
@@ -108,7 +114,33 @@ def unseen(seed):
     return rows, f"{K} leave-one-client-out fits"
 
 
-CASES = {"relevance": relevance, "unseen": unseen}
+def small_client(seed):
+    rng = np.random.default_rng(seed)
+    X, y, g, Xt, yt, gt = [], [], [], [], [], []
+    for c, n in enumerate([40, 40, 2]):
+        x = rng.uniform(0, 10, (n, 1))
+        xt = rng.uniform(0, 10, (100, 1))
+        X.append(x)
+        y.append(np.sin(x[:, 0]) + 0.3 * c + 0.1 * rng.standard_normal(n))
+        g.append(np.full(n, c))
+        Xt.append(xt)
+        yt.append(np.sin(xt[:, 0]) + 0.3 * c + 0.1 * rng.standard_normal(100))
+        gt.append(np.full(100, c))
+    X, y, g, Xt, yt, gt = (np.concatenate(a) for a in (X, y, g, Xt, yt, gt))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, g)
+    m, s = est.predict(Xt, gt, return_std=True)
+    me, se = exact_per_client(X, y, g, Xt, gt)
+    k = gt == 2
+    rows = {"skfedgp, all clients": scores(yt, m, s),
+            "skfedgp, 2-point client": scores(yt[k], m[k], s[k]),
+            "exact GP per client, all": scores(yt, me, se),
+            "exact GP, 2-point client": scores(yt[k], me[k], se[k])}
+    return rows, f"{est.n_iter_} rounds"
+
+
+CASES = {"relevance": relevance, "unseen": unseen, "small-client": small_client}
 
 
 def main(argv=None):
