@@ -332,13 +332,16 @@ def test_pipeline_routes_groups_with_metadata_routing():
     kw = dict(n_rounds=2, random_state=0)
     with sklearn.config_context(enable_metadata_routing=True):
         gp = (FederatedHierarchicalGPRegressor(**kw).set_fit_request(groups=True)
-              .set_predict_request(groups=True).set_score_request(groups=True))
+              .set_predict_request(groups=True, return_std=True)
+              .set_score_request(groups=True))
         pipe = make_pipeline(StandardScaler(), gp).fit(X, y, groups=g)
-        m = pipe.predict(X, groups=g)
+        m, sd = pipe.predict(X, groups=g, return_std=True)
         r2 = pipe.score(X, y, groups=g)
     Xs = StandardScaler().fit_transform(X)
     ref = FederatedHierarchicalGPRegressor(**kw).fit(Xs, y, g)
-    np.testing.assert_allclose(m, ref.predict(Xs, g), rtol=1e-10)
+    m_ref, sd_ref = ref.predict(Xs, g, return_std=True)
+    np.testing.assert_allclose(m, m_ref, rtol=1e-10)
+    np.testing.assert_allclose(sd, sd_ref, rtol=1e-10)
     np.testing.assert_allclose(r2, ref.score(Xs, y, g), rtol=1e-10)
     # the client part is used: the population prediction differs
     with pytest.warns(UserWarning):
