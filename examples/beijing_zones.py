@@ -93,6 +93,7 @@ def main(argv=None):
                    help="maximum rounds (default: the regressor's own stopping rule)")
     p.add_argument("--local-steps", type=int, default=None)
     args = p.parse_args(argv)
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)  # before the long fits
 
     folder = Path(args.data_dir) / "beijing_air_quality"
     if not folder.is_dir():

@@ -157,6 +157,7 @@ def main(argv=None):
                    help="L-BFGS iterations per local phase (default: the estimator's own)")
     p.add_argument("--n-jobs", type=int, default=None)
     args = p.parse_args(argv)
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)  # before the long fits
     if args.study in ("stamping", "both"):
         stamping(args)
     if args.study in ("ucr", "both"):
