@@ -285,7 +285,9 @@ def plot_station(path, station, est, X_tr, y_tr, X_te, y_te, zoom=ZOOM_DAYS):
     grid = np.arange(lo, hi + 1e-9, 0.125)[:, None]
     groups = np.full(grid.shape[0], station, dtype=object)
     mean, std = est.predict(grid, groups, return_std=True)
-    comps = est.predict_components(grid, groups)
+    # the three latent components; the client's constant mean is a level,
+    # not a panel (its own std is mostly cancelled by its covariance with them)
+    comps = {k: v for k, v in est.predict_components(grid, groups).items() if k != "offset"}
     t = grid[:, 0]
 
     n_panels = 2 + len(comps)
