@@ -66,7 +66,7 @@ def main(argv=None):
     for n_e in (100, 1000):
         info = InformationSet(10, 30.0, 1.0, 1.0, ell)
         new = [(X[i], 0.1, 0.3) for i in range(4)]
-        m = AsyncDGPRegressor(n_experts=4, lengthscale=ell, noise_variance=0.01,
+        m = AsyncDGPRegressor(n_experts=4, lengthscale=ell, variance=1.0, noise_variance=0.01,
                               optimize_hyperparameters=False, random_state=0)
         m.fit(X[: 4 * n_e], y[: 4 * n_e])
         mu, var = m.predict_experts(X[:1])

@@ -44,6 +44,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from .kernels import se_ard
+from .regressor import _check_not_strings
 
 __all__ = [
     "AsyncDGPRegressor",
@@ -571,10 +572,15 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Initial (or fixed) ARD lengthscales; None: ``sqrt(n_features)``
         times the per-feature standard deviation of the first training data
         (1 where it is 0).
-    variance : float, default=1.0
-        Initial (or fixed) signal variance ``sigma_f^2``.
+    variance : float or None, default=None
+        Initial (or fixed) signal variance ``sigma_f^2``, target units; None:
+        the variance of the training targets (1.0 if they are constant).
     noise_variance : float, optional
-        Initial (or fixed) noise variance; None: ``0.1 * variance``.
+        Initial (or fixed) noise variance, target units; None:
+        ``0.1 * variance``. Learned hyperparameters are optimised on the
+        targets standardised by their standard deviation (bounds
+        ``exp(+-11.5)`` there), so the fit does not depend on the targets'
+        units.
     optimize_hyperparameters : bool, default=True
         Maximise the sum of the experts' log marginal likelihoods (analytic
         gradients, L-BFGS-B on log-parameters) in ``fit`` and in the first
@@ -623,7 +629,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         max_info=10,
         convention="paper",
         lengthscale=None,
-        variance=1.0,
+        variance=None,
         noise_variance=None,
         optimize_hyperparameters=True,
         max_points_per_expert=None,
@@ -672,7 +678,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(f"partition must be 'random' or 'sequential', got {self.partition!r}")
         for name in ("variance", "noise_variance", "rkhs_bound", "lipschitz", "beta"):
             v = getattr(self, name)
-            if v is None and name != "variance":
+            if v is None:
                 continue
             if not isinstance(v, numbers.Real) or not np.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a finite positive number, got {v!r}")
@@ -709,23 +715,34 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
                 raise ValueError(
                     f"lengthscale must be positive, scalar or of shape ({d},), got {self.lengthscale!r}"
                 )
-        sf2 = float(self.variance)
+        if self.variance is None:
+            v = float(np.var(y)) if y.shape[0] > 1 else 0.0
+            sf2 = v if np.isfinite(v) and v > 0 else 1.0
+        else:
+            sf2 = float(self.variance)
         sn2 = 0.1 * sf2 if self.noise_variance is None else float(self.noise_variance)
         return ell, sf2, sn2
 
     def _optimise(self, parts, ell, sf2, sn2, mean):
         d = ell.shape[0]
-        theta0 = np.log(np.concatenate([ell, [sf2, sn2]]))
-        theta0 = np.clip(theta0, *_LOG_BOUNDS)
         parts = [(X, y - mean) for X, y in parts if X.shape[0]]
         if not parts:
             return ell, sf2, sn2
+        # standardised targets: the bounds and the optimiser's steps do not
+        # depend on the targets' units (variances scale back by s2)
+        r = np.concatenate([y for _, y in parts])
+        s2 = float(np.mean(r**2)) if r.size else 1.0
+        s2 = s2 if np.isfinite(s2) and s2 > 0 else 1.0
+        s = np.sqrt(s2)
+        parts = [(X, y / s) for X, y in parts]
+        theta0 = np.log(np.concatenate([ell, [sf2 / s2, sn2 / s2]]))
+        theta0 = np.clip(theta0, *_LOG_BOUNDS)
         res = minimize(
             _total_nlml, theta0, args=(parts, self.n_jobs), jac=True, method="L-BFGS-B",
             bounds=[_LOG_BOUNDS] * (d + 2),
         )
         th = res.x
-        return np.exp(th[:d]), float(np.exp(th[d])), float(np.exp(th[d + 1]))
+        return np.exp(th[:d]), float(np.exp(th[d]) * s2), float(np.exp(th[d + 1]) * s2)
 
     # -- fitting -------------------------------------------------------------
 
@@ -777,6 +794,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             For NaN/inf, inconsistent shapes, invalid parameters, or fewer
             than 2 samples when the hyperparameters are learned.
         """
+        _check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
         idx = self._start(X, y, groups, None)
         self._n_stream = X.shape[0]
@@ -813,6 +831,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             when the hyperparameters are learned.
         """
         first = not hasattr(self, "experts_")
+        _check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)
         if first:
             self._n_stream = 0

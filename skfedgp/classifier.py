@@ -580,6 +580,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         return np.log(p / p.sum())
 
     def _make_regressor(self):
+        if self.estimator is not None and not isinstance(self.estimator,
+                                                         FederatedHierarchicalGPRegressor):
+            raise TypeError(
+                "estimator must be a FederatedHierarchicalGPRegressor or None, got "
+                f"{type(self.estimator).__name__}")
         reg = default_curve_regressor() if self.estimator is None else clone(self.estimator)
         params = reg.get_params(deep=False)
         upd = {}

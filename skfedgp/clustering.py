@@ -14,6 +14,7 @@ from sklearn.cluster import SpectralClustering
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._validation import unique_labels
 from .federated import default_sizes_quiet
 from .regressor import FederatedHierarchicalGPRegressor
 
@@ -232,7 +233,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
     estimator_ : FederatedHierarchicalGPRegressor
         The fitted regressor used.
     clients_ : ndarray of shape (n_clients,)
-        Client labels, sorted.
+        Client labels, sorted (labels of mixed types, e.g. ``0`` and
+        ``"b"``, in first-seen order, as an object array).
     client_labels_ : ndarray of shape (n_clients,)
         Cluster of each client.
     labels_ : ndarray of shape (n_samples,)
@@ -279,6 +281,10 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
 
     def _regressor(self, X, y, groups):
         est = self.estimator
+        if est is not None and not isinstance(est, FederatedHierarchicalGPRegressor):
+            raise TypeError(
+                "estimator must be a FederatedHierarchicalGPRegressor (fitted or not) or "
+                f"None, got {type(est).__name__}")
         if est is not None:
             try:
                 check_is_fitted(est, "clients_")
@@ -384,8 +390,13 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 f"groups must be 1-D with one label per row of X ({X.shape[0]}), "
                 f"got shape {groups.shape}"
             )
-        clients, inv = np.unique(groups, return_inverse=True)
-        inv = inv.ravel()
+        uniq, inv = unique_labels(groups)  # mixed label types too
+        n_str = sum(isinstance(u, str) for u in uniq)
+        if 0 < n_str < len(uniq):  # str and other labels: an object array, first-seen order
+            clients = np.empty(len(uniq), dtype=object)
+            clients[:] = uniq
+        else:
+            clients = np.asarray(uniq)
         if clients.shape[0] < max(2, self.n_clusters):
             raise ValueError(
                 f"{clients.shape[0]} client(s) cannot be split into n_clusters="

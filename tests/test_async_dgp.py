@@ -304,3 +304,28 @@ def test_one_sample_cannot_learn_hyperparameters(rng):
     est = _fixed().partial_fit(X[:1], y[:1])  # given hyperparameters: streaming may start
     est.partial_fit(X[1:], y[1:])
     assert np.all(np.isfinite(est.predict(X)))
+
+
+def test_string_targets_are_refused_by_name():
+    X = np.arange(10.0)[:, None]
+    with pytest.raises(ValueError, match="y must hold numbers"):
+        AsyncDGPRegressor().fit(X, np.array(list("abcdefghij")))
+    with pytest.raises(ValueError, match="y must hold numbers"):
+        AsyncDGPRegressor().partial_fit(X, np.array(list("abcdefghij"), dtype=object))
+
+
+@pytest.mark.parametrize("c", [1e-3, 1e3, 1e6])
+def test_fit_does_not_depend_on_target_units(c):
+    """Learned hyperparameters are optimised on standardised targets: scaling y
+    by c scales the predictive mean and std by c (before, targets far from unit
+    scale hit the fixed log-bounds: a constant prediction at c = 1e3)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (60, 1))
+    y = np.sin(2 * X[:, 0]) + 0.05 * rng.standard_normal(60)
+    Xt = np.linspace(0, 5, 7)[:, None]
+    m1, s1 = AsyncDGPRegressor(n_experts=3, random_state=0).fit(X, y).predict(Xt, return_std=True)
+    est = AsyncDGPRegressor(n_experts=3, random_state=0).fit(X, c * y)
+    mc, sc = est.predict(Xt, return_std=True)
+    np.testing.assert_allclose(mc / c, m1, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(sc / c, s1, rtol=1e-5)
+    assert est.variance_ / c**2 > 0.05  # the signal is not lost

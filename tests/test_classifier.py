@@ -403,3 +403,11 @@ def test_all_rank_logliks_match_direct_ppca():
     W, s2 = ppca_fit(np.zeros((4, p)), 2)
     np.testing.assert_allclose(flat[1], ppca_loglik(Rh, W, max(s2, MIN_WITHIN_VARIANCE)),
                                rtol=1e-10)
+
+
+def test_wrong_estimator_is_refused_by_name():
+    from sklearn.preprocessing import StandardScaler
+
+    X = np.random.default_rng(0).normal(size=(6, 10))
+    with pytest.raises(TypeError, match="FederatedHierarchicalGPRegressor"):
+        MaxEvidenceClassifier(StandardScaler()).fit(X, [0, 0, 0, 1, 1, 1])

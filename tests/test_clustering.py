@@ -321,3 +321,23 @@ def test_default_regressor_sizes_capped_quietly():
     with pytest.warns(UserWarning, match="n_inducing=30 exceeds"):
         OperatorClustering(2, FederatedHierarchicalGPRegressor(n_inducing=30, n_rounds=1),
                            random_state=0).fit(X, y, groups=g)
+
+
+def test_mixed_type_client_labels_and_wrong_estimator():
+    """Labels of mixed types (accepted by the regressor) cluster too; an estimator
+    of another kind is refused by name before any fit."""
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(48, 1))
+    g = np.array([0, "b", 2, "d"] * 12, dtype=object)
+    y = np.where(np.isin(g, [0, 2]), np.sin(6 * X[:, 0]), np.cos(6 * X[:, 0]))
+    reg = FederatedHierarchicalGPRegressor(n_rounds=3, random_state=0)
+    oc = OperatorClustering(2, reg, random_state=0).fit(X, y, groups=g)
+    assert list(oc.clients_) == [0, "b", 2, "d"]
+    assert oc.labels_.shape == (48,)
+    for k, lab in enumerate(oc.clients_):
+        assert np.all(oc.labels_[np.array([v == lab and type(v) is type(lab) for v in g])]
+                      == oc.client_labels_[k])
+    with pytest.raises(TypeError, match="FederatedHierarchicalGPRegressor"):
+        OperatorClustering(2, StandardScaler()).fit(X, y, groups=g)
