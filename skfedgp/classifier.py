@@ -403,7 +403,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         model the channels as the outputs of the ILMM extension (pFedHGP paper,
         section 3.9): one class model with ``n_channels`` outputs on the grid,
         scored with the joint covariance of all points and channels of a curve
-        (the regressor's ``predict_joint``). It does not accept NaN points.
+        (the regressor's ``predict_joint``). ``fit`` does not accept NaN
+        points in this mode; test curves with NaN points are scored on their
+        observed points, as in ``"concatenate"``.
     curve_variation : {"ppca", "none"}, default="ppca"
         Within-class law of a new curve: ``"ppca"`` fits the covariance
         above on each class's residual curves (a class with fewer than 3

@@ -411,3 +411,32 @@ def test_wrong_estimator_is_refused_by_name():
     X = np.random.default_rng(0).normal(size=(6, 10))
     with pytest.raises(TypeError, match="FederatedHierarchicalGPRegressor"):
         MaxEvidenceClassifier(StandardScaler()).fit(X, [0, 0, 0, 1, 1, 1])
+
+
+def test_multioutput_scores_nan_points_on_the_observed_subset(fitted):
+    """channel_mode="multioutput": fit refuses NaN points, but a test curve with
+    NaN points is scored by the marginal law of its observed points."""
+    from scipy.stats import multivariate_normal
+
+    _, X, y, Xt, _ = fitted
+    t = np.linspace(0, 1, X.shape[1] // 2)
+    clf = MaxEvidenceClassifier(_reg(), grid=t, n_channels=2, channel_mode="multioutput",
+                                curve_variation="none").fit(X, y)
+    Xn = Xt[:3].copy()
+    Xn[0, [1, 5]] = np.nan
+    Xn[1, : t.shape[0]] = np.nan  # the whole first channel
+    ev = clf.log_evidence(Xn)
+    p = t.shape[0]
+    order = np.arange(2 * p).reshape(p, 2).T.ravel()
+    for k in range(len(clf.classes_)):
+        m, C = clf.estimator_.predict_joint(t[:, None], [k] * p)
+        mean, cov = m.T.ravel(), C[np.ix_(order, order)]
+        for i in range(3):
+            o = ~np.isnan(Xn[i])
+            ref = multivariate_normal(mean[o], cov[np.ix_(o, o)]).logpdf(Xn[i, o])
+            np.testing.assert_allclose(ev[i, k], ref, rtol=1e-8, atol=1e-8)
+    Xbad = X.copy()
+    Xbad[0, 3] = np.nan
+    with pytest.raises(ValueError, match="does not accept NaN"):
+        MaxEvidenceClassifier(_reg(), grid=t, n_channels=2, channel_mode="multioutput",
+                              curve_variation="none").fit(Xbad, y)
