@@ -315,7 +315,11 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                                               h["noise_variance"], woodbury=wb))
         tr = sum(np.trace(b) for b in blocks)
         if not tr > 0:
-            raise FloatingPointError(f"operator of client {label!r} has zero trace")
+            raise FloatingPointError(
+                f"operator of client {label!r} has zero trace: its inputs are many "
+                "lengthscales away from every inducing input, so the kernel between them "
+                "underflows (a fitted estimator reused with inputs in other units or "
+                "another range? pass X as in the regressor's fit, or refit it)")
         return tuple(b / tr for b in blocks)
 
     def _posterior(self, reg, label):
