@@ -35,6 +35,7 @@ __all__ = [
     "unique_labels",
     "check_groups",
     "check_labels_present",
+    "check_not_strings",
     "split_client_column",
     "warn_unmatched_labels",
     "warn_groups_missing",
@@ -71,6 +72,29 @@ def _listing(labels):
     if len(labels) > _MAX_LISTED:
         shown += f", ... ({len(labels)} in all)"
     return shown
+
+
+def check_not_strings(y):
+    """Refuse regression targets (array-like, pandas included) that hold strings.
+
+    Called before scikit-learn's float conversion so that the error names
+    the problem. Input validation of the package (no paper source).
+
+    Parameters
+    ----------
+    y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+
+    Raises
+    ------
+    ValueError
+        If ``y`` has a string dtype or is an object array holding a string.
+    """
+    a = np.asarray(y)
+    if a.dtype.kind in "US" or (a.dtype.kind == "O" and any(isinstance(v, str)
+                                                             for v in a.ravel())):
+        raise ValueError(
+            f"y must hold numbers (a regression target), got an array of dtype "
+            f"{a.dtype} with strings; for class labels use a classifier")
 
 
 def unique_labels(labels):

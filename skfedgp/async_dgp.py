@@ -43,8 +43,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
+from ._validation import check_not_strings
 from .kernels import se_ard
-from .regressor import _check_not_strings
 
 __all__ = [
     "AsyncDGPRegressor",
@@ -794,7 +794,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             For NaN/inf, inconsistent shapes, invalid parameters, or fewer
             than 2 samples when the hyperparameters are learned.
         """
-        _check_not_strings(y)
+        check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
         idx = self._start(X, y, groups, None)
         self._n_stream = X.shape[0]
@@ -831,7 +831,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             when the hyperparameters are learned.
         """
         first = not hasattr(self, "experts_")
-        _check_not_strings(y)
+        check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)
         if first:
             self._n_stream = 0

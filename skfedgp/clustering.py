@@ -407,7 +407,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 f"{self.n_clusters} clusters (need at least 2 clients and one per cluster)"
             )
         reg = self._regressor(X, y, groups)
-        labels = [c.item() if isinstance(c, np.generic) else c for c in clients]
+        labels = uniq  # plain Python values, in the order of clients
         unknown = [lab for lab in labels if lab not in reg.clients_]
         if unknown:
             raise ValueError(f"client(s) {unknown[:5]} are not clients of the fitted estimator")

@@ -40,6 +40,7 @@ from ._validation import (
     ClientLabelWarning,
     check_groups,
     check_labels_present,
+    check_not_strings,
     split_client_column,
     unique_labels,
     warn_groups_missing,
@@ -159,16 +160,6 @@ def _n_target_columns(y):
     return int(shape[1]) if len(shape) == 2 else 1
 
 
-def _check_not_strings(y):
-    """Refuse targets (array-like, pandas included) that hold strings."""
-    a = np.asarray(y)
-    if a.dtype.kind in "US" or (a.dtype.kind == "O" and any(isinstance(v, str)
-                                                             for v in a.ravel())):
-        raise ValueError(
-            f"y must hold numbers (a regression target), got an array of dtype "
-            f"{a.dtype} with strings; for class labels use a classifier")
-
-
 def check_target_values(y):
     """Targets must be numbers whose spread float64 can hold.
 
@@ -191,7 +182,7 @@ def check_target_values(y):
     Input validation of the package (beyond the paper); the target
     standardisation it protects is docs/maths.md section 10.
     """
-    _check_not_strings(y)
+    check_not_strings(y)
     a = np.asarray(y, dtype=float)
     a = a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
     seen = ~np.isnan(a)
@@ -231,7 +222,7 @@ def check_multioutput_targets(y, n_rows, estimator=None):
         If ``y`` is not 2-D, its length is not ``n_rows``, it holds an
         infinite value, or a row has every output missing.
     """
-    _check_not_strings(y)  # names the problem before scikit-learn's conversion
+    check_not_strings(y)  # names the problem before scikit-learn's conversion
     y = check_array(y, ensure_all_finite="allow-nan", dtype=np.float64, input_name="y",
                     estimator=estimator)
     if y.shape[0] != n_rows:
@@ -790,7 +781,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """
         if _n_target_columns(y) > 1:  # multi-output: NaN marks a missing output
             return self._validate_multioutput_fit_data(X, y, groups)
-        _check_not_strings(y)  # names the problem before scikit-learn's conversion
+        check_not_strings(y)  # names the problem before scikit-learn's conversion
         if self.client_column is None:
             X, y = validate_data(
                 self, X, y, y_numeric=True, multi_output=True, ensure_min_samples=1,
@@ -1388,11 +1379,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Q = self.n_outputs_
         n = Xs.shape[0]
         c = self.clients_.get(lab)
+        est = self._offset_estimate(lab)  # None for a never-seen label
         if c is not None:
             L = c.local_values()
             P = c.posterior
             cid = lab
-            est = self._offset_estimate(lab)
             out = ilmm_predict(Xs, G, L, comps, P["mu_u"], P["Sigma_u"],
                                per_component=per_component, client=cid,
                                offset=None if per_component else est)
@@ -1419,7 +1410,6 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if per_component:
             out = dict(out)
             V_c = np.array(V_off, dtype=float)
-            est = self._offset_estimate(lab)
             if est is not None:  # the fitted constants' own estimation covariance
                 V_c[np.ix_(est[2], est[2])] += est[0]
             out["offset"] = (np.broadcast_to(offset, (n, Q)).copy(),
@@ -1498,8 +1488,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         None for a label not seen in fit (its level is a new draw,
         :meth:`_offset_variance`) and for a client fitted without them.
         """
-        c = self.clients_.get(lab) if lab is not _Population else None
-        P = getattr(c, "posterior", None) or {}
+        P = getattr(self.clients_.get(lab), "posterior", None) or {}
         if "offset_variance" not in P:
             return None
         if "offset_outputs" in P:  # multi-output: (Q_O x Q_O, N_u x Q_O, outputs O)

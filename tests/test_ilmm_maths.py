@@ -148,6 +148,25 @@ def test_elbo_equals_dense_log_marginal_likelihood(exact_setup, comps):
     assert abs(post.elbo - lml) < 1e-6
 
 
+def _dense_cross(Xt, Xall, X, G, L, rows, Q):
+    """Client ``i``'s latent channels at ``Xt`` (R = (2, 2, 1)): their covariance
+    ``Kx`` with every entry of all clients (``rows``: client i's columns) and
+    their own prior covariance ``Kss``, both row-major in (input, channel)."""
+    Kx = np.zeros((len(Xt) * Q, len(Xall) * Q))
+    Kss = np.zeros((len(Xt) * Q, len(Xt) * Q))
+    for r in range(2):
+        b = G["B_g"][:, r]
+        Kx += np.kron(se(Xt, Xall, G["lengthscale_g"][r]), np.outer(b, b))
+        bd = L["B_d"][:, r]
+        Kx[:, rows] += G["phi"] * np.kron(se(Xt, X, G["lengthscale_g"][r]), np.outer(bd, bd))
+        Kss += np.kron(se(Xt, Xt, G["lengthscale_g"][r]),
+                       np.outer(b, b) + G["phi"] * np.outer(bd, bd))
+    bl = L["B_l"][:, 0]
+    Kx[:, rows] += np.kron(se(Xt, X, L["lengthscale_l"][0]), np.outer(bl, bl))
+    Kss += np.kron(se(Xt, Xt, L["lengthscale_l"][0]), np.outer(bl, bl))
+    return Kx, Kss
+
+
 def test_prediction_equals_dense_exact_posterior(exact_setup):
     Xs, Ys, G, Ls = exact_setup
     Q = 3
@@ -159,20 +178,7 @@ def test_prediction_equals_dense_exact_posterior(exact_setup):
     Xt = np.random.default_rng(5).uniform(size=(4, 2))
     off = np.cumsum([0] + [len(X) * Q for X in Xs])
     for i, (X, L, st) in enumerate(zip(Xs, Ls, sts)):
-        # cross covariance of client i's latent channels at Xt with all entries
-        Kx = np.zeros((len(Xt) * Q, len(y)))
-        Kss = np.zeros((len(Xt) * Q, len(Xt) * Q))
-        for r in range(2):
-            b = G["B_g"][:, r]
-            Kx += np.kron(se(Xt, Xall, G["lengthscale_g"][r]), np.outer(b, b))
-            bd = L["B_d"][:, r]
-            Kx[:, off[i]:off[i + 1]] += G["phi"] * np.kron(se(Xt, X, G["lengthscale_g"][r]),
-                                                           np.outer(bd, bd))
-            Kss += np.kron(se(Xt, Xt, G["lengthscale_g"][r]),
-                           np.outer(b, b) + G["phi"] * np.outer(bd, bd))
-        bl = L["B_l"][:, 0]
-        Kx[:, off[i]:off[i + 1]] += np.kron(se(Xt, X, L["lengthscale_l"][0]), np.outer(bl, bl))
-        Kss += np.kron(se(Xt, Xt, L["lengthscale_l"][0]), np.outer(bl, bl))
+        Kx, Kss = _dense_cross(Xt, Xall, X, G, L, slice(off[i], off[i + 1]), Q)
         Kx = Kx[:, obs]
         Co = C[np.ix_(obs, obs)]
         m_exact = (Kx @ np.linalg.solve(Co, y[obs])).reshape(len(Xt), Q)
@@ -206,19 +212,7 @@ def test_offset_uncertainty_equals_dense_universal_kriging(exact_setup):
     Xt = np.random.default_rng(7).uniform(size=(3, 2))
     off = np.cumsum([0] + [len(X) * Q for X in Xs])
     for i, (X, L, st) in enumerate(zip(Xs, Ls, sts)):
-        Kx = np.zeros((len(Xt) * Q, len(y)))
-        Kss = np.zeros((len(Xt) * Q, len(Xt) * Q))
-        for r in range(2):
-            b = G["B_g"][:, r]
-            Kx += np.kron(se(Xt, Xall, G["lengthscale_g"][r]), np.outer(b, b))
-            bd = L["B_d"][:, r]
-            Kx[:, off[i]:off[i + 1]] += G["phi"] * np.kron(se(Xt, X, G["lengthscale_g"][r]),
-                                                           np.outer(bd, bd))
-            Kss += np.kron(se(Xt, Xt, G["lengthscale_g"][r]),
-                           np.outer(b, b) + G["phi"] * np.outer(bd, bd))
-        bl = L["B_l"][:, 0]
-        Kx[:, off[i]:off[i + 1]] += np.kron(se(Xt, X, L["lengthscale_l"][0]), np.outer(bl, bl))
-        Kss += np.kron(se(Xt, Xt, L["lengthscale_l"][0]), np.outer(bl, bl))
+        Kx, Kss = _dense_cross(Xt, Xall, X, G, L, slice(off[i], off[i + 1]), Q)
         seen = [q for q in range(Q) if np.any(np.isfinite(Ys[i][:, q]))]
         T = np.zeros((len(y), len(seen)))  # trend: client i's constant per seen channel
         for j, q in enumerate(seen):
