@@ -3,7 +3,7 @@
 For a Gaussian likelihood the optimal *joint* Gaussian ``q`` over the
 whitened inducing variables ``(v_g, w_1, v_1, ..., w_T, v_T)`` has an arrow
 shaped precision: clients are independent given ``v_g``.  Each client
-eliminates its own variables ``c_i = (w_i, v_i)`` and sends a fixed-size
+eliminates its own variables ``c_i = (w_i, v_i, a_i)`` and sends a fixed-size
 Gaussian message on ``v_g``; the server sums them and obtains ``q(v_g)``
 exactly.  The bound is the collapsed (Titsias-type) bound of the whole
 hierarchy, which equals the exact log marginal likelihood when the inducing
@@ -15,11 +15,16 @@ Regression and Latent Variable Models", NeurIPS 2014.
 
 Notation (one client, index ``i`` dropped).  The *feature blocks* are the
 global kernel's ``W_g = k_g(X, Z_g) L_g^{-T}`` (present when the global or
-the deviation component is used) and the local kernel's
-``W_l = k_l(X, Z_l) L_l^{-T}``; ``F = [W_g, W_l]`` (``n x M_f``).  The
-client's latent function on its data is ``f = F z`` with
-``z = E u``, ``u = (v_g, c)``, ``c = (w, v)`` and ``E`` the ``M_f x N_u``
-map ``z_g = v_g + sqrt(phi) w``, ``z_l = v``.  With ``W_f = F^T F``,
+the deviation component is used), the local kernel's
+``W_l = k_l(X, Z_l) L_l^{-T}`` and, when the global values hold
+``level_variance`` (``tau^2``), the client level's single feature
+``W_c = tau 1``: the client's constant mean is a random level
+``tau a``, ``a ~ N(0, 1)``, i.e. the constant kernel ``tau^2`` on the
+client's own rows, which one inducing variable represents exactly.
+``F = [W_g, W_l, W_c]`` (``n x M_f``).  The client's latent function on its
+data is ``f = F z`` with ``z = E u``, ``u = (v_g, c)``, ``c = (w, v, a)``
+and ``E`` the ``M_f x N_u`` map ``z_g = v_g + sqrt(phi) w``, ``z_l = v``,
+``z_c = a``.  With ``W_f = F^T F``,
 ``w_f = F^T y``, ``E_g``/``E_c`` the columns of ``E`` for ``v_g``/``c``::
 
     P   = I + E_c^T W_f E_c / s2            (client only)
@@ -67,7 +72,6 @@ __all__ = [
     "combine",
     "ServerPosterior",
     "client_posterior",
-    "offset_uncertainty",
     "predict_structured",
     "layout_map",
     "residual_coefficients",
@@ -86,17 +90,28 @@ CHUNK_ROWS = 2048
 
 @dataclass
 class _Layout:
-    """Index sets of one client's feature and latent coordinates."""
+    """Index sets of one client's feature and latent coordinates.
+
+    Feature order: the global kernel's ``Mg`` features, the local kernel's
+    ``Ml``, then (with a random client level) one constant feature
+    ``sqrt(level_variance)``. Latent order: ``v_g``, ``w``, ``v``, then the
+    level's whitened variable ``a``.
+    """
 
     Mg: int  # size of the global feature block (0 if absent)
     Ml: int  # size of the local feature block (0 if absent)
     has_global: bool
     has_dev: bool
     has_local: bool
+    has_level: bool = False
+
+    @property
+    def Mc(self):
+        return 1 if self.has_level else 0
 
     @property
     def Mf(self):
-        return self.Mg + self.Ml
+        return self.Mg + self.Ml + self.Mc
 
     @property
     def n_vg(self):
@@ -104,10 +119,11 @@ class _Layout:
 
     @property
     def n_c(self):
-        return (self.Mg if self.has_dev else 0) + (self.Ml if self.has_local else 0)
+        return ((self.Mg if self.has_dev else 0) + (self.Ml if self.has_local else 0)
+                + self.Mc)
 
     def E(self, phi):
-        """``E`` (M_f x N_u): feature coefficients from ``u = (v_g, w, v)``."""
+        """``E`` (M_f x N_u): feature coefficients from ``u = (v_g, w, v, a)``."""
         Nu = self.n_vg + self.n_c
         E = np.zeros((self.Mf, Nu))
         col = 0
@@ -121,6 +137,9 @@ class _Layout:
         if self.has_local:
             il = np.arange(self.Ml)
             E[self.Mg + il, col + il] = 1.0
+            col += self.Ml
+        if self.has_level:
+            E[self.Mg + self.Ml, col] = 1.0
         return E
 
     def apply_E(self, phi, U):
@@ -134,7 +153,10 @@ class _Layout:
             out[: self.Mg] += np.sqrt(phi) * U[row:row + self.Mg]
             row += self.Mg
         if self.has_local:
-            out[self.Mg:] = U[row:row + self.Ml]
+            out[self.Mg:self.Mg + self.Ml] = U[row:row + self.Ml]
+            row += self.Ml
+        if self.has_level:
+            out[self.Mg + self.Ml:] = U[row:row + 1]
         return out
 
     def EgT(self, U):
@@ -143,12 +165,14 @@ class _Layout:
 
     def EcT(self, phi, U):
         """``E_c^T @ U``: ``sqrt(phi)`` times the global-feature rows (for ``w``), then
-        the local-feature rows (for ``v``)."""
+        the local-feature rows (for ``v``), then the level's row (for ``a``)."""
         parts = []
         if self.has_dev:
             parts.append(np.sqrt(phi) * U[: self.Mg])
         if self.has_local:
-            parts.append(U[self.Mg:])
+            parts.append(U[self.Mg:self.Mg + self.Ml])
+        if self.has_level:
+            parts.append(U[self.Mg + self.Ml:])
         if not parts:
             return U[:0]
         return np.concatenate(parts, axis=0)
@@ -156,6 +180,10 @@ class _Layout:
     def w_rows(self):
         """Slice of ``u`` holding the deviation variables ``w``."""
         return slice(self.n_vg, self.n_vg + (self.Mg if self.has_dev else 0))
+
+    def level_row(self):
+        """Index of the level's variable ``a`` in ``u`` (None without a level)."""
+        return self.n_vg + self.n_c - 1 if self.has_level else None
 
     def dE_dsqrtphi(self):
         """Derivative of ``E`` with respect to ``sqrt(phi)``."""
@@ -167,10 +195,14 @@ class _Layout:
         return D
 
     def residual_coef(self, phi):
-        """``gamma`` per feature: multiplier of ``(n var - ||W||_F^2)`` in ``tr_R``."""
+        """``gamma`` per feature: multiplier of ``(n var - ||W||_F^2)`` in ``tr_R``.
+
+        Zero for the level's feature: a constant kernel is rank one and its
+        single feature represents it exactly.
+        """
         gam = np.zeros(self.Mf)
         gam[: self.Mg] = (1.0 if self.has_global else 0.0) + (phi if self.has_dev else 0.0)
-        gam[self.Mg:] = 1.0 if self.has_local else 0.0
+        gam[self.Mg:self.Mg + self.Ml] = 1.0 if self.has_local else 0.0
         return gam
 
 
@@ -192,8 +224,10 @@ def feature_blocks(G, B, components, *, jitter=DEFAULT_JITTER):
     -------
     list of tuple
         ``(name, Z, lengthscale, variance, jitter)`` for the global kernel
-        (if the global or deviation component is used) and the local kernel
-        (if used).
+        (``"g"``, if the global or deviation component is used), the local
+        kernel (``"l"``, if used) and, when ``G`` holds ``level_variance``,
+        the client level's constant kernel (``"c"``: ``k(x, x') =
+        level_variance``, one inducing variable, exact and unjittered).
     """
     out = []
     if "global" in components or "deviation" in components:
@@ -202,6 +236,9 @@ def feature_blocks(G, B, components, *, jitter=DEFAULT_JITTER):
     if "local" in components:
         out.append(("l", np.asarray(B["Z_l"], float), np.asarray(B["lengthscale_l"], float),
                     float(B["variance_l"]), jitter))
+    if "level_variance" in G:
+        d = out[0][1].shape[1] if out else 1
+        out.append(("c", np.zeros((1, d)), np.ones(d), float(G["level_variance"]), 0.0))
     return out
 
 
@@ -210,7 +247,7 @@ def _layout(blocks, components):
     return _Layout(
         Mg=sizes.get("g", 0), Ml=sizes.get("l", 0),
         has_global="global" in components, has_dev="deviation" in components,
-        has_local="local" in components,
+        has_local="local" in components, has_level="c" in sizes,
     )
 
 
@@ -264,9 +301,6 @@ class ClientState:
     b: np.ndarray
     e: float
     tr_R: float
-    offset: float = 0.0
-    resid_sum: float = 0.0  # sum(y - offset)
-    wk: np.ndarray = None  # F^T 1 (whitened)
 
 
 #: Below this many kernel entries, the structured family's kernel matrices and
@@ -314,11 +348,33 @@ def _se_grad_sym(Z, K, Kbar, ell, var):
     return 2.0 * dz, dl, dv
 
 
+def _block_kernel(name, X, Z, ell, var):
+    """``k(X, Z)`` of one block: SE-ARD, or the level's constant kernel (``"c"``)."""
+    if name == "c":
+        return np.full((X.shape[0], Z.shape[0]), float(var))
+    return _se(X, Z, ell, var)
+
+
+def _block_grad(name, X, Z, K, Kbar, ell, var, *, sym=False):
+    """``(dZ, dlengthscale, dvariance)`` of ``sum(Kbar * k(X, Z))`` for one block.
+
+    ``sym``: both arguments are ``Z`` (``X`` is ignored).
+    """
+    if name == "c":
+        return np.zeros_like(Z), np.zeros_like(ell), float(np.sum(Kbar * K)) / var
+    if sym:
+        return _se_grad_sym(Z, K, Kbar, ell, var)
+    return _se_grad(X, Z, K, Kbar, ell, var)
+
+
+_BLOCK_NAMES = {"g": "global", "l": "local", "c": "client level"}
+
+
 def _kernel_rows(Xc, blocks):
-    return np.hstack([_se(Xc, Z, ell, var) for _, Z, ell, var, _ in blocks])
+    return np.hstack([_block_kernel(name, Xc, Z, ell, var) for name, Z, ell, var, _ in blocks])
 
 
-def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0, client=None):
+def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None):
     """Statistics of one client for the structured posterior (its upload).
 
     Parameters
@@ -334,8 +390,6 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0,
         ``s2_i``.
     phi : float
         Deviation scale (ignored without the deviation component).
-    offset : float, default=0.0
-        The client's constant mean ``c_i``: the model is fitted to ``y - c_i``.
     client : hashable, optional
         Label used in error messages.
 
@@ -357,9 +411,8 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0,
     lay = _layout(blocks, components)
     Kzz, Ls, eps = [], [], []
     for name, Z, ell, var, jit in blocks:
-        K = _se(Z, Z, ell, var)
-        L, e_ = jittered_cholesky(K, scale=var, jitter=jit,
-                                  name=f"K_zz ({'global' if name == 'g' else 'local'})",
+        K = _block_kernel(name, Z, Z, ell, var)
+        L, e_ = jittered_cholesky(K, scale=var, jitter=jit, name=f"K_zz ({_BLOCK_NAMES[name]})",
                                   client=client)
         Kzz.append(K)
         Ls.append(L)
@@ -373,22 +426,19 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0,
         off += m
     Phi = np.zeros((Mf, Mf))
     psi = np.zeros(Mf)
-    kap = np.zeros(Mf)
-    yc = y - float(offset)
+    yc = y
     for a in range(0, n, CHUNK_ROWS):
         Kc = _kernel_rows(X[a:a + CHUNK_ROWS], blocks)
         Phi += Kc.T @ Kc
         psi += Kc.T @ yc[a:a + CHUNK_ROWS]
-        kap += Kc.sum(axis=0)
     yy = float(yc @ yc)
     if Mf:
         T = solve_lower(Lam, Phi)
         Wf = solve_lower(Lam, T.T)
         Wf = 0.5 * (Wf + Wf.T)
         wf = solve_lower(Lam, psi)
-        wk = solve_lower(Lam, kap)
     else:
-        Wf, wf, wk = Phi, psi, kap
+        Wf, wf = Phi, psi
     E = lay.E(phi)
     # E_g^T and E_c^T select (and scale) rows: slicing, never dense products
     WEc = lay.EcT(phi, Wf).T  # W_f E_c
@@ -412,15 +462,14 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, offset=0.0,
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the structured statistics{where} are not finite")
     return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi), E,
-                       Lp, PiGt, Pir, S, b, float(e), tr_R, float(offset),
-                       float(np.sum(yc)), wk)
+                       Lp, PiGt, Pir, S, b, float(e), tr_R)
 
 
 def _block_sizes(lay):
     """Per feature: the size of its block (to spread ``n var_b`` over its columns)."""
-    out = np.empty(lay.Mf)
+    out = np.ones(lay.Mf)
     out[: lay.Mg] = lay.Mg
-    out[lay.Mg:] = lay.Ml
+    out[lay.Mg:lay.Mg + lay.Ml] = lay.Ml
     return out
 
 
@@ -536,46 +585,6 @@ def client_posterior(state, mu, A_inv):
     return mu_u, Sigma, H
 
 
-def offset_uncertainty(state, Sigma_u):
-    """Estimation uncertainty of the client's constant mean ``c_i`` (flat prior).
-
-    The fitted ``c_i`` maximises the collapsed ELBO, which is a concave
-    quadratic in ``c_i``; with a flat prior on ``c_i`` it is the posterior
-    mean, and the joint Gaussian over ``(u, c_i)`` (the other clients'
-    constants held at their estimates) has precision
-    ``[[Sigma_u^{-1}, a], [a^T, n / s2]]`` with ``a = E^T F^T 1 / s2``.
-    Hence ``Var(c_i) = 1 / (n / s2 - a^T Sigma_u a)`` and
-    ``E[u | c_i] = mu_u - Sigma_u a (c_i - c_hat_i)``: predicting
-    ``f_i(x*) + c_i`` adds ``Var(c_i) (1 + F* E k)^2`` with
-    ``k = -Sigma_u a``. It is ordinary kriging's correction for an
-    estimated constant mean (Cressie, *Statistics for Spatial Data*, revised
-    edition, Wiley, 1993, section 3.2), in the sparse model's feature space;
-    an addition of this package (docs/maths.md, section 13), not in Yan
-    2026. The mean is unchanged where the fitted ``c_hat_i`` maximises the
-    ELBO (training's stopping rule leaves it there up to ``tol``).
-
-    Parameters
-    ----------
-    state : ClientState
-    Sigma_u : ndarray of shape (N_u, N_u)
-        From :func:`client_posterior`.
-
-    Returns
-    -------
-    variance : float
-        ``Var(c_i)`` (standardised units squared).
-    gain : ndarray of shape (N_u,)
-        ``k = dE[u | c_i] / dc_i``.
-    """
-    a = state.E.T @ state.wk / state.s2
-    k = -(Sigma_u @ a)
-    prec = state.n / state.s2
-    # a^T Sigma_u a < n / s2 strictly (Sigma_u's prior part is proper); keep
-    # round-off from making the difference vanish
-    h = max(prec + float(a @ k), 1e-12 * prec)
-    return 1.0 / h, k
-
-
 # ---------------------------------------------------------------------------
 # the client's backward pass: gradients
 # ---------------------------------------------------------------------------
@@ -624,8 +633,6 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     grads = {}
     if want_local:
         grads["noise_variance"] = -0.5 * n / s2 + quad / (2.0 * s2**2)
-        # d/dc of -||y - c - F mu_z||^2 / (2 s2)
-        grads["offset"] = (state.resid_sum - float(state.wk @ mu_z)) / s2
     if want_global and lay.has_dev:
         Mg = lay.Mg
         var_g = state.blocks[0][3]
@@ -647,7 +654,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     Phibar = 0.5 * (Phibar + Phibar.T)
     psibar = solve_lower(Lam, wbar, trans=True)
     Lambar = -solve_lower(Lam, 2.0 * Wbar @ Wf + np.outer(wbar, wf), trans=True)
-    want = {"g": want_global, "l": want_local}
+    want = {"g": want_global, "l": want_local, "c": want_global}
     offs = {}
     off = 0
     for name, Z, *_ in state.blocks:
@@ -660,7 +667,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         a, b_ = offs[name]
         Lbar = np.tril(Lambar[a:b_, a:b_])
         Kbar_zz = cholesky_backward(state.Ls[k], Lbar)
-        dZ, dell, dvar = _se_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, var)
+        dZ, dell, dvar = _block_grad(name, Z, Z, state.Kzz[k], Kbar_zz, ell, var, sym=True)
         dvar += (state.eps[k] / var) * float(np.trace(Kbar_zz))
         # explicit n var_b in tr_R
         dvar += -float(gam[a]) * n / (2.0 * s2)
@@ -671,16 +678,19 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         for a0 in range(0, n, CHUNK_ROWS):
             Xc = X[a0:a0 + CHUNK_ROWS]
             Kc = _kernel_rows(Xc, state.blocks)
-            Kbar = Kc @ Pb2 + np.outer(y[a0:a0 + CHUNK_ROWS] - state.offset, psibar)
+            Kbar = Kc @ Pb2 + np.outer(y[a0:a0 + CHUNK_ROWS], psibar)
             for name, Z, ell, var, _ in state.blocks:
                 if name not in acc:
                     continue
                 a, b_ = offs[name]
-                dZ, dell, dvar = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, var)
+                dZ, dell, dvar = _block_grad(name, Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, var)
                 acc[name][0] += dZ
                 acc[name][1] += dell
                 acc[name][2] += dvar
     for name, (dZ, dell, dvar) in acc.items():
+        if name == "c":  # the client level's constant kernel: its variance only
+            grads["level_variance"] = float(dvar)
+            continue
         grads[f"Z_{name}"] = dZ
         grads[f"lengthscale_{name}"] = dell
         grads[f"variance_{name}"] = float(dvar)
@@ -744,16 +754,18 @@ def _test_features(Xs, blocks, client=None):
     """``W*`` per block and the prior diagonal / matrices."""
     Ws = []
     for (name, Z, ell, var, jit) in blocks:
+        if name == "c":  # the level's single whitened feature: sqrt(level_variance)
+            Ws.append(np.full((Xs.shape[0], 1), np.sqrt(var)))
+            continue
         K = se_ard(Z, Z, ell, var)
-        L, _ = jittered_cholesky(K, scale=var, jitter=jit,
-                                 name=f"K_zz ({'global' if name == 'g' else 'local'})",
+        L, _ = jittered_cholesky(K, scale=var, jitter=jit, name=f"K_zz ({_BLOCK_NAMES[name]})",
                                  client=client)
         Ws.append(solve_lower(L, se_ard(Xs, Z, ell, var).T).T)
     return Ws
 
 
 def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
-                       full_cov=False, per_component=False, client=None, offset=None):
+                       full_cov=False, per_component=False, client=None):
     """Latent predictive mean and (co)variance of one client.
 
     Parameters
@@ -765,27 +777,23 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
     phi : float
     mu_u : ndarray of shape (N_u,)
     Sigma_u : ndarray of shape (N_u, N_u)
-        Moments of ``u = (v_g, w, v)`` (:func:`client_posterior`), or the
-        prior of the deviation and local parts for a never-seen client.
+        Moments of ``u = (v_g, w, v, a)`` (:func:`client_posterior`), or the
+        prior of the deviation, local and level parts for a never-seen client.
     layout_E : ndarray of shape (M_f, N_u)
         The map ``E`` at ``phi``.
     full_cov : bool
     per_component : bool
-        Return ``{name: (mean, var)}`` per component.
+        Return ``{name: (mean, var)}`` per component (``"global"``,
+        ``"deviation"``, ``"local"`` and, with a random client level,
+        ``"level"``).
     client : hashable, optional
-    offset : tuple (variance, gain) or None, default=None
-        From :func:`offset_uncertainty`: the covariance then includes the
-        estimation uncertainty of the client's constant mean,
-        ``variance (1 + F* E gain)(1 + F* E gain)^T`` (not with
-        ``per_component``).
-
     Returns
     -------
     mean : ndarray of shape (n*,)
     cov : ndarray of shape (n*,) or (n*, n*)
         Latent covariance (no noise):
         ``F* Sigma_z F*^T + gamma_g (K_g** - W_g* W_g*^T) + (K_l** - W_l* W_l*^T)``
-        (plus the constant mean's term with ``offset``).
+        (the level's feature is exact: no residual term).
     """
     lay = _layout(blocks, components)
     Ws = _test_features(Xs, blocks, client)
@@ -801,14 +809,22 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
         if lay.has_dev:
             parts.append(("deviation", slice(col, col + lay.Mg), phi, 0))
             col += lay.Mg
+        index = {blk[0]: k for k, blk in enumerate(blocks)}
         if lay.has_local:
-            parts.append(("local", slice(col, col + lay.Ml), 1.0, len(Ws) - 1))
+            parts.append(("local", slice(col, col + lay.Ml), 1.0, index["l"]))
+            col += lay.Ml
+        if lay.has_level:
+            parts.append(("level", slice(col, col + 1), 1.0, index["c"]))
         for name, sl, coef, bi in parts:
             W = Ws[bi]
             c = np.sqrt(coef)
             m = c * (W @ mu_u[sl])
             S = Sigma_u[sl, sl]
             var = blocks[bi][3]
+            if name == "level":  # exact rank-one feature: no residual term
+                cv = W @ S @ W.T
+                out[name] = (m, cv if full_cov else np.diag(cv).copy())
+                continue
             if full_cov:
                 Kss = se_ard(Xs, Xs, blocks[bi][2], var)
                 cv = coef * (W @ S @ W.T + Kss - W @ W.T)
@@ -821,13 +837,8 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
     mean = Fs @ (E @ mu_u)
     Sz = E @ Sigma_u @ E.T
     gam = lay.residual_coef(phi)
-    if offset is not None:
-        v_c, k_c = offset
-        g_c = 1.0 + Fs @ (E @ k_c)
     if full_cov:
         cov = Fs @ Sz @ Fs.T
-        if offset is not None:
-            cov += v_c * np.outer(g_c, g_c)
         off = 0
         for k, (name, Z, ell, var, _) in enumerate(blocks):
             W = Ws[k]
@@ -837,8 +848,6 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
                 cov += g * (se_ard(Xs, Xs, ell, var) - W @ W.T)
         return mean, 0.5 * (cov + cov.T)
     var = np.einsum("ij,ij->i", Fs @ Sz, Fs)
-    if offset is not None:
-        var += v_c * g_c**2
     off = 0
     for k, (name, Z, ell, v, _) in enumerate(blocks):
         W = Ws[k]

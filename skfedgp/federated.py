@@ -707,6 +707,10 @@ class Server:
         else:
             mean, scale = 0.0, 1.0
         self.y_offset, self.y_scale = float(mean), float(scale)
+        # start of the clients' level variance (structured family): the
+        # weighted spread of the clients' means around the pooled mean
+        between = sum(s.n_samples * (s.y_sum / s.n_samples - mean) ** 2 for s in summaries) / n
+        self.level_start = float(between) / scale**2
         self.n_total = int(n)
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         x_min = np.min([s.x_min for s in summaries], axis=0)
@@ -829,6 +833,9 @@ class Server:
         if "phi" in gpack.slices:
             values["phi"] = check_in_bounds("phi", 0.1 if cfg.phi is None else cfg.phi,
                                             cfg.phi is not None)
+        if "level_variance" in gpack.slices:
+            values["level_variance"] = check_in_bounds(
+                "level_variance", max(getattr(self, "level_start", 0.0), LEVEL_START_MIN), False)
         self.global_pack = gpack
         self.theta_global = gpack.pack(values) if gpack.size else np.zeros(0)
         self.client_boxes = None  # used for the placement only; not kept in the model
@@ -1168,8 +1175,16 @@ LOG_BOUNDS = {
     "variance_g": (1e-6, 1e6),
     "variance_l": (1e-6, 1e6),
     "phi": (1e-6, 1e4),
+    "level_variance": (1e-8, 1e8),
     "noise_variance": (NOISE_FLOOR, 1e4),
 }
+#: Penalised-complexity prior of a client's local standard deviation: rate
+#: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
+#: larger of the pilots' median signal std and the client's own target std.
+LOCAL_SD_RATE = float(np.log(20.0))
+#: Smallest start of the clients' level variance (standardised units): the
+#: spread of the clients' means when they agree, so the level can grow.
+LEVEL_START_MIN = 1.0
 #: ``n_inducing="auto"``: about this many inducing points per lengthscale
 #: along each input dimension (:func:`auto_inducing`) ...
 AUTO_PER_LENGTHSCALE = 2.5
@@ -1328,7 +1343,10 @@ def structured_global_spec(components, M, d):
     Returns
     -------
     Packer
-        ``Z_g`` (free), ``lengthscale_g``, ``variance_g``, ``phi`` (log).
+        ``Z_g`` (free), ``lengthscale_g``, ``variance_g``, ``phi`` and
+        ``level_variance`` (log): the variance of the clients' random levels
+        (every client's constant mean is ``N(0, level_variance)`` around the
+        pooled mean, standardised units).
     """
     from ._hierarchy import Packer
 
@@ -1338,6 +1356,7 @@ def structured_global_spec(components, M, d):
                  ("variance_g", (), "log")]
     if "deviation" in components:
         spec.append(("phi", (), "log"))
+    spec.append(("level_variance", (), "log"))
     return Packer(spec)
 
 
@@ -1354,7 +1373,8 @@ def structured_local_spec(components, M_local, d):
     -------
     Packer
         ``Z_l`` (free), ``lengthscale_l``, ``variance_l`` (log) and
-        ``noise_variance`` (log).
+        ``noise_variance`` (log). The client's level is a latent variable
+        (its variance ``level_variance`` is global), not a hyperparameter.
     """
     from ._hierarchy import Packer
 
@@ -1363,7 +1383,6 @@ def structured_local_spec(components, M_local, d):
         spec += [("Z_l", (M_local, d), "free"), ("lengthscale_l", (d,), "log"),
                  ("variance_l", (), "log")]
     spec.append(("noise_variance", (), "log"))
-    spec.append(("offset", (), "free"))
     return Packer(spec)
 
 
@@ -1748,7 +1767,8 @@ class StructuredClient:
         """This client's own checkpoint (:class:`ClientState`): its vector and optimiser state."""
         return ClientState(self.theta.copy(), self.pack, float(self.noise_floor),
                            float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
-                           getattr(self, "_noise_mode", None))
+                           getattr(self, "_noise_mode", None),
+                           copy.deepcopy(getattr(self, "prior_local", None)))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -1759,6 +1779,7 @@ class StructuredClient:
         self._adam = copy.deepcopy(state.adam)
         if getattr(state, "noise_mode", None) is not None:
             self._noise_mode = state.noise_mode
+        self.prior_local = copy.deepcopy(getattr(state, "prior_local", None))
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -1802,6 +1823,14 @@ class StructuredClient:
                 lengthscale_l=check_in_bounds("lengthscale_l", ell,
                                               config.local_lengthscale is not None),
                 variance_l=check_in_bounds("variance_l", var, config.local_variance is not None))
+            # hyperpriors from the population's values (the clients' pilot
+            # medians), not the client's own pilot, which a few points make
+            # unreliable (see log_prior)
+            self.prior_local = {
+                # the larger of the population's signal and the client's own
+                # spread: a client on another scale keeps a local part of its size
+                "sd_rate": float(LOCAL_SD_RATE / np.sqrt(max(population.variance, own_var,
+                                                             1e-12)))}
         s2 = (p.noise_variance * ratio if config.noise_variance is None
               else float(config.noise_variance) / self._y_scale**2)
         # the client's own noise floor: NOISE_FLOOR times its own target variance
@@ -1817,7 +1846,6 @@ class StructuredClient:
         values["noise_variance"] = float(np.clip(max(s2, 2.0 * self.noise_floor),
                                                  self.noise_floor * 1.01,
                                                  LOG_BOUNDS["noise_variance"][1] * 0.99))
-        values["offset"] = float(np.mean(self._y))  # the client's own mean, then learned
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
         self.theta = self.pack.pack(values)
@@ -1836,7 +1864,7 @@ class StructuredClient:
 
         G, B, blocks = self._blocks(theta_g, gpack, config, theta)
         return client_forward(self._Xs, self._y, blocks, config.components,
-                              B["noise_variance"], G.get("phi", 1.0), offset=B["offset"],
+                              B["noise_variance"], G.get("phi", 1.0),
                               client=self.client_id)
 
     def _backward(self, state, mu, A_inv, *, want_global, want_local):
@@ -1879,14 +1907,28 @@ class StructuredClient:
         return value + lp, flat + dlp
 
     def log_prior(self, theta, config):
-        """Log hyperprior of the client's noise variance and its gradient (log scale).
+        """Log hyperprior of the client's own hyperparameters and its gradient (log scale).
 
         ``log s2_i ~ N(log s2_pop, tau^2)`` with ``s2_pop`` the median of the
         clients' pilot noise variances (set-up exchange) and
         ``tau = config.noise_prior_scale`` (None: no prior). A client with
         few observations cannot then drive its noise variance to zero and
         interpolate its points; with many observations the prior is
-        negligible. Constant terms are dropped.
+        negligible. With scalar targets the local kernel's log lengthscales
+        get the same kind of prior, centred at the population's
+        (``prior_local``), and its standard deviation ``sigma_l`` (square root
+        of its variance) the exponential penalised-complexity prior of
+        Simpson et al. (*Statistical Science* 32(1), 2017, section 3)
+        ``log p = -lambda sigma_l``, ``lambda = ln(20) / sigma_pop``,
+        ``sigma_pop`` the larger of the pilots' median signal std and the
+        client's own target std (a larger local part has prior probability
+        0.05), used without the log-scale Jacobian so that the
+        local part can still be switched off. A client with a handful of
+        points cannot then turn its local part into a second, freely scaled
+        level (partial pooling of the clients' hyperparameters; Gelman et al.,
+        *Bayesian Data Analysis*, 3rd edition, CRC, 2013, chapter 5). The
+        scale ``tau`` is that of the noise prior; None switches all off.
+        Constant terms are dropped.
 
         Returns
         -------
@@ -1900,7 +1942,19 @@ class StructuredClient:
         sl = self.pack.slices["noise_variance"]  # one entry, or one per output
         delta = theta[sl] - float(np.log(self.prior_noise))
         grad[sl] = -delta / tau**2
-        return float(-0.5 * np.sum((delta / tau) ** 2)), grad
+        value = float(-0.5 * np.sum((delta / tau) ** 2))
+        prior = getattr(self, "prior_local", None) or {}
+        if "lengthscale_l" in prior:
+            sl = self.pack.slices["lengthscale_l"]
+            delta = theta[sl] - np.log(np.ravel(prior["lengthscale_l"]))
+            grad[sl] = -delta / tau**2
+            value -= 0.5 * float(np.sum((delta / tau) ** 2))
+        if "sd_rate" in prior:
+            k = self.pack.slices["variance_l"].start
+            sd = float(np.exp(0.5 * theta[k]))
+            value -= prior["sd_rate"] * sd
+            grad[k] = -0.5 * prior["sd_rate"] * sd
+        return value, grad
 
     @single_threaded_blas()
     def local_phase(self, post, theta_g, gpack, config):
@@ -1962,17 +2016,20 @@ class StructuredClient:
         -------
         LocalHyperparameters
         """
-        from ._structured import client_posterior, offset_uncertainty
+        from ._structured import client_posterior
 
         if self._state is None:  # a process-based backend dropped it: recompute (identical)
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = client_posterior(self._state, post.mean, post.covariance)
-        v_c, k_c = offset_uncertainty(self._state, Sigma_u)
-        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H,
-                          "offset_variance": v_c, "offset_gain": k_c}
+        self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
         B = self.pack.unpack(self.theta)
+        level = 0.0
+        a = self._state.layout.level_row()
+        if a is not None:  # the level's posterior mean: sqrt(level_variance) E[a]
+            level = float(np.sqrt(gpack.unpack(theta_g)["level_variance"]) * mu_u[a])
+            self.posterior["level"] = level
         return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
-                                    B["noise_variance"], B["offset"])
+                                    B["noise_variance"], level)
 
     def local_values(self):
         """Constrained local values (scaled inputs, standardised units)."""
@@ -2011,6 +2068,9 @@ class ClientState:
     noise_mode : str or None
         Multi-output clients: the ``noise`` option the vector was trained
         with (a resumed run must use the same); None otherwise.
+    prior_local : dict or None
+        Centres of the hyperpriors of the client's local lengthscales and
+        variance (scalar targets), see :meth:`StructuredClient.log_prior`.
     """
 
     theta: np.ndarray
@@ -2019,6 +2079,7 @@ class ClientState:
     prior_noise: float
     adam: object = None
     noise_mode: str = None
+    prior_local: dict = None
 
 
 @dataclass(frozen=True)
@@ -2953,6 +3014,19 @@ class _StructuredRun:
             history.append(float(post_s.elbo))
             objectives.append(float(post_s.elbo + lp))
         population = _population_from([finals[k] for k in live], cfg.components, cfg.noise)
+        if "level_variance" in gpack.slices:
+            # a never-seen client's level is a draw from its prior N(0,
+            # level_variance), which its prior block already carries; the
+            # level variance and the pooled mean it is centred at are
+            # estimates from T clients: the predictive variance of a new
+            # level is taken as level_variance (T + 1) / (T - 1) (the
+            # estimated mean's share 1/T, and T / (T - 1) for a variance
+            # estimated around an estimated mean), of which the estimated
+            # mean's share is common to all never-seen clients
+            tau2 = float(gpack.unpack(theta_g)["level_variance"])
+            common = tau2 / max(len(live) - 1, 1)
+            population.update(offset=0.0, offset_variance=2.0 * common,
+                              offset_mean_variance=common)
         clients = getattr(self.transport, "clients", None)
         return ([clients[k] for k in live] if clients is not None else None), {
             "elbo_history": history, "objective_history": objectives,

@@ -255,7 +255,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
         y_i(x) = c_i + f_g(x) + f_delta_i(x) + f_i(x) + eps,  eps ~ N(0, s2_i)
 
-    Each part is a whitened sparse GP on inducing points (Titsias VFE).
+    Each part is a whitened sparse GP on inducing points (Titsias VFE). With
+    the structured family (the default) and a 1-D ``y``, ``c_i`` is a random
+    level, ``c_i ~ N(0, level_variance)`` around the pooled mean, with one
+    learned ``level_variance`` shared by all clients (a random intercept;
+    cf. the hierarchical GPs of Hensman, Lawrence and Rattray, *BMC
+    Bioinformatics* 14:252, 2013); the constant kernel on a client's own rows
+    is represented exactly by one extra inducing variable
+    (``docs/maths.md``, section 13), so the bound stays the exact log marginal
+    likelihood at ``Z = X``, a client's level is integrated out in training
+    and prediction, and a client with few points borrows the other clients'
+    spread. Multi-output targets and the mean-field family learn ``c_i`` as
+    a hyperparameter.
     Training is federated: clients keep their data and send only summaries
     whose sizes depend on ``n_inducing`` and the input dimension, never on
     how many observations they hold (every message is counted in
@@ -289,8 +300,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     inducing set from the lengthscales and the region the clients' inputs
     cover; the global inducing points are placed in the union of the
     clients' input boxes. Targets are divided by the median of the clients'
-    own standard deviations and every client learns its own constant mean,
-    so a client on another level or scale does not change the others' units.
+    own standard deviations and every client has its own level, so a client
+    on another level or scale does not change the others' units. Each
+    client's noise variance and local kernel get weak hyperpriors from the
+    population (see ``noise_prior_scale``).
 
     Parameters
     ----------
@@ -365,8 +378,16 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         each client's noise variance, centred at the median of the clients'
         pilot noise variances (empirical Bayes). It keeps a data-poor client
         from driving its noise to zero and interpolating its few points; it
-        is negligible for clients with many observations. None: no prior
-        (maximum likelihood).
+        is negligible for clients with many observations. With a 1-D ``y``
+        the same scale sets a log-normal hyperprior on each client's local
+        lengthscales (centred at the pilots' median), and the local
+        standard deviation ``sigma_l`` gets the penalised-complexity prior
+        ``p(sigma_l) ∝ exp(-lambda sigma_l)`` with ``P(sigma_l >
+        sigma_pop) = 0.05``, ``sigma_pop`` the larger of the pilots' median
+        signal std and the client's own target std (Simpson et al.,
+        *Statistical Science* 32(1), 2017), so a client with a handful of points cannot turn its local
+        part into a second, freely scaled level, while a local part not
+        needed can still switch off. None: no priors (maximum likelihood).
     n_latent : int or tuple of 3 ints, default=2
         Multi-output (ILMM) targets only: the numbers ``(R_g, R_d, R_l)`` of
         latent functions of the global, deviation and local parts (an int
@@ -402,8 +423,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         each client's count and sum). With the structured family targets are
         always divided by the median of the clients' own standard deviations
         (so initial values, bounds and floors follow the data's scale
-        whatever this flag), and every client's constant mean is learned, so
-        the flag only changes where those means start. Mean-field family:
+        whatever this flag), and every client has its own level, so the flag
+        only sets the centre of the levels (the pooled mean, or 0). Mean-field family:
         standardise with the pooled mean and standard deviation, or not at
         all.
     client_column : int or str, default=None
@@ -487,7 +508,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     n_inducing_ : int
         Number of global inducing points used.
     client_offsets_ : dict
-        Structured family: each client's learned constant mean, target units.
+        Structured family: each client's constant mean in target units (with
+        a 1-D ``y``, the posterior mean of its random level).
+    level_variance_ : float
+        Structured family, 1-D ``y``: fitted variance of the clients' random
+        levels around the pooled mean ``y_offset_`` (target units squared).
     communication_ : list of dict
         Bytes uploaded and downloaded per round: round 0 is the set-up
         (summaries, pilot hyperparameters), the last record the final
@@ -533,22 +558,23 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     exact posterior of the global part plus the *prior* of the deviation and
     local parts (``docs/maths.md`` section 8), with the population local
     hyperparameters (geometric means of the clients', sent in their final
-    messages) and the mean of the clients' constant means; a new client's
-    level is a new draw from the clients' levels, so its predictive variance
-    also holds ``(1 + 1/T)`` times the sample variance of the ``T`` clients'
-    constant means (their sample covariance for multi-output targets). Its
-    predictive variance is therefore wider.
+    messages); a new client's level is a new draw. With a 1-D ``y`` it is
+    centred at the pooled mean with variance ``level_variance (T + 1) /
+    (T - 1)`` for ``T`` fitted clients (the level variance and the pooled
+    mean are estimates); with multi-output targets it is centred at the
+    mean of the clients' constant means with ``(1 + 1/T)`` times their
+    sample covariance. Its predictive variance is therefore wider.
 
-    A fitted client's constant mean is an estimate. With the structured
-    family its prediction integrates it under a flat prior (the other
+    A fitted client's constant mean is an estimate. With a 1-D ``y`` its
+    level's posterior is part of the client's posterior, so its uncertainty
+    is in every prediction and in ``return_cov``. For multi-output targets
+    prediction integrates each constant under a flat prior (the other
     clients' held at their estimates): the variance gains
     ``Var(c_i) (1 + d mean / d c_i)^2``, ordinary kriging's correction for
     an estimated constant mean (Cressie, *Statistics for Spatial Data*,
     revised edition, Wiley, 1993, section 3.2; ``docs/maths.md`` section
-    13). It matters for clients with few points and far from a client's
-    data; the mean is unchanged. Across clients, ``return_cov`` holds the
-    other clients' constants fixed (each client's own block includes its
-    term, so the joint covariance stays positive semi-definite).
+    13); across clients, ``return_cov`` holds the other clients' constants
+    fixed.
 
     When not to use it: a single client with a few thousand points or less
     is fitted faster and as well by scikit-learn's exact
@@ -1051,12 +1077,17 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.y_scale_ = server.y_scale
         self.n_inducing_ = server.n_inducing_
         self._population_local = res["population"]
-        self.client_offsets_ = {lab: server.y_offset + server.y_scale * c.local_values()["offset"]
-                                for lab, c in self.clients_.items()}
+        # the clients' levels: posterior means of the random levels
+        self.client_offsets_ = {
+            lab: server.y_offset + server.y_scale * c.local_values().get(
+                "offset", c.posterior.get("level", 0.0))
+            for lab, c in self.clients_.items()}
         self.n_outputs_ = config.n_outputs or 1
         G = server.global_pack.unpack(server.theta_global)
         if "phi" in G:
             self.phi_ = float(G["phi"])
+        if "level_variance" in G:
+            self.level_variance_ = float(server.y_scale**2 * G["level_variance"])
         if config.n_outputs:
             scale = np.asarray(server.y_scale)[:, None]
             self.loadings_ = {}
@@ -1463,7 +1494,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             E, n_vg = layout_map(blocks, comps, phi)
             P = c.posterior
             return (blocks, P["mu_u"], P["Sigma_u"], P["H"], E, B["noise_variance"],
-                    B["offset"])
+                    B.get("offset", 0.0))
         pop = self._population_local
         d = self.n_features_model_
         B = {"noise_variance": pop["noise_variance"]}
@@ -1480,20 +1511,17 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"], pop["offset"]
 
     def _offset_estimate(self, lab):
-        """Estimation uncertainty of a fitted client's constant mean(s), or None.
+        """Estimation uncertainty of a fitted multi-output client's constant means, or None.
 
-        One output: ``(Var(c_i), gain)``
-        (:func:`skfedgp._structured.offset_uncertainty`). Multi-output:
         ``(Cov(c_O), gain, outputs O)`` (:func:`skfedgp._ilmm.offset_uncertainty`).
         None for a label not seen in fit (its level is a new draw,
-        :meth:`_offset_variance`) and for a client fitted without them.
+        :meth:`_offset_variance`) and for scalar targets (the structured
+        family's client level is a latent variable of the posterior).
         """
         P = getattr(self.clients_.get(lab), "posterior", None) or {}
-        if "offset_variance" not in P:
+        if "offset_outputs" not in P:
             return None
-        if "offset_outputs" in P:  # multi-output: (Q_O x Q_O, N_u x Q_O, outputs O)
-            return P["offset_variance"], P["offset_gain"], P["offset_outputs"]
-        return P["offset_variance"], P["offset_gain"]
+        return P["offset_variance"], P["offset_gain"], P["offset_outputs"]
 
     def _predict_structured(self, Xf, labels, inv, return_cov):
         """Mean, variance (or joint covariance) of the noisy targets, standardised units."""
@@ -1520,11 +1548,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             v_common = 0.0 if lab in self.clients_ else common
             if v_common:
                 unseen_rows.append(idx)
-            est = self._offset_estimate(lab)
             if not return_cov:
                 for rows in _chunks(idx):
                     m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
-                                              client=cid, offset=est)
+                                              client=cid)
                     mean[rows] = c + m
                     var[rows] = v + s2 + v_off
                 continue
@@ -1533,9 +1560,6 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             mean[idx] = c + Fs @ (E @ mu_u)
             Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
             within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size) + (v_off - v_common)
-            if est is not None:  # the estimated constant mean's uncertainty
-                g_c = 1.0 + Fs @ (E @ est[1])
-                within += est[0] * np.outer(g_c, g_c)
             gam = residual_coefficients(blocks, comps, phi)
             for (name, Z, ell, v_, _), W, g in zip(blocks, Ws, gam):
                 g_eff = g - (1.0 if (name == "g" and "global" in comps) else 0.0)
@@ -1614,14 +1638,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 blocks, mu_u, Sigma_u, _, E, _, c = self._structured_client(lab)
                 idx = np.flatnonzero(inv == k)
                 out["offset"][0][idx] = self.y_offset_ + self.y_scale_ * c
-                est = self._offset_estimate(lab)
-                v_c = float(self._offset_variance(lab)) + (est[0] if est is not None else 0.0)
+                v_c = float(self._offset_variance(lab))
                 out["offset"][1][idx] = self.y_scale_ * np.sqrt(v_c)
                 for rows in _chunks(idx):
                     parts = predict_structured(Xf[rows], blocks, self.components_,
                                                G.get("phi", 1.0), mu_u, Sigma_u, E,
                                                per_component=True)
                     for name, (m, v) in parts.items():
+                        if name == "level":  # the client's random level: its constant mean
+                            out["offset"][0][rows] += self.y_scale_ * m
+                            out["offset"][1][rows] = self.y_scale_ * np.sqrt(
+                                v + out["offset"][1][rows] ** 2 / self.y_scale_**2)
+                            continue
                         out[name][0][rows] = self.y_scale_ * m
                         out[name][1][rows] = self.y_scale_ * np.sqrt(v)
             return out

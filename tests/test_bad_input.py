@@ -324,8 +324,9 @@ def test_failed_refit_keeps_previous_model(data, failure, monkeypatch):
         args, err = (np.c_[X, X[:, :1]], y, gb), ValueError
     else:
         _tiny_jitter(monkeypatch, "structured")
+        # one feature, where the factorisation fails on any platform (with two
+        # identical columns the rounding of some BLAS builds rescues it)
         args, err = _coincident_client_data(), CholeskyError
-        args = (np.c_[args[0], args[0]], args[1], args[2])  # two features, as before
     with pytest.raises(err):
         est.fit(*args)
     monkeypatch.undo()

@@ -105,11 +105,11 @@ def test_predict_components_sum_to_predict(fitted, data):
     offset = comps.pop("offset")
     for lab in ("north", "east", "south"):  # each client's own constant mean
         assert_allclose(offset[0][g == lab], fitted.client_offsets_[lab], rtol=1e-12)
-    for lab in ("north", "east", "south"):  # the estimate's own std, one per client
-        post = fitted.clients_[lab].posterior
-        assert_allclose(offset[1][g == lab],
-                        fitted.y_scale_ * np.sqrt(post["offset_variance"]), rtol=1e-12)
-        assert post["offset_variance"] > 0
+    for lab in ("north", "east", "south"):  # the random level's posterior std per client
+        Sigma_u = fitted.clients_[lab].posterior["Sigma_u"]  # the level is u's last coordinate
+        sd = np.sqrt(fitted.level_variance_ * Sigma_u[-1, -1])
+        assert_allclose(offset[1][g == lab], sd, rtol=1e-10)
+        assert 0 < sd < np.sqrt(fitted.level_variance_)  # the data shrink the level's prior
     for name, (m, s) in comps.items():
         assert m.shape == (X.shape[0],) and s.shape == (X.shape[0],), name
         assert np.all(s >= 0) and np.any(s > 0), name

@@ -20,7 +20,6 @@ from skfedgp._structured import (
     combine,
     feature_blocks,
     layout_map,
-    offset_uncertainty,
     predict_structured,
 )
 from skfedgp.federated import message_arrays, message_nbytes
@@ -46,7 +45,8 @@ def _clients(sizes=(12, 9, 7), d=2, seed=0):
 
 
 def _params(Xs, Zg, Zls, seed=1):
-    G = dict(Z_g=Zg, lengthscale_g=np.array([0.4, 0.7]), variance_g=1.3, phi=0.3)
+    G = dict(Z_g=Zg, lengthscale_g=np.array([0.4, 0.7]), variance_g=1.3, phi=0.3,
+             level_variance=0.7)
     Bs = [dict(Z_l=Zl, lengthscale_l=np.array([0.2, 0.3]) * (1 + 0.1 * k),
                variance_l=0.5 + 0.1 * k, noise_variance=0.05 + 0.01 * k)
           for k, Zl in enumerate(Zls)]
@@ -55,7 +55,7 @@ def _params(Xs, Zg, Zls, seed=1):
 
 def _elbo(Xs, ys, G, Bs, comps=ALL, jitter=1e-6):
     sts = [client_forward(X, y, feature_blocks(G, B, comps, jitter=jitter), comps,
-                          B["noise_variance"], G["phi"], offset=B.get("offset", 0.0))
+                          B["noise_variance"], G["phi"])
            for X, y, B in zip(Xs, ys, Bs)]
     M = G["Z_g"].shape[0] if "global" in comps else 0
     return combine([s.S for s in sts], [s.b for s in sts], [s.e for s in sts], M), sts
@@ -75,6 +75,7 @@ def _dense_cov(Xs, G, Bs, comps=ALL):
             C[sl, sl] += G["phi"] * se(X, X, G["lengthscale_g"], G["variance_g"])
         if "local" in comps:
             C[sl, sl] += se(X, X, B["lengthscale_l"], B["variance_l"])
+        C[sl, sl] += G.get("level_variance", 0.0)  # the client's random level
         C[sl, sl] += B["noise_variance"] * np.eye(len(X))
     return C
 
@@ -84,11 +85,17 @@ def _dense_cov(Xs, G, Bs, comps=ALL):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("level", [True, False])
 @pytest.mark.parametrize("sizes", [(12, 9), (12, 9, 7)])
 @pytest.mark.parametrize("comps", [ALL, ("global", "local"), ("global", "deviation")])
-def test_elbo_equals_exact_log_marginal_likelihood(sizes, comps):
+def test_elbo_equals_exact_log_marginal_likelihood(sizes, comps, level):
+    """M = n, Z = X: the collapsed bound is the exact log marginal likelihood of
+    the hierarchical GP (shared function, deviation, local part, the clients'
+    random levels ``N(0, level_variance)`` and noise)."""
     Xs, ys = _clients(sizes)
     G, Bs = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
+    if not level:
+        del G["level_variance"]
     post, _ = _elbo(Xs, ys, G, Bs, comps, jitter=1e-10)
     C = _dense_cov(Xs, G, Bs, comps)
     y = np.concatenate(ys)
@@ -112,9 +119,9 @@ def test_predictive_mean_and_covariance_equal_exact_posterior():
         Kx = se(Xt, Xall, G["lengthscale_g"], G["variance_g"])
         sl = slice(off[i], off[i + 1])
         Kx[:, sl] += G["phi"] * se(Xt, X, G["lengthscale_g"], G["variance_g"])
-        Kx[:, sl] += se(Xt, X, B["lengthscale_l"], B["variance_l"])
+        Kx[:, sl] += se(Xt, X, B["lengthscale_l"], B["variance_l"]) + G["level_variance"]
         Kss = ((1 + G["phi"]) * se(Xt, Xt, G["lengthscale_g"], G["variance_g"])
-               + se(Xt, Xt, B["lengthscale_l"], B["variance_l"]))
+               + se(Xt, Xt, B["lengthscale_l"], B["variance_l"]) + G["level_variance"])
         m_exact = Kx @ np.linalg.solve(C, y)
         c_exact = Kss - Kx @ np.linalg.solve(C, Kx.T)
         mu_u, Sigma_u, _ = client_posterior(st, post.mu, post.A_inv)
@@ -124,47 +131,6 @@ def test_predictive_mean_and_covariance_equal_exact_posterior():
         assert_allclose(m, m_exact, atol=1e-6)
         assert_allclose(c, c_exact, atol=1e-6)
         _, v = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E)
-        assert_allclose(v, np.diag(c), atol=1e-10)
-
-
-def test_offset_uncertainty_equals_universal_kriging():
-    """A client's estimated constant mean, integrated under a flat prior (the
-    other clients' held at theirs): dense universal kriging with the trend
-    ``1_i`` on client i's rows gives Var(c_i) = 1 / (1_i^T C^{-1} 1_i) and adds
-    ``(1 - k*^T C^{-1} 1_i)^2 Var(c_i)`` to the predictive covariance."""
-    Xs, ys = _clients((12, 9, 7))
-    G, Bs = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
-    for k, B in enumerate(Bs):
-        B["offset"] = 0.3 * k - 0.2
-    post, sts = _elbo(Xs, ys, G, Bs, jitter=1e-10)
-    rng = np.random.default_rng(6)
-    Xt = rng.uniform(size=(5, 2))
-    Xall = np.vstack(Xs)
-    C = _dense_cov(Xs, G, Bs)
-    off = np.cumsum([0] + [len(X) for X in Xs])
-    for i, (X, B, st) in enumerate(zip(Xs, Bs, sts)):
-        sl = slice(off[i], off[i + 1])
-        ones = np.zeros(len(Xall))
-        ones[sl] = 1.0
-        Kx = se(Xt, Xall, G["lengthscale_g"], G["variance_g"])
-        Kx[:, sl] += G["phi"] * se(Xt, X, G["lengthscale_g"], G["variance_g"])
-        Kx[:, sl] += se(Xt, X, B["lengthscale_l"], B["variance_l"])
-        Kss = ((1 + G["phi"]) * se(Xt, Xt, G["lengthscale_g"], G["variance_g"])
-               + se(Xt, Xt, B["lengthscale_l"], B["variance_l"]))
-        Ci1 = np.linalg.solve(C, ones)
-        v_exact = 1.0 / (ones @ Ci1)
-        r = 1.0 - Kx @ Ci1
-        c_exact = Kss - Kx @ np.linalg.solve(C, Kx.T) + v_exact * np.outer(r, r)
-        mu_u, Sigma_u, _ = client_posterior(st, post.mu, post.A_inv)
-        v_c, k_c = offset_uncertainty(st, Sigma_u)
-        assert_allclose(v_c, v_exact, rtol=1e-6)
-        blocks = feature_blocks(G, B, ALL, jitter=1e-10)
-        E, _ = layout_map(blocks, ALL, G["phi"])
-        _, c = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E, full_cov=True,
-                                  offset=(v_c, k_c))
-        assert_allclose(c, c_exact, atol=1e-6)
-        _, v = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E,
-                                  offset=(v_c, k_c))
         assert_allclose(v, np.diag(c), atol=1e-10)
 
 
@@ -189,7 +155,6 @@ def test_gradients_match_finite_differences(comps):
     Xs, ys = _clients((12, 9, 7))
     rng = np.random.default_rng(3)
     G, Bs = _params(Xs, rng.uniform(size=(6, 2)), [rng.uniform(size=(4, 2)) for _ in Xs])
-    Bs = [dict(B, offset=0.1 * (k - 1)) for k, B in enumerate(Bs)]  # per-client constant means
     post, sts = _elbo(Xs, ys, G, Bs, comps)
     grads = [client_backward(s, X, y, post.mu, post.A_inv) for s, X, y in zip(sts, Xs, ys)]
 
@@ -199,12 +164,13 @@ def test_gradients_match_finite_differences(comps):
     shared = "global" in comps or "deviation" in comps
     keys_g = [k for k in ("Z_g", "lengthscale_g", "variance_g") if shared]
     keys_g += ["phi"] if "deviation" in comps else []
+    keys_g += ["level_variance"]
     for key in keys_g:
         analytic = sum(np.asarray(g[key]) for g in grads)
         numeric = _fd(lambda v: F({**G, key: v}, Bs), G[key])
         assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
     keys_l = (["Z_l", "lengthscale_l", "variance_l"] if "local" in comps else [])
-    for key in keys_l + ["noise_variance", "offset"]:
+    for key in keys_l + ["noise_variance"]:
         k = 1
 
         def f(v, key=key):
@@ -283,8 +249,7 @@ def _recompute(est, X, y, g):
         ys = (y[rows] - est.y_offset_) / est.y_scale_
         B = c.local_values()
         sts[lab] = (client_forward(Xs, ys, feature_blocks(G, B, est.components_),
-                                   est.components_, B["noise_variance"], G.get("phi", 1.0),
-                                   offset=B["offset"]),
+                                   est.components_, B["noise_variance"], G.get("phi", 1.0)),
                     Xs, ys)
     Mg = est.global_posterior_["mean"].shape[0]
     post = combine([s.S for s, _, _ in sts.values()], [s.b for s, _, _ in sts.values()],
@@ -304,14 +269,20 @@ def test_fitted_state_is_consistent(two_clients):
         mu_u, Sigma_u, H = client_posterior(st, post.mu, post.A_inv)
         assert_allclose(est.clients_[lab].posterior["mu_u"], mu_u, atol=1e-9)
         assert_allclose(est.clients_[lab].posterior["Sigma_u"], Sigma_u, atol=1e-9)
-    # the objective (ELBO + the clients' noise hyperpriors) never decreases
-    # (block coordinate ascent), and is the ELBO plus the recomputed log priors
+    # the objective (ELBO + the clients' hyperpriors) never decreases (block
+    # coordinate ascent), and is the ELBO plus the recomputed log priors: the
+    # log-normal ones of the noise variance and the local lengthscales, and
+    # the exponential one of the local standard deviation
     obj = np.asarray(est.objective_history_)
     assert np.all(np.diff(obj) >= -1e-9 * np.abs(obj[1:]))
     lp = 0.0
     for c in est.clients_.values():
-        delta = np.log(c.local_values()["noise_variance"]) - np.log(c.prior_noise)
+        B = c.local_values()
+        delta = np.log(B["noise_variance"]) - np.log(c.prior_noise)
         lp += -0.5 * (delta / est.noise_prior_scale) ** 2
+        delta = np.log(B["lengthscale_l"]) - np.log(c.prior_local["lengthscale_l"])
+        lp += -0.5 * np.sum((delta / est.noise_prior_scale) ** 2)
+        lp += -c.prior_local["sd_rate"] * np.sqrt(B["variance_l"])
     assert_allclose(obj[-1], est.elbo_history_[-1] + lp, rtol=1e-10)
 
 
@@ -347,7 +318,10 @@ def test_joint_covariance_across_clients_matches_dense_joint_posterior(two_clien
         blocks = feature_blocks(G, B, est.components_)
         E, n_vg = layout_map(blocks, est.components_, G["phi"])
         Ws = []
-        for _, Z, ell, var, jit in blocks:
+        for name, Z, ell, var, jit in blocks:
+            if name == "c":  # the client's random level: one feature sqrt(level_variance)
+                Ws.append(np.full((len(Xts), 1), np.sqrt(var)))
+                continue
             K = se(Z, Z, ell, var) + jit * var * np.eye(len(Z))
             Ws.append(np.linalg.solve(np.linalg.cholesky(K), se(Xts, Z, ell, var).T).T)
         Fs = np.hstack(Ws)
@@ -363,8 +337,8 @@ def test_joint_covariance_across_clients_matches_dense_joint_posterior(two_clien
 
 def test_unseen_client_variance_pinned(two_clients):
     """Global posterior + deviation prior phi*k_g + population local prior + noise
-    + the spread of the clients' constant means, (1 + 1/T) times their sample
-    variance (a new client's level is a new draw)."""
+    + a new draw of the client level, ``level_variance (T + 1) / (T - 1)`` (the
+    level variance and the pooled mean being estimates from T clients)."""
     X, y, g, est = two_clients
     srv = est.server_
     G = srv.global_pack.unpack(srv.theta_global)
@@ -375,22 +349,22 @@ def test_unseen_client_variance_pinned(two_clients):
     L = np.linalg.cholesky(se(Z, Z, ell, var) + 1e-6 * var * np.eye(len(Z)))
     W = np.linalg.solve(L, se(Xts, Z, ell, var).T).T
     Ainv = est.global_posterior_["covariance"]
-    offsets = [c.local_values()["offset"] for c in est.clients_.values()]
-    T = len(offsets)
+    T = len(est.clients_)
     assert T == 2
-    spread = (1 + 1 / T) * np.var(offsets, ddof=1)
+    spread = G["level_variance"] * (T + 1) / (T - 1)
     expected = (np.einsum("ij,jk,ik->i", W, Ainv, W) + var - np.sum(W**2, axis=1)
                 + G["phi"] * var + pop["variance_l"] + pop["noise_variance"] + spread)
     mean, std = est.predict(Xt, ["never-seen"] * 3, return_std=True)
     assert_allclose(std**2, est.y_scale_**2 * expected, rtol=1e-8)
-    assert_allclose(mean, est.y_offset_ + est.y_scale_ * (
-        pop["offset"] + W @ est.global_posterior_["mean"]), rtol=1e-10)
+    # a new client's level is centred at the pooled mean
+    assert_allclose(mean, est.y_offset_ + est.y_scale_ * (W @ est.global_posterior_["mean"]),
+                    rtol=1e-10)
 
 
 def test_unseen_client_band_covers_another_level():
     """Clients on different levels: a held-out client's readings lie within
     the never-seen prediction's band (before, the band left out the spread of
-    the clients' constant means: std about 0.3 against an error of about 1.2)."""
+    the clients' levels: std about 0.3 against an error of about 1.2)."""
     rng = np.random.default_rng(5)
     levels = np.linspace(-1.5, 1.5, 8)
     X = rng.uniform(0, 10, (8 * 25, 1))
@@ -402,8 +376,8 @@ def test_unseen_client_band_covers_another_level():
     m, s = est.predict(Xt, ["new"] * 40, return_std=True)
     z = np.abs(np.sin(Xt[:, 0]) + levels[6] - m) / s
     assert np.max(z) < 3.0
-    c = np.array([cl.local_values()["offset"] for cl in est.clients_.values()])
-    spread = (1 + 1 / 7) * np.var(c, ddof=1) * est.y_scale_**2
+    tau2 = est.level_variance_
+    spread = tau2 * (7 + 1) / (7 - 1)
     parts = est.predict_components(Xt, ["new"] * 40)
     assert_allclose(parts["offset"][1] ** 2, spread, rtol=1e-10)
     assert np.all(s**2 > spread)
@@ -416,7 +390,7 @@ def test_unseen_client_band_covers_another_level():
     _, C = est.predict(far, labs, return_cov=True)
     _, sd = est.predict(far, labs, return_std=True)
     assert_allclose(np.sqrt(np.diag(C)), sd, rtol=1e-10)
-    share = np.var(c, ddof=1) / 7 * est.y_scale_**2
+    share = tau2 / (7 - 1)
     assert_allclose(C[0, 1], spread, rtol=1e-6)
     assert_allclose(C[2, 3], spread, rtol=1e-6)
     assert_allclose([C[0, 2], C[1, 3], C[0, 3]], share, rtol=1e-6)

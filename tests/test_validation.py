@@ -280,15 +280,29 @@ def test_more_inducing_points_than_observations_are_capped():
                                          random_state=0).fit(X, y, g)
 
 
-def test_indefinite_global_precision_is_a_clear_error():
-    """Noise-free targets with as many inducing points as observations: the
-    statistics lose positive definiteness to rounding; the error says so
-    (not a bare LinAlgError from SciPy), and the estimator stays unfitted."""
+def test_indefinite_global_precision_is_a_clear_error(monkeypatch):
+    """Statistics that lost positive definiteness to rounding (nearly
+    noise-free targets with as many inducing points as observations, on some
+    BLAS builds): the error says so (not a bare LinAlgError from SciPy), and
+    the estimator stays unfitted. Whether rounding breaks them depends on the
+    platform, so the server's sum is made indefinite here by subtracting
+    ``2 I`` from one client's upload."""
+    from skfedgp import _structured
+
+    M = 4
+    with pytest.raises(FloatingPointError, match="not positive definite in floating point"):
+        _structured.combine([-2.0 * np.eye(M)], [np.zeros(M)], [0.0], M)
+    combine = _structured.combine
+
+    def broken(S_list, b_list, e_list, M):
+        return combine([S_list[0] - 2.0 * np.eye(M)] + list(S_list[1:]), b_list, e_list, M)
+
+    monkeypatch.setattr(_structured, "combine", broken)
     rng = np.random.default_rng(0)
     X = rng.uniform(size=(60, 2))
     y = np.sin(3 * X[:, 0])
     g = np.repeat([0, 1, 2], 20)
-    est = FederatedHierarchicalGPRegressor(n_inducing=60, random_state=0)
+    est = FederatedHierarchicalGPRegressor(n_inducing=10, random_state=0)
     with pytest.raises(FloatingPointError, match="not positive definite in floating point"):
         est.fit(X, y, g)
     assert not hasattr(est, "clients_")
