@@ -1914,10 +1914,9 @@ class StructuredClient:
         ``tau = config.noise_prior_scale`` (None: no prior). A client with
         few observations cannot then drive its noise variance to zero and
         interpolate its points; with many observations the prior is
-        negligible. With scalar targets the local kernel's log lengthscales
-        get the same kind of prior, centred at the population's
-        (``prior_local``), and its standard deviation ``sigma_l`` (square root
-        of its variance) the exponential penalised-complexity prior of
+        negligible. With scalar targets the local kernel's standard
+        deviation ``sigma_l`` (square root of its variance) gets the
+        exponential penalised-complexity prior of
         Simpson et al. (*Statistical Science* 32(1), 2017, section 3)
         ``log p = -lambda sigma_l``, ``lambda = ln(20) / sigma_pop``,
         ``sigma_pop`` the larger of the pilots' median signal std and the
@@ -1925,9 +1924,7 @@ class StructuredClient:
         0.05), used without the log-scale Jacobian so that the
         local part can still be switched off. A client with a handful of
         points cannot then turn its local part into a second, freely scaled
-        level (partial pooling of the clients' hyperparameters; Gelman et al.,
-        *Bayesian Data Analysis*, 3rd edition, CRC, 2013, chapter 5). The
-        scale ``tau`` is that of the noise prior; None switches all off.
+        level. ``noise_prior_scale=None`` switches both priors off.
         Constant terms are dropped.
 
         Returns
@@ -1944,11 +1941,6 @@ class StructuredClient:
         grad[sl] = -delta / tau**2
         value = float(-0.5 * np.sum((delta / tau) ** 2))
         prior = getattr(self, "prior_local", None) or {}
-        if "lengthscale_l" in prior:
-            sl = self.pack.slices["lengthscale_l"]
-            delta = theta[sl] - np.log(np.ravel(prior["lengthscale_l"]))
-            grad[sl] = -delta / tau**2
-            value -= 0.5 * float(np.sum((delta / tau) ** 2))
         if "sd_rate" in prior:
             k = self.pack.slices["variance_l"].start
             sd = float(np.exp(0.5 * theta[k]))
@@ -2069,8 +2061,8 @@ class ClientState:
         Multi-output clients: the ``noise`` option the vector was trained
         with (a resumed run must use the same); None otherwise.
     prior_local : dict or None
-        Centres of the hyperpriors of the client's local lengthscales and
-        variance (scalar targets), see :meth:`StructuredClient.log_prior`.
+        Scalar targets: ``{"sd_rate": lambda}``, the rate of the prior of the
+        client's local standard deviation (:meth:`StructuredClient.log_prior`).
     """
 
     theta: np.ndarray

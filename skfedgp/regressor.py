@@ -379,15 +379,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         pilot noise variances (empirical Bayes). It keeps a data-poor client
         from driving its noise to zero and interpolating its few points; it
         is negligible for clients with many observations. With a 1-D ``y``
-        the same scale sets a log-normal hyperprior on each client's local
-        lengthscales (centred at the pilots' median), and the local
-        standard deviation ``sigma_l`` gets the penalised-complexity prior
-        ``p(sigma_l) ∝ exp(-lambda sigma_l)`` with ``P(sigma_l >
-        sigma_pop) = 0.05``, ``sigma_pop`` the larger of the pilots' median
-        signal std and the client's own target std (Simpson et al.,
-        *Statistical Science* 32(1), 2017), so a client with a handful of points cannot turn its local
-        part into a second, freely scaled level, while a local part not
-        needed can still switch off. None: no priors (maximum likelihood).
+        each client's local standard deviation ``sigma_l`` also gets the
+        penalised-complexity prior ``p(sigma_l) ∝ exp(-lambda sigma_l)``
+        with ``P(sigma_l > sigma_pop) = 0.05``, ``sigma_pop`` the larger of
+        the pilots' median signal std and the client's own target std
+        (Simpson et al., *Statistical Science* 32(1), 2017), so a client
+        with a handful of points cannot turn its local part into a second,
+        freely scaled level, while a local part not needed can still switch
+        off. None: no priors (maximum likelihood).
     n_latent : int or tuple of 3 ints, default=2
         Multi-output (ILMM) targets only: the numbers ``(R_g, R_d, R_l)`` of
         latent functions of the global, deviation and local parts (an int
