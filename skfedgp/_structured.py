@@ -207,7 +207,7 @@ class _Layout:
 
 
 def feature_blocks(G, B, components, *, jitter=DEFAULT_JITTER):
-    """Kernel blocks of one client: ``[("g", Z, ell, var), ("l", Z, ell, var)]``.
+    """Kernel blocks of one client: ``("g" | "l" | "c", Z, ell, var, jitter)`` tuples.
 
     Parameters
     ----------
@@ -703,7 +703,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
 
 
 def layout_map(blocks, components, phi):
-    """``(E, n_vg)``: the map from ``u = (v_g, w, v)`` to feature coefficients.
+    """``(E, n_vg)``: the map from ``u = (v_g, w, v, a)`` to feature coefficients.
 
     Parameters
     ----------

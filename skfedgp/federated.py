@@ -699,8 +699,11 @@ class Server:
                     if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
             var = float(np.median(stds)) ** 2 if stds else m2 / n
             scale = float(np.sqrt(var)) if var > tiny else 1.0
-            if not self.config.normalize_y:
-                mean = 0.0
+            # the clients' levels are centred at the mean of the clients'
+            # means, each client counted once: a large client does not pull
+            # the centre that a never-seen client's level is drawn around
+            mean = (float(np.mean([s.y_sum / s.n_samples for s in summaries]))
+                    if self.config.normalize_y else 0.0)
         elif self.config.normalize_y:
             var = max(m2 / n, 0.0)
             scale = float(np.sqrt(var)) if var > tiny else 1.0
@@ -708,9 +711,9 @@ class Server:
             mean, scale = 0.0, 1.0
         self.y_offset, self.y_scale = float(mean), float(scale)
         # start of the clients' level variance (structured family): the
-        # weighted spread of the clients' means around the pooled mean
-        between = sum(s.n_samples * (s.y_sum / s.n_samples - mean) ** 2 for s in summaries) / n
-        self.level_start = float(between) / scale**2
+        # spread of the clients' means around that centre
+        between = float(np.mean([(s.y_sum / s.n_samples - mean) ** 2 for s in summaries]))
+        self.level_start = between / scale**2
         self.n_total = int(n)
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         x_min = np.min([s.x_min for s in summaries], axis=0)
@@ -1346,7 +1349,7 @@ def structured_global_spec(components, M, d):
         ``Z_g`` (free), ``lengthscale_g``, ``variance_g``, ``phi`` and
         ``level_variance`` (log): the variance of the clients' random levels
         (every client's constant mean is ``N(0, level_variance)`` around the
-        pooled mean, standardised units).
+        mean of the clients' means, standardised units).
     """
     from ._hierarchy import Packer
 
@@ -1714,10 +1717,10 @@ class StructuredClient:
     pack : Packer
     posterior : dict or None
         After training: ``mu_u``, ``Sigma_u``, ``H`` (see
-        :func:`skfedgp._structured.client_posterior`), ``offset_variance``
-        and ``offset_gain`` (see
-        :func:`skfedgp._structured.offset_uncertainty`); model parameters
-        only.
+        :func:`skfedgp._structured.client_posterior`; the client level's
+        variable is the last coordinate of ``u``) and ``level``, the
+        posterior mean of the client's level (standardised units); model
+        parameters only.
     """
 
     def __init__(self, client):
@@ -3009,7 +3012,7 @@ class _StructuredRun:
         if "level_variance" in gpack.slices:
             # a never-seen client's level is a draw from its prior N(0,
             # level_variance), which its prior block already carries; the
-            # level variance and the pooled mean it is centred at are
+            # level variance and the centre (the mean of the clients' means) are
             # estimates from T clients: the predictive variance of a new
             # level is taken as level_variance (T + 1) / (T - 1) (the
             # estimated mean's share 1/T, and T / (T - 1) for a variance

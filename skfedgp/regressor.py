@@ -257,7 +257,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     Each part is a whitened sparse GP on inducing points (Titsias VFE). With
     the structured family (the default) and a 1-D ``y``, ``c_i`` is a random
-    level, ``c_i ~ N(0, level_variance)`` around the pooled mean, with one
+    level, ``c_i ~ N(0, level_variance)`` around the mean of the clients'
+    means (``y_offset_``, each client counted once), with one
     learned ``level_variance`` shared by all clients (a random intercept;
     cf. the hierarchical GPs of Hensman, Lawrence and Rattray, *BMC
     Bioinformatics* 14:252, 2013); the constant kernel on a client's own rows
@@ -418,14 +419,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ``W_g^T W_g / s2_i`` and ``W_g^T r_i / s2_i`` and the clients' own
         factors every 5 local steps; Adam moves only the hyperparameters.
     normalize_y : bool, default=True
-        Subtract the pooled mean of the targets (computed by the server from
-        each client's count and sum). With the structured family targets are
+        Subtract a mean of the targets (computed by the server from each
+        client's count and sum). With the structured family targets are
         always divided by the median of the clients' own standard deviations
         (so initial values, bounds and floors follow the data's scale
         whatever this flag), and every client has its own level, so the flag
-        only sets the centre of the levels (the pooled mean, or 0). Mean-field family:
-        standardise with the pooled mean and standard deviation, or not at
-        all.
+        only sets the centre of the levels: the mean of the clients' means
+        (each client counted once; for multi-output targets the pooled mean
+        of each output), or 0. Mean-field family: standardise with the
+        pooled mean and standard deviation, or not at all.
     client_column : int or str, default=None
         If given, this column of ``X`` holds each row's client label and is
         not used as a feature (so the estimator works inside a Pipeline or
@@ -511,7 +513,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         a 1-D ``y``, the posterior mean of its random level).
     level_variance_ : float
         Structured family, 1-D ``y``: fitted variance of the clients' random
-        levels around the pooled mean ``y_offset_`` (target units squared).
+        levels around ``y_offset_`` (target units squared).
     communication_ : list of dict
         Bytes uploaded and downloaded per round: round 0 is the set-up
         (summaries, pilot hyperparameters), the last record the final
@@ -558,7 +560,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     local parts (``docs/maths.md`` section 8), with the population local
     hyperparameters (geometric means of the clients', sent in their final
     messages); a new client's level is a new draw. With a 1-D ``y`` it is
-    centred at the pooled mean with variance ``level_variance (T + 1) /
+    centred at ``y_offset_`` with variance ``level_variance (T + 1) /
     (T - 1)`` for ``T`` fitted clients (the level variance and the pooled
     mean are estimates); with multi-output targets it is centred at the
     mean of the clients' constant means with ``(1 + 1/T)`` times their
@@ -1152,10 +1154,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def _offset_variance(self, label):
         """Variance of a row's client constant mean (standardised units).
 
-        0 for a fitted client (its learned constant); for a never-seen label
-        the population's ``offset_variance``: a new client's level is a new
-        draw from the spread of the clients' constant means (scalar, or Q x
-        Q for multi-output targets). A fitted multi-output client that never
+        0 for a fitted client (a learned constant, or a random level whose
+        posterior is part of the client's); for a never-seen label the
+        population's ``offset_variance``: the part of a new client's level
+        variance that its prior block does not hold (1-D targets:
+        ``2 level_variance / (T - 1)``; multi-output targets: the spread of
+        the clients' constant means, Q x Q). A fitted multi-output client that never
         observed an output never learned that output's level: those rows
         and columns get the population's (see :meth:`_client_offset`).
         """
@@ -1603,15 +1607,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``("global", "deviation", "local")``; arrays of shape
             (n_samples,), target units. With the structured family (the
             default) an ``"offset"`` entry holds each row's client constant
-            mean (for a fitted client its std is the estimate's posterior
-            std under a flat prior, see Notes of the class; for a
-            never-seen one it is the spread of the clients' constant
-            means; where the client's deviation or local part can also
-            carry a level, the estimate's std is large and mostly cancelled
-            by its covariance with those parts, which the per-component
-            stds leave out), and the predictive mean of :meth:`predict`
-            equals the sum of all the means; with the mean-field family it
-            equals ``y_offset_`` plus the sum.
+            mean, ``y_offset_`` included, and its std (1-D targets: the
+            posterior of the client's random level; for a never-seen client
+            a new level, std ``sqrt(level_variance_ (T + 1) / (T - 1))``;
+            where the client's deviation or local part can also carry a
+            level, the std is partly cancelled by the level's covariance
+            with those parts, which the per-component stds leave out), and
+            the predictive mean of :meth:`predict` equals the sum of all the
+            means; with the mean-field family it equals ``y_offset_`` plus
+            the sum.
         """
         Xf, labels, inv = self._prepare_predict(X, groups, "predict_components", stacklevel=4)
         n = Xf.shape[0]

@@ -381,7 +381,7 @@ def test_unseen_client_band_covers_another_level():
     assert np.all(s**2 > spread)
     # joint covariance: far apart (no kernel coupling left), two rows of one
     # new client share the whole level variance, two different new clients
-    # the estimated mean's share var/T, a fitted and a new client nothing
+    # the estimated centre's share tau^2/(T - 1), a fitted and a new client nothing
     # beyond the global posterior
     far = np.array([[-1e4], [1e4], [-2e4], [2e4], [3e4]])
     labs = ["new", "new", "other", "other", 0]
