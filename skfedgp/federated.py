@@ -1913,7 +1913,8 @@ class StructuredClient:
         """Log hyperprior of the client's own hyperparameters and its gradient (log scale).
 
         ``log s2_i ~ N(log s2_pop, tau^2)`` with ``s2_pop`` the median of the
-        clients' pilot noise variances (set-up exchange) and
+        clients' pilot noise variances weighted by their numbers of points
+        (set-up exchange; a pilot on more points interpolates less) and
         ``tau = config.noise_prior_scale`` (None: no prior). A client with
         few observations cannot then drive its noise variance to zero and
         interpolate its points; with many observations the prior is
@@ -2350,6 +2351,15 @@ def _masked_mean(values, mask):
     return np.where(count > 0, masked, values.mean(axis=0))
 
 
+def _weighted_median(values, weights):
+    """Weighted median: the smallest value whose cumulative weight reaches half."""
+    order = np.argsort(values)
+    v = np.asarray(values, float)[order]
+    w = np.asarray(weights, float)[order]
+    c = np.cumsum(w)
+    return float(v[np.searchsorted(c, 0.5 * c[-1])])
+
+
 def _population_from(hypers, components, noise="isotropic"):
     """Population local block from the clients' :class:`LocalHyperparameters`.
 
@@ -2723,7 +2733,9 @@ class _StructuredRun:
             pop = _PopulationPilot(
                 np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
                 float(np.median([p.variance for p in good])),
-                float(np.median([p.noise_variance for p in good])), ranges,
+                _weighted_median([p.noise_variance for p in good],
+                                 [self.n_samples[c] for c, p in pilots.items() if p is not None]),
+                ranges,
                 float(np.median(target)) if target else None)
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
