@@ -689,7 +689,9 @@ class Server:
         # pooled variance = within-client + between-client parts (Chan et al.)
         within = sum(s.y_centred_sumsq for s in summaries)
         m2 = within + sum(s.n_samples * (s.y_sum / s.n_samples - mean) ** 2 for s in summaries)
-        tiny = 1e-24 * max(1.0, mean**2)
+        # "no spread" relative to the data's own magnitude (level or spread), so
+        # targets on any scale (1e-12 as well as 1e12) are standardised
+        tiny = 1e-24 * max(mean**2, m2 / n)
         if self.config.variational_family == "structured":
             # every client has its own learned constant mean, so the scale is
             # the median of the clients' own (within-client) standard
@@ -751,8 +753,11 @@ class Server:
         mean = np.sum([s.y_sum for s in summaries], axis=0) / count
         scale = np.ones(Q)
         for q in range(Q):
+            # "no spread" relative to the output's own magnitude (see standardise)
+            within = sum(s.y_centred_sumsq[q] for s in summaries) / count[q]
+            tiny = 1e-24 * max(mean[q] ** 2, within)
             stds = [np.sqrt(s.y_centred_sumsq[q] / s.y_count[q]) for s in summaries
-                    if s.y_count[q] >= 2 and s.y_centred_sumsq[q] > 1e-24 * s.y_count[q]]
+                    if s.y_count[q] >= 2 and s.y_centred_sumsq[q] > tiny * s.y_count[q]]
             if stds:
                 scale[q] = float(np.median(stds))
         if not self.config.normalize_y:

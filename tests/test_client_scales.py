@@ -105,3 +105,17 @@ def test_normalize_y_false_still_fits(level, amp):
     mt, st = est.predict(xt, return_std=True)
     ft = level + amp * np.sin(3 * xt[:, 0])
     assert np.max(np.abs(mt - ft) / st) <= 3.0
+
+
+@pytest.mark.parametrize("factor", [1e-12, 1e12])
+def test_targets_on_any_scale_give_the_same_fit(ab, factor):
+    """Standardisation is relative to the data's own magnitude: targets of
+    scale 1e-12 are not taken for constant (they were, with an absolute
+    threshold: a flat mean and std 1e9 times the data), and the fit in
+    standardised units is the same up to round-off in the pilots and the
+    optimiser's path, so predictions scale with the targets."""
+    X, y, g = ab
+    m, s = _fit(X, y, g, n_rounds=3).predict(X, g, return_std=True)
+    mf, sf = _fit(X, y * factor, g, n_rounds=3).predict(X, g, return_std=True)
+    np.testing.assert_allclose(mf / factor, m, atol=1e-2)  # |y| up to about 1
+    np.testing.assert_allclose(sf / factor, s, rtol=1e-2)
