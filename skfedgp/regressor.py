@@ -245,6 +245,11 @@ def _is_fit_attribute(name):
     return (name.endswith("_") and not name.startswith("__")) or name == "_population_local"
 
 
+#: Below this many fitted clients, predicting for a never-seen client warns:
+#: the spread of the clients' levels cannot be estimated from fewer.
+MIN_CLIENTS_FOR_NEW = 3
+
+
 class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     """Personalised federated hierarchical sparse GP regression (pFedHGP).
 
@@ -1143,6 +1148,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         else:
             labels, inv = unique_labels(groups)
             warn_unmatched_labels(labels, self.clients_, where, stacklevel=stacklevel)
+        T = len(self.clients_)
+        if T < MIN_CLIENTS_FOR_NEW and any(lab not in self.clients_ for lab in labels):
+            warnings.warn(
+                f"{where}: rows of a client never seen in fit get a new level drawn from the "
+                f"spread of the fitted clients' levels, estimated here from {T} client(s) "
+                f"(not identifiable from one, poorly from two): their predictive band is "
+                f"unreliable; fit at least {MIN_CLIENTS_FOR_NEW} clients to predict for new ones",
+                UserWarning, stacklevel=stacklevel + 1)
         Xs = np.ascontiguousarray((Xf - self.server_.x_offset) / self.server_.x_scale)
         return Xs, labels, inv
 

@@ -636,3 +636,24 @@ def test_data_poor_clients_band_holds_their_levels(seed):
     m, s = est.predict(Xt, gt, return_std=True)
     assert np.mean(np.abs(yt - m) > 3 * s) < 0.12
     assert est.level_variance_ > 0.1  # true levels N(0, 1): the spread is learned
+
+
+def test_never_seen_client_with_too_few_fitted_clients_warns(two_clients):
+    """Two fitted clients cannot tell the spread of the clients' levels: a
+    never-seen label's band is flagged as unreliable (three clients: no warning)."""
+    X, y, g, est = two_clients
+    Xt = np.array([[0.3], [0.7]])
+    with pytest.warns(UserWarning, match="estimated here from 2 client"):
+        est.predict(Xt, ["new", "new"], return_std=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        est.predict(Xt, ["A", "B"])  # fitted clients: no warning
+    X3 = np.r_[X, X[:20]]
+    y3 = np.r_[y, y[:20] + 0.5]
+    g3 = np.r_[g, ["C"] * 20]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est3 = FederatedHierarchicalGPRegressor(**SMALL).fit(X3, y3, g3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        est3.predict(Xt, ["new", "new"])
