@@ -426,12 +426,11 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None
         off += m
     Phi = np.zeros((Mf, Mf))
     psi = np.zeros(Mf)
-    yc = y
     for a in range(0, n, CHUNK_ROWS):
         Kc = _kernel_rows(X[a:a + CHUNK_ROWS], blocks)
         Phi += Kc.T @ Kc
-        psi += Kc.T @ yc[a:a + CHUNK_ROWS]
-    yy = float(yc @ yc)
+        psi += Kc.T @ y[a:a + CHUNK_ROWS]
+    yy = float(y @ y)
     if Mf:
         T = solve_lower(Lam, Phi)
         Wf = solve_lower(Lam, T.T)

@@ -1493,8 +1493,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def _structured_client(self, lab):
         """Blocks, ``mu_u``, ``Sigma_u``, ``H``, ``E`` and noise variance of one label.
 
-        A label not seen in fit gets the exact posterior of the global part and
-        the *prior* of its deviation and local parts (docs/maths.md), with the
+        The client's level is a coordinate of ``u`` (its constant mean is not
+        a separate value). A label not seen in fit gets the exact posterior of
+        the global part and the *prior* of its deviation, local and level
+        parts (docs/maths.md), with the
         population local hyperparameters (geometric means of the clients'); any
         inducing set gives the exact prior, so one point at the centre of the
         box is used (no client's inducing inputs are kept).
@@ -1510,8 +1512,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             blocks = feature_blocks(G, B, comps)
             E, n_vg = layout_map(blocks, comps, phi)
             P = c.posterior
-            return (blocks, P["mu_u"], P["Sigma_u"], P["H"], E, B["noise_variance"],
-                    B.get("offset", 0.0))
+            return blocks, P["mu_u"], P["Sigma_u"], P["H"], E, B["noise_variance"]
         pop = self._population_local
         d = self.n_features_model_
         B = {"noise_variance": pop["noise_variance"]}
@@ -1525,7 +1526,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Sigma_u = np.zeros((E.shape[1],) * 2)
         Sigma_u[:n_vg, :n_vg] = A_inv
         Sigma_u[n_vg:, n_vg:] = np.eye(n_c)
-        return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"], pop["offset"]
+        return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"]
 
     def _offset_estimate(self, lab):
         """Estimation uncertainty of a fitted multi-output client's constant means, or None.
@@ -1559,7 +1560,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         for k, lab in enumerate(labels):
             idx = np.flatnonzero(inv == k)
             cid = None if lab is _Population else lab
-            blocks, mu_u, Sigma_u, H, E, s2, c = self._structured_client(
+            blocks, mu_u, Sigma_u, H, E, s2 = self._structured_client(
                 _Population if cid is None else cid)
             v_off = float(self._offset_variance(lab))  # a never-seen client's level
             v_common = 0.0 if lab in self.clients_ else common
@@ -1569,12 +1570,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 for rows in _chunks(idx):
                     m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
                                               client=cid)
-                    mean[rows] = c + m
+                    mean[rows] = m
                     var[rows] = v + s2 + v_off
                 continue
             Ws = test_features(Xf[idx], blocks, client=cid)
             Fs = np.hstack(Ws)
-            mean[idx] = c + Fs @ (E @ mu_u)
+            mean[idx] = Fs @ (E @ mu_u)
             Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
             within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size) + (v_off - v_common)
             gam = residual_coefficients(blocks, comps, phi)
@@ -1652,10 +1653,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             G = self.server_.global_pack.unpack(self.server_.theta_global)
             out["offset"] = (np.zeros(n), np.zeros(n))
             for k, lab in enumerate(labels):
-                blocks, mu_u, Sigma_u, _, E, _, c = self._structured_client(lab)
+                blocks, mu_u, Sigma_u, _, E, _ = self._structured_client(lab)
                 idx = np.flatnonzero(inv == k)
-                out["offset"][0][idx] = self.y_offset_ + self.y_scale_ * c
-                v_c = float(self._offset_variance(lab))
+                v_c = float(self._offset_variance(lab))  # a never-seen client's extra share
+                out["offset"][0][idx] = self.y_offset_
                 out["offset"][1][idx] = self.y_scale_ * np.sqrt(v_c)
                 for rows in _chunks(idx):
                     parts = predict_structured(Xf[rows], blocks, self.components_,
@@ -1664,8 +1665,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                     for name, (m, v) in parts.items():
                         if name == "level":  # the client's random level: its constant mean
                             out["offset"][0][rows] += self.y_scale_ * m
-                            out["offset"][1][rows] = self.y_scale_ * np.sqrt(
-                                v + out["offset"][1][rows] ** 2 / self.y_scale_**2)
+                            out["offset"][1][rows] = self.y_scale_ * np.sqrt(v + v_c)
                             continue
                         out[name][0][rows] = self.y_scale_ * m
                         out[name][1][rows] = self.y_scale_ * np.sqrt(v)
