@@ -1415,7 +1415,7 @@ def log_bounds(pack):
     return out
 
 
-def check_in_bounds(name, value, given):
+def check_in_bounds(name, value, given, bounds=None):
     """Clip a data-derived initial value into its range; refuse a given one outside it.
 
     Parameters
@@ -1426,6 +1426,9 @@ def check_in_bounds(name, value, given):
         Initial value (scaled input units, standardised target units).
     given : bool
         Whether the user set it (then a value outside the range is an error).
+    bounds : (float, float), optional
+        The range, if not ``LOG_BOUNDS[name]`` (a client's own,
+        :meth:`StructuredClient.value_range`).
 
     Returns
     -------
@@ -1436,7 +1439,7 @@ def check_in_bounds(name, value, given):
     ValueError
         If a user-given value lies outside the range.
     """
-    lo, hi = LOG_BOUNDS[name]
+    lo, hi = LOG_BOUNDS[name] if bounds is None else bounds
     v = np.asarray(value, dtype=float)
     if given and (np.any(v < lo) or np.any(v > hi)):
         raise ValueError(
@@ -1445,6 +1448,56 @@ def check_in_bounds(name, value, given):
             f"[{lo:g}, {hi:g}]")
     v = np.clip(v, lo * 1.01, hi * 0.99)
     return float(v) if v.ndim == 0 else v
+
+
+def scale_ratio(own_variance, population):
+    """A client's target variance over the population's, when clearly another scale.
+
+    Parameters
+    ----------
+    own_variance : float
+        The client's target variance (standardised units).
+    population : PilotSummary
+        The pilots' medians (``variance + noise_variance`` is the
+        population's total variance).
+
+    Returns
+    -------
+    float
+        ``own_variance / (variance + noise_variance)`` when that is more than
+        10 or less than 0.1, else 1: a client on another scale (other units,
+        another sensor) takes the population's values in its own units, while
+        the clients on one scale share them as they are (docs/maths.md
+        section 10).
+    """
+    total = population.variance + population.noise_variance
+    ratio = own_variance / total if own_variance > 0 and total > 0 else 1.0
+    return ratio if (ratio > 10.0 or ratio < 0.1) else 1.0
+
+
+def prior_scale(ratio):
+    """Factor of a client's noise-hyperprior centre: its :func:`scale_ratio` when above 1.
+
+    A client on a larger scale (x1000: another unit) gets the population's
+    noise in its own units; without it the prior held its noise about 30 %
+    low in std and its band too narrow (x1000: 1 % of held-out readings
+    beyond 3 std, x1e6: 99.7 %). A client whose targets vary far less than
+    the others' keeps the population's centre: scaled down, a few of its
+    points would become near-exact constraints on the shared function and
+    deviation (three readings at 50 +/- 0.001 raised another client's RMSE
+    by a third); its band is then wider than needed (docs/maths.md
+    section 10).
+
+    Parameters
+    ----------
+    ratio : float
+        :func:`scale_ratio`.
+
+    Returns
+    -------
+    float
+    """
+    return ratio if ratio > 1.0 else 1.0
 
 
 def clip_to_bounds(theta, bounds):
@@ -1747,6 +1800,40 @@ class StructuredClient:
         self._y = client._y_std
         self._y_scale = client._y_scale
         self._x_scale = client._x_scale
+        # the client's own target variance (standardised units): the upper
+        # bounds of its local variance and noise variance scale with it
+        # (:meth:`value_range`), so a client on a larger scale is not capped
+        # in the others' units
+        self.own_variance = self._own_variance()
+
+    def _own_variance(self):
+        """Variance of this client's standardised targets (0 for fewer than 2)."""
+        return float(np.var(self._y)) if self.n_samples >= 2 else 0.0
+
+    def value_range(self, name):
+        """Range ``(lo, hi)`` of one of this client's log-parametrised values.
+
+        :data:`LOG_BOUNDS`, except that the noise variance stays above the
+        client's own floor, and the upper bounds of the local variance and
+        the noise variance are multiplied by the client's own target
+        variance when it exceeds 1 (standardised units; docs/maths.md
+        section 10).
+
+        Parameters
+        ----------
+        name : str
+            Key of :data:`LOG_BOUNDS`.
+
+        Returns
+        -------
+        lo, hi : float
+        """
+        lo, hi = LOG_BOUNDS[name]
+        if name in ("variance_l", "noise_variance"):
+            hi = hi * max(1.0, getattr(self, "own_variance", 1.0))
+        if name == "noise_variance":
+            lo = self.noise_floor
+        return lo, hi
 
     # -- set-up -------------------------------------------------------------
     def summary(self):
@@ -1809,10 +1896,9 @@ class StructuredClient:
         # a client too small for a pilot fit takes the population's values,
         # rescaled to its own spread when that is clearly another scale (more
         # than 10x off the population's total variance either way)
-        own_var = float(np.var(self._y)) if self.n_samples >= 2 else 0.0
-        total = population.variance + population.noise_variance
-        ratio = own_var / total if own is None and own_var > 0 else 1.0
-        ratio = ratio if (ratio > 10.0 or ratio < 0.1) else 1.0
+        own_var = self.own_variance
+        scale = scale_ratio(own_var, population)
+        ratio = scale if own is None else 1.0
         values = {}
         if "local" in config.components:
             span = np.ptp(self._Xs, axis=0)
@@ -1830,7 +1916,8 @@ class StructuredClient:
                 Z_l=Zl,
                 lengthscale_l=check_in_bounds("lengthscale_l", ell,
                                               config.local_lengthscale is not None),
-                variance_l=check_in_bounds("variance_l", var, config.local_variance is not None))
+                variance_l=check_in_bounds("variance_l", var, config.local_variance is not None,
+                                           self.value_range("variance_l")))
             # hyperpriors from the population's values (the clients' pilot
             # medians), not the client's own pilot, which a few points make
             # unreliable (see log_prior)
@@ -1844,16 +1931,17 @@ class StructuredClient:
         # the client's own noise floor: NOISE_FLOOR times its own target variance
         # (standardised units), so a client on a small scale is not floored in
         # the others' units
-        own = float(np.var(self._y)) if self.n_samples >= 2 else 0.0
-        self.noise_floor = NOISE_FLOOR * (own if own > 1e-12 else 1.0)
-        self.prior_noise = float(np.clip(population.noise_variance, 2.0 * self.noise_floor,
-                                         LOG_BOUNDS["noise_variance"][1]))
+        self.noise_floor = NOISE_FLOOR * (own_var if own_var > 1e-12 else 1.0)
+        lo, hi = self.value_range("noise_variance")
+        # the hyperprior's centre: the population's noise, in the client's own
+        # units when its targets are clearly on a larger scale (prior_scale)
+        self.prior_noise = float(np.clip(population.noise_variance * prior_scale(scale),
+                                         2.0 * self.noise_floor, hi))
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
-        if config.noise_variance is not None and s2 > LOG_BOUNDS["noise_variance"][1]:
-            check_in_bounds("noise_variance", s2, True)  # raises: above the range
+        if config.noise_variance is not None and s2 > hi:
+            check_in_bounds("noise_variance", s2, True, (lo, hi))  # raises: above the range
         values["noise_variance"] = float(np.clip(max(s2, 2.0 * self.noise_floor),
-                                                 self.noise_floor * 1.01,
-                                                 LOG_BOUNDS["noise_variance"][1] * 0.99))
+                                                 self.noise_floor * 1.01, hi * 0.99))
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
         self.theta = self.pack.pack(values)
@@ -2000,9 +2088,12 @@ class StructuredClient:
     def bounds(self):
         """L-BFGS-B bounds of the local vector, with this client's own noise floor."""
         b = log_bounds(self.pack)
-        sl = self.pack.slices["noise_variance"]  # one entry, or one per output
-        for k in range(sl.start, sl.stop):
-            b[k] = (float(np.log(self.noise_floor)), b[k][1])
+        for name, _, kind in self.pack.spec:
+            if kind == "log" and name in LOG_BOUNDS:
+                lo, hi = self.value_range(name)
+                sl = self.pack.slices[name]  # noise: one entry, or one per output
+                for k in range(sl.start, sl.stop):
+                    b[k] = (float(np.log(lo)), float(np.log(hi)))
         return b
 
     def _adam_state(self, config):
@@ -3346,6 +3437,11 @@ class ILMMStructuredClient(StructuredClient):
         s = _multioutput_summary(self._Xs, self._y)
         return s.y_cov, s.y_sum / np.maximum(s.y_count, 1)
 
+    def _own_variance(self):
+        """Mean over outputs of this client's target variances (standardised units)."""
+        d = np.diag(self._own_covariance()[0])
+        return float(np.mean(d)) if np.any(d > 1e-12) else 0.0
+
     def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
         """Initial local vector of a multi-output client.
 
@@ -3400,9 +3496,9 @@ class ILMMStructuredClient(StructuredClient):
         Every option starts from the median over the client's outputs (one
         value for every output with ``"diagonal"``).
         """
-        own_var = float(np.mean(np.diag(cov))) if np.any(np.diag(cov) > 1e-12) else 1.0
+        own_var = self.own_variance if self.own_variance > 0 else 1.0
         floor = NOISE_FLOOR * own_var
-        hi = LOG_BOUNDS["noise_variance"][1]
+        hi = max(1.0, self.own_variance) * LOG_BOUNDS["noise_variance"][1]  # value_range
         pilot = getattr(self, "_pilot_noise", None)
         ran = pilot is not None and pilot.shape == (Q,) and bool(np.any(np.isfinite(pilot)))
         if not ran:
@@ -3419,6 +3515,8 @@ class ILMMStructuredClient(StructuredClient):
             centre = own if target is None else target
         else:
             centre = population.noise_variance
+        # a client clearly on a larger scale: the centre in its own units (prior_scale)
+        centre = centre * prior_scale(scale_ratio(self.own_variance, population))
         self.noise_floor = floor
         self.prior_noise = float(np.clip(centre, 2.0 * floor, hi))
         if config.noise_variance is not None:  # target units

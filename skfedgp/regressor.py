@@ -104,13 +104,11 @@ def _warn_diagnostics(est, converged, n_rounds):
     }
     reasons = []
 
-    def check(values, names, where=""):
+    def check(values, names, where="", value_range=None):
         for name in names:
             if name not in values:
                 continue
-            lo, hi = LOG_BOUNDS[name]
-            if name == "noise_variance" and "noise_floor" in values:
-                lo = values["noise_floor"]
+            lo, hi = LOG_BOUNDS[name] if value_range is None else value_range(name)
             v = np.atleast_1d(values[name])
             low = bool(np.any(v <= lo * (1 + 1e-6)))
             high = bool(np.any(v >= hi * (1 - 1e-6)))
@@ -134,14 +132,13 @@ def _warn_diagnostics(est, converged, n_rounds):
     check(G, ("variance_g", "lengthscale_g"))
     check(G, ("phi",))
     for lab, c in est.clients_.items():
-        B = dict(c.local_values(), noise_floor=getattr(c, "noise_floor", None))
-        if B["noise_floor"] is None:
-            del B["noise_floor"]
+        B = dict(c.local_values())
         if getattr(c, "noise_weights", None) is not None and c.noise_weights() is not None:
             # the floor and the range bound the one packed value, not the per-output ones
             B["noise_variance"] = c.pack.unpack(c.theta)["noise_variance"]
-        check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}")
-        check(B, ("noise_variance",), f" of client {lab!r}")
+        value_range = getattr(c, "value_range", None)  # the client's own floor and range
+        check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}", value_range)
+        check(B, ("noise_variance",), f" of client {lab!r}", value_range)
     if at:
         warnings.warn(
             "hyperparameters ended at a bound of their range: " + ", ".join(at[:10])

@@ -56,6 +56,55 @@ def test_client_on_another_scale_does_not_harm_the_others(ab, reference, level, 
     assert np.all(np.abs(mC - yC) <= 3 * sC)
 
 
+def _scaled_client(ab, factor):
+    """The two clients of ``ab`` and a third of 40 points, ``factor`` times their targets.
+
+    Returns the fit and client C's z-scores (``|mean - y| / std``) on 1000
+    held-out noisy readings, and its RMSE divided by ``factor``.
+    """
+    X, y, g = ab
+    rng = np.random.default_rng(3)
+    xc = rng.uniform(size=40)
+    yc = factor * (np.sin(6 * xc) + 0.05 * rng.normal(size=40))
+    est = _fit(np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * 40])
+    xt = rng.uniform(size=1000)
+    yt = factor * (np.sin(6 * xt) + 0.05 * rng.normal(size=1000))
+    m, s = est.predict(xt[:, None], ["C"] * 1000, return_std=True)
+    return est, np.abs(m - yt) / s, float(np.sqrt(np.mean((m - yt) ** 2))) / factor
+
+
+@pytest.mark.parametrize("factor", [1e3, 1e6])
+def test_client_on_a_larger_scale_is_calibrated_in_its_own_units(ab, factor):
+    """A client whose targets are ``factor`` times the others' (another unit or sensor).
+
+    Its noise hyperprior's centre and the upper bounds of its local and
+    noise variances follow its own scale, so its band stays calibrated:
+    before, ``factor=1e6`` put 99.7 % of its held-out readings beyond 3 std
+    (its variances capped in the others' units) and ``1e3`` 1 % (its noise
+    sd 30 % low). An exact GP on the client alone gives 0.3 % beyond 3 std
+    and 95 % coverage here.
+    """
+    est, z, rmse = _scaled_client(ab, factor)
+    assert rmse <= 0.07
+    assert np.mean(z > 3) <= 0.006
+    assert 0.92 <= np.mean(z < 1.96) <= 0.98
+    # its noise variance is its own: sd 0.05 in its units (40 points)
+    noise_sd = np.sqrt(est.clients_["C"].local_values()["noise_variance"]) * est.y_scale_
+    assert 0.8 * 0.05 * factor <= noise_sd <= 1.25 * 0.05 * factor
+
+
+def test_client_on_a_smaller_scale_errs_on_the_wide_side(ab):
+    """A client 1000x smaller keeps the population's noise centre: a band too wide, never too narrow.
+
+    (Centring its prior in its own units would let a few such points pin
+    the shared function; see :func:`skfedgp.federated.prior_scale`.)
+    """
+    _, z, rmse = _scaled_client(ab, 1e-3)
+    assert rmse <= 0.07
+    assert np.mean(z > 3) <= 0.006
+    assert np.mean(z < 1.96) >= 0.95
+
+
 @pytest.mark.parametrize("where", [100.0, -40.0])
 def test_client_far_away_in_input_space_does_not_harm_the_others(ab, reference, where):
     X, y, g = ab
