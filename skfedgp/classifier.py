@@ -405,7 +405,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         scored with the joint covariance of all points and channels of a curve
         (the regressor's ``predict_joint``). ``fit`` does not accept NaN
         points in this mode; test curves with NaN points are scored on their
-        observed points, as in ``"concatenate"``.
+        observed points, as in ``"concatenate"``. With ``n_channels=1`` both
+        modes fit the same scalar model (``channel_mode_`` is then
+        ``"concatenate"``).
     curve_variation : {"ppca", "none"}, default="ppca"
         Within-class law of a new curve: ``"ppca"`` fits the covariance
         above on each class's residual curves (a class with fewer than 3
@@ -450,6 +452,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         residuals). None with ``curve_variation="none"``.
     inputs_ : ndarray of shape (n_channels * n_points,)
         Regressor input of each column of ``X`` (concatenate mode).
+    channel_mode_ : {"concatenate", "multioutput"}
+        The mode used: ``channel_mode``, except ``"concatenate"`` for one
+        channel.
     n_points_ : int
         Points per channel.
     n_features_in_ : int
@@ -645,8 +650,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             bad = classes[np.flatnonzero(n_obs < 2)[0]]
             raise ValueError(f"class {bad!r} has fewer than 2 observed points in total")
         reg = self._make_regressor()
+        # one channel: both modes are the scalar model of that channel
+        mode = "concatenate" if nc == 1 else self.channel_mode
 
-        if self.channel_mode == "multioutput":
+        if mode == "multioutput":
             if not hasattr(reg, "predict_joint"):
                 raise ValueError(
                     "channel_mode='multioutput' needs a multi-output (ILMM) regressor with "
@@ -670,6 +677,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         with default_sizes_quiet(self.estimator is None):
             reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
         self.inputs_ = inputs_
+        self.channel_mode_ = mode
         self.estimator_ = reg
         self.classes_ = classes
         self.class_log_prior_ = log_prior
@@ -761,7 +769,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         """Noise variance of the regressor's client ``k`` (target units)."""
         reg = self.estimator_
         B = reg.clients_[k].local_values()  # client k is class classes_[k]
-        if self.channel_mode == "multioutput":  # per channel, channel-major like X
+        if self.channel_mode_ == "multioutput":  # per channel, channel-major like X
             s2 = np.broadcast_to(B["noise_variance"], (self.n_channels,))
             return np.repeat(s2 * np.asarray(reg.y_scale_) ** 2, self.n_points_)
         return float(B["noise_variance"]) * float(reg.y_scale_) ** 2
@@ -772,14 +780,14 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         p = inputs.shape[0]
         if not with_cov:
             mean = self.estimator_.predict(inputs[:, None], [k] * p)
-            if self.channel_mode == "multioutput":
+            if self.channel_mode_ == "multioutput":
                 mean = np.asarray(mean).T.ravel()  # channel-major, the column order of X
             return mean, None
-        if self.channel_mode == "multioutput":
+        if self.channel_mode_ == "multioutput":
             mean, cov = self.estimator_.predict_joint(inputs[:, None], [k] * p)
         else:
             mean, cov = self.estimator_.predict(inputs[:, None], [k] * p, return_cov=True)
-        if self.channel_mode == "multioutput":
+        if self.channel_mode_ == "multioutput":
             mean = np.asarray(mean)
             nc = self.n_channels
             if mean.shape != (p, nc) or cov.shape != (p * nc, p * nc):

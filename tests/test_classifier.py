@@ -310,6 +310,29 @@ def test_multioutput_channel_mode(fitted):
     assert np.mean(clf.predict(Xt) == yt) >= 0.8
 
 
+
+def test_one_channel_multioutput_mode_is_the_scalar_model():
+    """n_channels=1: channel_mode="multioutput" fits the one-channel scalar
+    model without a DataConversionWarning (it leaked the regressor's
+    column-vector warning), and scores exactly as "concatenate"."""
+    import warnings
+
+    from sklearn.exceptions import DataConversionWarning
+
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 1, 20)
+    X = np.r_[np.sin(6 * t) + 0.1 * rng.normal(size=(6, 20)),
+              np.cos(6 * t) + 0.1 * rng.normal(size=(6, 20))]
+    y = np.r_[[0] * 6, [1] * 6]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataConversionWarning)
+        mo = MaxEvidenceClassifier(_reg(), channel_mode="multioutput",
+                                   random_state=0).fit(X, y)
+    cat = MaxEvidenceClassifier(_reg(), random_state=0).fit(X, y)
+    assert mo.channel_mode_ == "concatenate" == cat.channel_mode_
+    np.testing.assert_allclose(mo.log_evidence(X), cat.log_evidence(X), rtol=1e-10)
+    assert mo.score(X, y) == 1.0
+
 def test_rank_by_accuracy_finds_the_directions_that_tell_classes_apart():
     """Two classes with the same mean that differ only in the plane their
     curves vary in: white noise (rank 0) classifies at chance, the right
