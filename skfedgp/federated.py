@@ -1475,29 +1475,47 @@ def scale_ratio(own_variance, population):
     return ratio if (ratio > 10.0 or ratio < 0.1) else 1.0
 
 
-def prior_scale(ratio):
-    """Factor of a client's noise-hyperprior centre: its :func:`scale_ratio` when above 1.
+def prior_scale(own_variance, population, pilot_noise=None):
+    """Factor of a client's noise-hyperprior centre: its scale when clearly another unit.
 
-    A client on a larger scale (x1000: another unit) gets the population's
-    noise in its own units; without it the prior held its noise about 30 %
-    low in std and its band too narrow (x1000: 1 % of held-out readings
-    beyond 3 std, x1e6: 99.7 %). A client whose targets vary far less than
-    the others' keeps the population's centre: scaled down, a few of its
-    points would become near-exact constraints on the shared function and
-    deviation (three readings at 50 +/- 0.001 raised another client's RMSE
-    by a third); its band is then wider than needed (docs/maths.md
-    section 10).
+    A client on a larger scale because it measures in another unit (x1000)
+    gets the population's noise in its own units; without it the prior held
+    its noise about 30 % low in std and its band too narrow (x1000: 1 % of
+    held-out readings beyond 3 std, x1e6: 99.7 %). A larger target variance
+    alone cannot tell another unit from more signal in the same unit (a
+    client whose function is 30 times the others' but whose sensor noise is
+    theirs), so when the client ran a pilot the factor is at most its pilot
+    noise over the population's: in another unit both ratios are large, with
+    more signal the noise ratio is about 1 and the centre stays the
+    population's. A client with no pilot (fewer than
+    :data:`PILOT_MIN_POINTS` rows) takes the variance ratio, as its initial
+    values do. A client whose targets vary far less than the others' keeps
+    the population's centre: scaled down, a few of its points would become
+    near-exact constraints on the shared function and deviation (three
+    readings at 50 +/- 0.001 raised another client's RMSE by a third); its
+    band is then wider than needed (docs/maths.md section 10).
 
     Parameters
     ----------
-    ratio : float
-        :func:`scale_ratio`.
+    own_variance : float
+        The client's target variance (standardised units).
+    population : PilotSummary
+        The pilots' medians.
+    pilot_noise : float, optional
+        The client's own pilot noise variance (standardised units); None if
+        it ran no pilot.
 
     Returns
     -------
     float
+        At least 1.
     """
-    return ratio if ratio > 1.0 else 1.0
+    ratio = scale_ratio(own_variance, population)
+    if ratio <= 1.0:
+        return 1.0
+    if pilot_noise is not None and np.isfinite(pilot_noise) and population.noise_variance > 0:
+        ratio = min(ratio, max(1.0, float(pilot_noise) / population.noise_variance))
+    return float(ratio)
 
 
 def clip_to_bounds(theta, bounds):
@@ -1935,7 +1953,8 @@ class StructuredClient:
         lo, hi = self.value_range("noise_variance")
         # the hyperprior's centre: the population's noise, in the client's own
         # units when its targets are clearly on a larger scale (prior_scale)
-        self.prior_noise = float(np.clip(population.noise_variance * prior_scale(scale),
+        factor = prior_scale(own_var, population, None if own is None else own.noise_variance)
+        self.prior_noise = float(np.clip(population.noise_variance * factor,
                                          2.0 * self.noise_floor, hi))
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
         if config.noise_variance is not None and s2 > hi:
@@ -3516,7 +3535,9 @@ class ILMMStructuredClient(StructuredClient):
         else:
             centre = population.noise_variance
         # a client clearly on a larger scale: the centre in its own units (prior_scale)
-        centre = centre * prior_scale(scale_ratio(self.own_variance, population))
+        centre = centre * prior_scale(
+            self.own_variance, population,
+            float(np.median(self._pilot_noise[ok])) if ran else None)
         self.noise_floor = floor
         self.prior_noise = float(np.clip(centre, 2.0 * floor, hi))
         if config.noise_variance is not None:  # target units

@@ -105,6 +105,22 @@ def test_client_on_a_smaller_scale_errs_on_the_wide_side(ab):
     assert np.mean(z < 1.96) >= 0.95
 
 
+def test_client_with_more_signal_in_the_same_units_keeps_the_population_noise(ab):
+    """A client whose function is 30 times the others' but whose sensor noise
+    is theirs (sd 0.05) is not taken for another unit: its noise hyperprior
+    stays centred on the population's noise (its own pilot says so), so its
+    noise is not inflated. Scaling the centre by the variance ratio alone
+    gave noise sd 0.38 and a band 8 times too wide (review example)."""
+    X, y, g = ab
+    rng = np.random.default_rng(1)
+    xc = rng.uniform(size=10)
+    yc = 30 * np.sin(6 * xc) + 0.05 * rng.normal(size=10)
+    est = _fit(np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * 10])
+    c = est.clients_["C"]
+    noise_sd = np.sqrt(c.local_values()["noise_variance"]) * est.y_scale_
+    assert 0.5 * 0.05 <= noise_sd <= 2 * 0.05
+    assert c.prior_noise <= 2 * est.clients_["A"].prior_noise
+
 @pytest.mark.parametrize("where", [100.0, -40.0])
 def test_client_far_away_in_input_space_does_not_harm_the_others(ab, reference, where):
     X, y, g = ab
