@@ -716,6 +716,14 @@ class Server:
         # spread of the clients' means around that centre
         between = float(np.mean([(s.y_sum / s.n_samples - mean) ** 2 for s in summaries]))
         self.level_start = between / scale**2
+        if self.level_start > LEVEL_PRECISION_LIMIT**2:
+            warnings.warn(
+                f"the clients' mean targets differ by about {np.sqrt(self.level_start):.3g} "
+                f"times their typical within-client spread (more than "
+                f"{LEVEL_PRECISION_LIMIT:g}): the fit may lose floating-point precision "
+                "(noise variances at their floors, predictive bands far too narrow); "
+                "subtract a rough level per client (e.g. its median) before fitting and "
+                "add it back to the predictions", UserWarning, stacklevel=2)
         self.n_total = int(n)
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         x_min = np.min([s.x_min for s in summaries], axis=0)
@@ -1193,6 +1201,12 @@ LOCAL_SD_RATE = float(np.log(20.0))
 #: Smallest start of the clients' level variance (standardised units): the
 #: spread of the clients' means when they agree, so the level can grow.
 LEVEL_START_MIN = 1.0
+#: Spread of the clients' mean targets, in within-client standard deviations,
+#: beyond which the fit may lose floating-point precision (a UserWarning).
+#: Probe, one of three clients of 40 points on a level L: calibrated for
+#: L = 1e6, -3e6 and 5e6; a noise variance at its floor and 90 % of that
+#: client's readings beyond 3 std for L = 3e6 and 1e7.
+LEVEL_PRECISION_LIMIT = 1e6
 #: ``n_inducing="auto"``: about this many inducing points per lengthscale
 #: along each input dimension (:func:`auto_inducing`) ...
 AUTO_PER_LENGTHSCALE = 2.5

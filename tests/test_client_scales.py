@@ -184,3 +184,23 @@ def test_targets_on_any_scale_give_the_same_fit(ab, factor):
     mf, sf = _fit(X, y * factor, g, n_rounds=3).predict(X, g, return_std=True)
     np.testing.assert_allclose(mf / factor, m, atol=1e-2)  # |y| up to about 1
     np.testing.assert_allclose(sf / factor, s, rtol=1e-2)
+
+
+def test_levels_too_far_apart_for_float64_precision_warn(ab):
+    """Clients whose mean targets differ by more than about 1e6 within-client
+    spreads may lose floating-point precision (a level 3e6 or 1e7 sent that
+    client's noise to its floor): fit says so instead of returning such a
+    band silently; 1e5 does not warn."""
+    X, y, g = ab
+    rng = np.random.default_rng(0)
+    xc = rng.uniform(size=20)
+    for level, warns in ((1e7, True), (1e5, False)):
+        yc = level + np.sin(6 * xc) + 0.05 * rng.normal(size=20)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1).fit(
+                np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * 20])
+        hit = [x for x in w if "floating-point precision" in str(x.message)]
+        assert bool(hit) == warns
+        if warns:
+            assert issubclass(hit[0].category, UserWarning) and "subtract" in str(hit[0].message)
