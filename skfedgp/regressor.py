@@ -314,8 +314,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Number ``M`` of global inducing points (shared by the global and the
         deviation parts). "auto": about 2.5 per global lengthscale along each
         input dimension over the region covered by the clients' inputs,
-        at least 10, at most the number of observations and at most the
-        larger of 256 and what one ELBO evaluation affords within a fixed
+        at least 10, at most the number of observations ``N``, at most
+        ``max(64, N / 4)`` (more costs far more and gains nothing), and at
+        most the larger of 256 and what one ELBO evaluation affords within a fixed
         budget (about 2e10 multiply-adds summed over the clients, a few
         seconds on one core; ``federated.auto_inducing`` and
         ``federated.budget_inducing``); the mean-field family uses 25.
