@@ -1870,12 +1870,15 @@ class StructuredClient:
         -------
         lo, hi : float
         """
-        lo, hi = LOG_BOUNDS[name]
+        lo = self.noise_floor if name == "noise_variance" else LOG_BOUNDS[name][0]
+        return lo, self._upper_bound(name)
+
+    def _upper_bound(self, name):
+        """Upper end of :meth:`value_range` (needs no noise floor yet)."""
+        hi = LOG_BOUNDS[name][1]
         if name in ("variance_l", "noise_variance"):
             hi = hi * max(1.0, getattr(self, "own_variance", 1.0))
-        if name == "noise_variance":
-            lo = self.noise_floor
-        return lo, hi
+        return hi
 
     # -- set-up -------------------------------------------------------------
     def summary(self):
@@ -3541,13 +3544,13 @@ class ILMMStructuredClient(StructuredClient):
         """
         own_var = self.own_variance if self.own_variance > 0 else 1.0
         floor = NOISE_FLOOR * own_var
-        hi = max(1.0, self.own_variance) * LOG_BOUNDS["noise_variance"][1]  # value_range
+        hi = self._upper_bound("noise_variance")
         pilot = getattr(self, "_pilot_noise", None)
         ran = pilot is not None and pilot.shape == (Q,) and bool(np.any(np.isfinite(pilot)))
         if not ran:
             pilot = np.full(Q, population.noise_variance)
         ok = np.isfinite(pilot)  # outputs whose pilot ran
-        own = float(np.median(pilot[ok]))
+        own = pilot_median = float(np.median(pilot[ok]))
         if config.noise == "isotropic_target":
             w = _target_noise_weights(self._y_scale, (Q,))
             floor = floor / float(np.max(w))
@@ -3559,9 +3562,8 @@ class ILMMStructuredClient(StructuredClient):
         else:
             centre = population.noise_variance
         # a client clearly on a larger scale: the centre in its own units (prior_scale)
-        centre = centre * prior_scale(
-            self.own_variance, population,
-            float(np.median(self._pilot_noise[ok])) if ran else None)
+        centre = centre * prior_scale(self.own_variance, population,
+                                      pilot_median if ran else None)
         self.noise_floor = floor
         self.prior_noise = float(np.clip(centre, 2.0 * floor, hi))
         if config.noise_variance is not None:  # target units
