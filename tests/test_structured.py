@@ -657,3 +657,26 @@ def test_never_seen_client_with_too_few_fitted_clients_warns(two_clients):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         est3.predict(Xt, ["new", "new"])
+
+
+# --------------------------------------------------------------------------
+# an exact local part: Z_l at the inputs maximises the bound
+# --------------------------------------------------------------------------
+
+
+def test_exact_local_inducing_inputs_maximise_the_bound():
+    """Z_l = the client's inputs (exact local part) maximises the bound over Z_l
+    whatever the other values (global part sparse): every perturbation of Z_l
+    lowers it (the variational family then contains the exact conditional of the
+    local function at the inputs; any other Z_l restricts it)."""
+    Xs, ys = _clients((12, 9))
+    rng = np.random.default_rng(5)
+    Zg = rng.uniform(size=(6, 2))  # a sparse global part
+    G, Bs = _params(Xs, Zg, [X.copy() for X in Xs])
+    base = _elbo(Xs, ys, G, Bs, jitter=1e-10)[0].elbo
+    for trial in range(5):
+        moved = [dict(B) for B in Bs]
+        moved[trial % 2]["Z_l"] = Bs[trial % 2]["Z_l"] + 0.05 * rng.normal(size=(
+            Bs[trial % 2]["Z_l"].shape))
+        assert _elbo(Xs, ys, G, moved, jitter=1e-10)[0].elbo < base
+
