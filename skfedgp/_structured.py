@@ -301,6 +301,7 @@ class ClientState:
     b: np.ndarray
     e: float
     tr_R: float
+    level_mean: float = 0.0
 
 
 #: Below this many kernel entries, the structured family's kernel matrices and
@@ -374,7 +375,8 @@ def _kernel_rows(Xc, blocks):
     return np.hstack([_block_kernel(name, Xc, Z, ell, var) for name, Z, ell, var, _ in blocks])
 
 
-def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None):
+def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=0.0,
+                   client=None):
     """Statistics of one client for the structured posterior (its upload).
 
     Parameters
@@ -390,6 +392,12 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None
         ``s2_i``.
     phi : float
         Deviation scale (ignored without the deviation component).
+    level_mean : float, default=0.0
+        Prior mean of the client level's whitened variable ``a`` (prior
+        ``N(level_mean, 1)``; used only with a level block). A client that
+        centres its targets at its own mean ``m`` passes ``y - m`` and
+        ``level_mean = -m / sqrt(level_variance)``: the same bound, without
+        quadratic forms of size ``m^2`` (docs/maths.md, section 10).
     client : hashable, optional
         Label used in error messages.
 
@@ -445,6 +453,9 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None
     Lp = _chol(P, "P (client posterior precision)", client)
     Gm = lay.EgT(WEc) / s2
     r = lay.EcT(phi, wf) / s2
+    mu0 = float(level_mean) if lay.has_level else 0.0
+    if mu0:  # the level's prior N(mu0, 1): its natural shift, and mu0^2 in e
+        r[lay.n_c - 1] += mu0
     PiGt = _chol_solve(Lp, Gm.T)
     Pir = _chol_solve(Lp, r)
     S = lay.EgT(lay.EgT(Wf).T) / s2 - Gm @ PiGt
@@ -456,12 +467,13 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, client=None
     # tr_R = sum over feature blocks of gamma_b (n var_b - tr(W_b^T W_b))
     tr_R = float(np.sum(gam * (n * var_f / np.maximum(_block_sizes(lay), 1) - np.diag(Wf))))
     logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp)))) if lay.n_c else 0.0
-    e = n * (_LOG_2PI + np.log(s2)) + logdetP + yy / s2 - float(r @ Pir) + tr_R / s2
+    e = (n * (_LOG_2PI + np.log(s2)) + logdetP + yy / s2 - float(r @ Pir) + tr_R / s2
+         + mu0**2)
     if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the structured statistics{where} are not finite")
     return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi), E,
-                       Lp, PiGt, Pir, S, b, float(e), tr_R)
+                       Lp, PiGt, Pir, S, b, float(e), tr_R, mu0)
 
 
 def _block_sizes(lay):
@@ -688,6 +700,12 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
                 acc[name][2] += dvar
     for name, (dZ, dell, dvar) in acc.items():
         if name == "c":  # the client level's constant kernel: its variance only
+            if state.level_mean:
+                # the prior mean mu0 = -m / tau moves with tau^2: d(-KL)/d mu0 =
+                # E[a] - mu0, d mu0 / d tau^2 = -mu0 / (2 tau^2)
+                tau2 = next(v for nm, _, _, v, _ in state.blocks if nm == "c")
+                dvar += ((float(mu_u[lay.level_row()]) - state.level_mean)
+                         * (-state.level_mean / (2.0 * tau2)))
             grads["level_variance"] = float(dvar)
             continue
         grads[f"Z_{name}"] = dZ

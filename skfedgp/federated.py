@@ -716,14 +716,24 @@ class Server:
         # spread of the clients' means around that centre
         between = float(np.mean([(s.y_sum / s.n_samples - mean) ** 2 for s in summaries]))
         self.level_start = between / scale**2
-        if self.level_start > LEVEL_PRECISION_LIMIT**2:
+        # the level variance's upper bound follows the clients' spread of
+        # means, so that clients on levels far apart are not capped
+        self.level_upper = max(LOG_BOUNDS["level_variance"][1],
+                               LEVEL_BOUND_FACTOR * self.level_start)
+        # the structured family centres each client's targets at its own mean
+        # (StructuredClient._centre); the mean-field family works with the
+        # pooled targets, whose spread then swamps the within-client spread
+        stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
+                if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
+        ratio = np.sqrt(between) / float(np.median(stds)) if stds else 0.0
+        if self.config.variational_family != "structured" and ratio > LEVEL_PRECISION_LIMIT:
             warnings.warn(
-                f"the clients' mean targets differ by about {np.sqrt(self.level_start):.3g} "
-                f"times their typical within-client spread (more than "
-                f"{LEVEL_PRECISION_LIMIT:g}): the fit may lose floating-point precision "
-                "(noise variances at their floors, predictive bands far too narrow); "
-                "subtract a rough level per client (e.g. its median) before fitting and "
-                "add it back to the predictions", UserWarning, stacklevel=2)
+                f"the clients' mean targets differ by about {ratio:.3g} times their typical "
+                f"within-client spread (more than {LEVEL_PRECISION_LIMIT:g}): the mean-field "
+                "family may lose floating-point precision (predictive bands far too wide or "
+                "too narrow); use variational_family='structured', or subtract a rough level "
+                "per client (e.g. its median) before fitting and add it back to the "
+                "predictions", UserWarning, stacklevel=2)
         self.n_total = int(n)
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         x_min = np.min([s.x_min for s in summaries], axis=0)
@@ -853,7 +863,8 @@ class Server:
                                             cfg.phi is not None)
         if "level_variance" in gpack.slices:
             values["level_variance"] = check_in_bounds(
-                "level_variance", max(getattr(self, "level_start", 0.0), LEVEL_START_MIN), False)
+                "level_variance", max(getattr(self, "level_start", 0.0), LEVEL_START_MIN), False,
+                self.level_range())
         self.global_pack = gpack
         self.theta_global = gpack.pack(values) if gpack.size else np.zeros(0)
         self.client_boxes = None  # used for the placement only; not kept in the model
@@ -904,6 +915,21 @@ class Server:
             extra = extra + rng.uniform(-0.5, 0.5, extra.shape) * pad
             pts = np.vstack([pts, extra])
         return pts, frac
+
+    def level_range(self):
+        """Range of ``level_variance``: :data:`LOG_BOUNDS`, the upper bound at least
+        :data:`LEVEL_BOUND_FACTOR` times the spread of the clients' means."""
+        lo, hi = LOG_BOUNDS["level_variance"]
+        return lo, max(hi, float(getattr(self, "level_upper", hi)))
+
+    def global_bounds(self, gpack):
+        """L-BFGS-B bounds of the global vector (:func:`log_bounds`, with :meth:`level_range`)."""
+        b = log_bounds(gpack)
+        if "level_variance" in gpack.slices:
+            lo, hi = self.level_range()
+            k = gpack.slices["level_variance"].start
+            b[k] = (float(np.log(lo)), float(np.log(hi)))
+        return b
 
     def broadcast(self, round_):
         """The per-round download.
@@ -1203,11 +1229,17 @@ LOCAL_SD_RATE = float(np.log(20.0))
 #: Smallest start of the clients' level variance (standardised units): the
 #: spread of the clients' means when they agree, so the level can grow.
 LEVEL_START_MIN = 1.0
+#: The upper bound of ``level_variance`` is at least this many times the
+#: spread of the clients' means (standardised units; LOG_BOUNDS otherwise).
+LEVEL_BOUND_FACTOR = 100.0
 #: Spread of the clients' mean targets, in within-client standard deviations,
-#: beyond which the fit may lose floating-point precision (a UserWarning).
-#: Probe, one of three clients of 40 points on a level L: calibrated for
-#: L = 1e6, -3e6 and 5e6; a noise variance at its floor and 90 % of that
-#: client's readings beyond 3 std for L = 3e6 and 1e7.
+#: beyond which the mean-field family may lose floating-point precision (a
+#: UserWarning; the structured family centres each client at its own mean).
+#: Probe, one of three clients of 40 points on a level L = 1e7 (the others at
+#: 0, noise sd 0.05): mean-field RMSE 83 with predictive sd 5300 (at L = 1e3:
+#: 0.05 and 0.5); the structured family, before it centred the clients, had
+#: that client's noise at its floor and 90 % of its readings beyond 3 std for
+#: L = 3e6 and 1e7, and now 0 % (RMSE 0.054).
 LEVEL_PRECISION_LIMIT = 1e6
 #: ``n_inducing="auto"``: about this many inducing points per lengthscale
 #: along each input dimension (:func:`auto_inducing`) ...
@@ -2000,20 +2032,34 @@ class StructuredClient:
         B = self.pack.unpack(self.theta if theta is None else theta)
         return G, B, feature_blocks(G, B, config.components, jitter=config.jitter)
 
+    def _centre(self, has_level):
+        """The centre ``m`` of this client's targets in the passes: its mean with a level, else 0.
+
+        With a random level the client works with ``y - m`` and gives the
+        level's whitened variable the prior mean ``mu0 = -m / tau``: the same
+        bound, without ``O(m^2)`` quadratic forms, which lose float64
+        precision when the clients' levels are far apart (docs/maths.md,
+        section 10).
+        """
+        return float(np.mean(self._y)) if has_level and self.n_samples else 0.0
+
     def _forward(self, theta_g, gpack, config, theta=None):
         """The client's statistics (``.S``, ``.b``, ``.e``) at the given vectors."""
         from ._structured import client_forward
 
         G, B, blocks = self._blocks(theta_g, gpack, config, theta)
-        return client_forward(self._Xs, self._y, blocks, config.components,
-                              B["noise_variance"], G.get("phi", 1.0),
+        m = self._centre("level_variance" in G)
+        mu0 = -m / float(np.sqrt(G["level_variance"])) if m else 0.0
+        return client_forward(self._Xs, self._y - m, blocks, config.components,
+                              B["noise_variance"], G.get("phi", 1.0), level_mean=mu0,
                               client=self.client_id)
 
     def _backward(self, state, mu, A_inv, *, want_global, want_local):
         """Gradient dict of the client's surrogate at ``state`` (:meth:`_forward`)."""
         from ._structured import client_backward
 
-        return client_backward(state, self._Xs, self._y, mu, A_inv,
+        y = self._y - self._centre(state.layout.has_level)
+        return client_backward(state, self._Xs, y, mu, A_inv,
                                want_global=want_global, want_local=want_local)
 
     @single_threaded_blas()
@@ -2159,10 +2205,15 @@ class StructuredClient:
         if self._state is None:  # a process-based backend dropped it: recompute (identical)
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = client_posterior(self._state, post.mean, post.covariance)
+        a = self._state.layout.level_row()
+        if a is not None and self._state.level_mean:
+            # the passes centred the targets at m, i.e. worked with a - mu0
+            # (mu0 = -m / tau): back to the level's variable a ~ N(0, 1)
+            mu_u = mu_u.copy()
+            mu_u[a] -= self._state.level_mean
         self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H}
         B = self.pack.unpack(self.theta)
         level = 0.0
-        a = self._state.layout.level_row()
         if a is not None:  # the level's posterior mean: sqrt(level_variance) E[a]
             level = float(np.sqrt(gpack.unpack(theta_g)["level_variance"]) * mu_u[a])
             self.posterior["level"] = level
@@ -2679,7 +2730,7 @@ class TrainingState:
 
 
 _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_inducing_",
-                  "n_inducing_local_", "population_pilot")
+                  "n_inducing_local_", "population_pilot", "level_upper")
 
 
 def _is_finite_message(msg):
@@ -2903,7 +2954,8 @@ class _StructuredRun:
         """Continue from a :class:`TrainingState` (checkpoint or warm start)."""
         server, cfg = self.server, self.config
         for name in _SERVER_FIELDS:
-            setattr(server, name, state.server[name])
+            if state.server.get(name) is not None:  # an older checkpoint may lack one
+                setattr(server, name, state.server[name])
         server.global_pack = state.global_pack
         server.theta_global = state.theta_global.copy()
         server.init_broadcast = state.init
@@ -2964,7 +3016,8 @@ class _StructuredRun:
         elbo, _, post, lp = self.last
         return TrainingState(
             round=r, init=self.init,
-            server={name: copy.deepcopy(getattr(self.server, name)) for name in _SERVER_FIELDS},
+            server={name: copy.deepcopy(getattr(self.server, name, None))
+                    for name in _SERVER_FIELDS},
             theta_global=self.theta_g.copy(), global_pack=self.gpack, post=post,
             elbo=float(elbo), log_prior=float(lp), messages=dict(self.messages),
             fresh=[c for c in self.active if c in self.fresh],
@@ -3097,7 +3150,7 @@ class _StructuredRun:
             self.setup(seeds)
         else:
             self.resume(state, seeds)
-        self.gbounds = log_bounds(self.gpack)
+        self.gbounds = self.server.global_bounds(self.gpack)
         converged = False
         c = self.counter
         for r in range(self.round0 + 1, self.round0 + self.n_rounds + 1):
@@ -3215,7 +3268,7 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
     """
     return TrainingState(
         round=len(history), init=server.init_broadcast,
-        server={name: copy.deepcopy(getattr(server, name)) for name in _SERVER_FIELDS},
+        server={name: copy.deepcopy(getattr(server, name, None)) for name in _SERVER_FIELDS},
         theta_global=server.theta_global.copy(), global_pack=server.global_pack,
         history=list(history), objectives=list(objectives),
         communication=copy.deepcopy(list(communication)), n_evaluations=int(n_evaluations),

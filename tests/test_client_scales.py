@@ -186,11 +186,38 @@ def test_targets_on_any_scale_give_the_same_fit(ab, factor):
     np.testing.assert_allclose(sf / factor, s, rtol=1e-2)
 
 
-def test_levels_too_far_apart_for_float64_precision_warn(ab):
-    """Clients whose mean targets differ by more than about 1e6 within-client
-    spreads may lose floating-point precision (a level 3e6 or 1e7 sent that
-    client's noise to its floor): fit says so instead of returning such a
-    band silently; 1e5 does not warn."""
+@pytest.mark.parametrize("level", [1e7, -3e6])
+def test_client_on_a_far_level_is_calibrated(ab, level):
+    """A client whose level is 1e7 or -3e6 within-client spreads from the
+    others' (1-D targets, structured family): each client centres its targets
+    at its own mean and its level variable gets the matching prior mean, so
+    the bound has no O(level^2) quadratic forms. Before, such a client had its
+    noise at the floor and about 90 % of its readings beyond 3 sd; fit now
+    gives no precision warning, and the level variance follows the spread of
+    the means (its upper bound scales with it)."""
+    X, y, g = ab
+    rng = np.random.default_rng(0)
+    f = lambda x: np.sin(6 * x)  # noqa: E731
+    xc = rng.uniform(size=40)
+    yc = level + f(xc) + 0.05 * rng.normal(size=40)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(
+            np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * 40])
+    assert not [x for x in w if "floating-point precision" in str(x.message)]
+    xt = rng.uniform(size=400)
+    yt = level + f(xt) + 0.05 * rng.normal(size=400)
+    m, s = est.predict(xt[:, None], ["C"] * 400, return_std=True)
+    assert np.sqrt(np.mean((m - yt) ** 2)) < 0.1
+    assert np.mean(np.abs(m - yt) > 3 * s) < 0.02
+    # the clients' levels (0, 0, level) around their mean: spread level^2 * 2 / 9 ...
+    assert est.level_variance_ > 0.01 * level**2
+
+
+def test_levels_too_far_apart_warn_for_the_mean_field_family(ab):
+    """The mean-field family estimates each client's constant mean directly:
+    fit warns when the clients' means differ by more than 1e6 within-client
+    spreads (1e5 does not warn)."""
     X, y, g = ab
     rng = np.random.default_rng(0)
     xc = rng.uniform(size=20)
@@ -198,7 +225,9 @@ def test_levels_too_far_apart_for_float64_precision_warn(ab):
         yc = level + np.sin(6 * xc) + 0.05 * rng.normal(size=20)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1).fit(
+            FederatedHierarchicalGPRegressor(variational_family="mean_field", optimizer="adam",
+                                             random_state=0,
+                                             n_rounds=1).fit(
                 np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * 20])
         hit = [x for x in w if "floating-point precision" in str(x.message)]
         assert bool(hit) == warns

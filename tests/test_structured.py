@@ -680,3 +680,51 @@ def test_exact_local_inducing_inputs_maximise_the_bound():
             Bs[trial % 2]["Z_l"].shape))
         assert _elbo(Xs, ys, G, moved, jitter=1e-10)[0].elbo < base
 
+
+# --------------------------------------------------------------------------
+# a client centred at its own mean: the level's prior mean
+# --------------------------------------------------------------------------
+
+
+def test_centred_targets_with_level_prior_mean_give_the_same_bound_and_gradients():
+    """Passing y - m with the level's prior mean -m / tau (what every client
+    does, federated.StructuredClient._centre) gives the same bound, the same
+    gradients (level_variance included: its prior mean moves with tau, checked
+    against finite differences) and the level's posterior shifted by m / tau."""
+    Xs, ys = _clients((12, 9))
+    rng = np.random.default_rng(1)
+    G, Bs = _params(Xs, rng.uniform(size=(6, 2)), [X[:5].copy() for X in Xs])
+    ys = [y + 7.0 * k - 3.0 for k, y in enumerate(ys)]  # clients on other levels
+
+    def run(G, centre):
+        out = []
+        for X, y, B in zip(Xs, ys, Bs):
+            m = float(np.mean(y)) if centre else 0.0
+            st = client_forward(X, y - m, feature_blocks(G, B, ALL, jitter=1e-8), ALL,
+                                B["noise_variance"], G["phi"],
+                                level_mean=-m / np.sqrt(G["level_variance"]))
+            out.append((st, X, y - m, m))
+        post = combine([o[0].S for o in out], [o[0].b for o in out], [o[0].e for o in out],
+                       G["Z_g"].shape[0])
+        grads = [client_backward(st, X, yc, post.mu, post.A_inv) for st, X, yc, _ in out]
+        return post, grads, out
+
+    p0, g0, o0 = run(G, False)
+    p1, g1, o1 = run(G, True)
+    assert abs(p0.elbo - p1.elbo) < 1e-9 * abs(p0.elbo)
+    assert_allclose(p1.mu, p0.mu, rtol=1e-8, atol=1e-10)
+    for a, b in zip(g0, g1):
+        assert set(a) == set(b)
+        for k in a:
+            assert_allclose(np.asarray(b[k]), np.asarray(a[k]), rtol=1e-7, atol=1e-9)
+    tau = np.sqrt(G["level_variance"])
+    for (s0, *_), (s1, _, _, m) in zip(o0, o1):
+        mu0 = client_posterior(s0, p0.mu, p0.A_inv)[0]
+        mu1 = client_posterior(s1, p1.mu, p1.A_inv)[0]
+        a = s1.layout.level_row()
+        assert abs(mu1[a] + m / tau - mu0[a]) < 1e-8
+    h = 1e-6 * G["level_variance"]
+    fd = (run(dict(G, level_variance=G["level_variance"] + h), True)[0].elbo
+          - run(dict(G, level_variance=G["level_variance"] - h), True)[0].elbo) / (2 * h)
+    an = sum(g["level_variance"] for g in g1)
+    assert abs(an - fd) < 1e-5 * max(1.0, abs(fd))
