@@ -920,7 +920,8 @@ class Server:
         """Range of ``level_variance``: :data:`LOG_BOUNDS`, the upper bound at least
         :data:`LEVEL_BOUND_FACTOR` times the spread of the clients' means."""
         lo, hi = LOG_BOUNDS["level_variance"]
-        return lo, max(hi, float(getattr(self, "level_upper", hi)))
+        upper = getattr(self, "level_upper", None)  # None: multi-output, older checkpoints
+        return lo, hi if upper is None else max(hi, float(upper))
 
     def global_bounds(self, gpack):
         """L-BFGS-B bounds of the global vector (:func:`log_bounds`, with :meth:`level_range`)."""
@@ -2954,7 +2955,7 @@ class _StructuredRun:
         """Continue from a :class:`TrainingState` (checkpoint or warm start)."""
         server, cfg = self.server, self.config
         for name in _SERVER_FIELDS:
-            if state.server.get(name) is not None:  # an older checkpoint may lack one
+            if name in state.server:  # a checkpoint of an older version may lack one
                 setattr(server, name, state.server[name])
         server.global_pack = state.global_pack
         server.theta_global = state.theta_global.copy()

@@ -465,3 +465,20 @@ def test_client_code_errors_are_contained_mid_round_and_raised_in_set_up(data, m
     monkeypatch.setattr(StructuredClient, "pilot", broken)
     with pytest.raises(RuntimeError, match="cannot read the data"):
         _fit(*data)
+
+
+def test_warm_start_with_a_new_client():
+    """A warm start on data with a client the first fit never saw continues
+    training (the server's saved fields include ones that are None)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(60, 1))
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=60)
+    g = np.repeat(["A", "B", "C"], 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(random_state=0, warm_start=True, n_rounds=3)
+        est.fit(X[:40], y[:40], g[:40])
+        est.fit(X, y, g)
+    assert set(est.clients_) == {"A", "B", "C"}
+    m, s = est.predict(X[40:], g[40:], return_std=True)
+    assert np.all(np.isfinite(m)) and np.all(s > 0)
