@@ -131,6 +131,14 @@ def _warn_diagnostics(est, converged, n_rounds):
     G = est.server_.global_pack.unpack(est.server_.theta_global)
     check(G, ("variance_g", "lengthscale_g"))
     check(G, ("phi",))
+    if "level_variance" in G:  # at its lower bound: the clients share one level (fine)
+        lo, hi = est.server_.level_range()
+        if float(G["level_variance"]) >= hi * (1 - 1e-6):
+            at.append("level_variance (upper bound)")
+            reasons.append(
+                "the level variance at its upper bound means clients' levels spread more "
+                "than its range (e.g. a warm start or a resumed checkpoint whose first fit "
+                "saw levels closer together): refit from scratch")
     for lab, c in est.clients_.items():
         B = dict(c.local_values())
         if getattr(c, "noise_weights", None) is not None and c.noise_weights() is not None:

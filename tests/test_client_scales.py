@@ -233,3 +233,28 @@ def test_levels_too_far_apart_warn_for_the_mean_field_family(ab):
         assert bool(hit) == warns
         if warns:
             assert issubclass(hit[0].category, UserWarning) and "subtract" in str(hit[0].message)
+
+def test_level_variance_at_its_upper_bound_warns():
+    """A warm start keeps the first fit's units and level range: a new client
+    on a level far beyond them pins level_variance at its upper bound, and fit
+    says so (ConvergenceWarning) instead of returning a capped level spread
+    silently. A fit from scratch on the same data does not warn about it."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(80, 1))
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=80)
+    g = np.repeat(["A", "B"], 40)
+    xc = rng.uniform(size=20)
+    yc = 1e7 + np.sin(6 * xc) + 0.05 * rng.normal(size=20)
+    X2, y2, g2 = np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * 20]
+    est = FederatedHierarchicalGPRegressor(random_state=0, warm_start=True, n_rounds=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, y, g)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        est.fit(X2, y2, g2)
+    assert any("level_variance (upper bound)" in str(x.message) for x in w)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        FederatedHierarchicalGPRegressor(random_state=0, n_rounds=3).fit(X2, y2, g2)
+    assert not any("level_variance" in str(x.message) for x in w)
