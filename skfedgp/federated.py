@@ -692,13 +692,14 @@ class Server:
         # "no spread" relative to the data's own magnitude (level or spread), so
         # targets on any scale (1e-12 as well as 1e12) are standardised
         tiny = 1e-24 * max(mean**2, m2 / n)
+        # the clients' own (within-client) standard deviations
+        stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
+                if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
         if self.config.variational_family == "structured":
             # every client has its own learned constant mean, so the scale is
-            # the median of the clients' own (within-client) standard
-            # deviations: a client on another level or another scale does not
-            # change the other clients' units
-            stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
-                    if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
+            # the median of the clients' own standard deviations: a client on
+            # another level or another scale does not change the other
+            # clients' units
             var = float(np.median(stds)) ** 2 if stds else m2 / n
             scale = float(np.sqrt(var)) if var > tiny else 1.0
             # the clients' levels are centred at the mean of the clients'
@@ -723,8 +724,6 @@ class Server:
         # the structured family centres each client's targets at its own mean
         # (StructuredClient._centre); the mean-field family works with the
         # pooled targets, whose spread then swamps the within-client spread
-        stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
-                if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
         ratio = np.sqrt(between) / float(np.median(stds)) if stds else 0.0
         if self.config.variational_family != "structured" and ratio > LEVEL_PRECISION_LIMIT:
             warnings.warn(

@@ -101,6 +101,10 @@ def _warn_diagnostics(est, converged, n_rounds):
             f"a lengthscale at its lower bound, {LOG_BOUNDS['lengthscale_g'][0]:g} of the input "
             "range, means targets that change faster than the inputs resolve (e.g. equal "
             "inputs with different targets)"),
+        ("level_variance", "upper"): (
+            "the level variance at its upper bound means clients' levels spread more "
+            "than its range (e.g. a warm start or a resumed checkpoint whose first fit "
+            "saw levels closer together): refit from scratch"),
     }
     reasons = []
 
@@ -113,11 +117,12 @@ def _warn_diagnostics(est, converged, n_rounds):
             low = bool(np.any(v <= lo * (1 + 1e-6)))
             high = bool(np.any(v >= hi * (1 - 1e-6)))
             kind = "lengthscale" if name.startswith("lengthscale") else name
-            # documented outcomes, not failures: a variance (or phi) at its
-            # lower bound is a component the evidence switched off (its
+            # documented outcomes, not failures: a variance (or phi, or the
+            # level variance: one level for all) at its lower bound is a
+            # component the evidence switched off (its
             # lengthscale is then irrelevant); a lengthscale at its upper
             # bound is an input switched off (automatic relevance determination)
-            if low and name.startswith(("variance", "phi")):
+            if low and name.startswith(("variance", "phi", "level_variance")):
                 return
             if high and kind == "lengthscale" and not low:
                 continue
@@ -131,14 +136,7 @@ def _warn_diagnostics(est, converged, n_rounds):
     G = est.server_.global_pack.unpack(est.server_.theta_global)
     check(G, ("variance_g", "lengthscale_g"))
     check(G, ("phi",))
-    if "level_variance" in G:  # at its lower bound: the clients share one level (fine)
-        lo, hi = est.server_.level_range()
-        if float(G["level_variance"]) >= hi * (1 - 1e-6):
-            at.append("level_variance (upper bound)")
-            reasons.append(
-                "the level variance at its upper bound means clients' levels spread more "
-                "than its range (e.g. a warm start or a resumed checkpoint whose first fit "
-                "saw levels closer together): refit from scratch")
+    check(G, ("level_variance",), value_range=lambda name: est.server_.level_range())
     for lab, c in est.clients_.items():
         B = dict(c.local_values())
         if getattr(c, "noise_weights", None) is not None and c.noise_weights() is not None:
