@@ -916,14 +916,39 @@ class Server:
         return pts, frac
 
     def level_range(self):
-        """Range of ``level_variance``: :data:`LOG_BOUNDS`, the upper bound at least
-        :data:`LEVEL_BOUND_FACTOR` times the spread of the clients' means."""
+        """Range of the clients' level variance ``tau^2`` (docs/maths.md, sections 10 and 13).
+
+        :data:`LOG_BOUNDS`, with the upper bound at least
+        :data:`LEVEL_BOUND_FACTOR` times the spread of the clients' means
+        (``level_start``, set by :meth:`standardise`), so that clients on
+        levels far apart are not capped.
+
+        Returns
+        -------
+        lo, hi : float
+            Standardised target units squared. Without ``level_upper`` (a
+            multi-output server, or one restored from an older checkpoint)
+            the :data:`LOG_BOUNDS` range.
+        """
         lo, hi = LOG_BOUNDS["level_variance"]
         upper = getattr(self, "level_upper", None)  # None: multi-output, older checkpoints
         return lo, hi if upper is None else max(hi, float(upper))
 
     def global_bounds(self, gpack):
-        """L-BFGS-B bounds of the global vector (:func:`log_bounds`, with :meth:`level_range`)."""
+        """L-BFGS-B bounds of the packed global vector.
+
+        Parameters
+        ----------
+        gpack : Packer
+            Layout of the global vector.
+
+        Returns
+        -------
+        list of (float or None, float or None)
+            One pair per entry, of length ``gpack.size``: :func:`log_bounds`
+            (log space; None for free entries such as ``Z_g``), with
+            ``level_variance`` in :meth:`level_range`.
+        """
         b = log_bounds(gpack)
         if "level_variance" in gpack.slices:
             lo, hi = self.level_range()
