@@ -55,7 +55,7 @@ from ._hierarchy import (
     optimal_local_factors,
     server_objective,
 )
-from ._linalg import single_threaded_blas
+from ._linalg import DEFAULT_JITTER, jittered_cholesky, single_threaded_blas, solve_lower
 from .optim import Adam
 
 __all__ = [
@@ -300,6 +300,122 @@ class ModelConfig:
     n_latent: tuple = (1, 1, 1)
     #: "isotropic" (one noise variance per client) or "diagonal" (one per output)
     noise: str = "isotropic"
+    #: whether the inducing inputs (``Z_g`` and every client's ``Z_l``) are
+    #: optimised with the hyperparameters: True, False (held where the set-up
+    #: placed them) or "auto" (see :data:`AUTO_LEARN_RESIDUAL`)
+    learn_inducing: object = True
+
+
+#: ``learn_inducing="auto"`` (structured family): a set of inducing inputs
+#: is learned when, at the initial hyperparameters, it leaves at least this
+#: share of the prior variance at the inputs unexplained (``1 - tr Q_ff /
+#: tr K_ff``, :func:`design_residual`), and held where the set-up placed it
+#: otherwise; the global set is decided by the server from every client's
+#: share, each client's local set by the client alone (docs/maths.md,
+#: section 11).
+AUTO_LEARN_RESIDUAL = 0.05
+
+
+def learns_inducing(config):
+    """Whether the configuration asks to learn the inducing inputs.
+
+    ``"auto"`` counts as True here; the structured family resolves it at
+    set-up (:data:`AUTO_LEARN_RESIDUAL`). A configuration pickled before the
+    field existed learned them.
+
+    Parameters
+    ----------
+    config : ModelConfig
+
+    Returns
+    -------
+    bool
+    """
+    v = getattr(config, "learn_inducing", True)
+    return True if isinstance(v, str) else bool(v)
+
+
+def design_residual(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER):
+    """How much of an SE-ARD prior at ``X`` the inducing inputs ``Z`` leave unexplained.
+
+    ``sum_x [k(x, x) - q(x, x)]`` with the Nystrom approximation ``q(x, x) =
+    k(x, Z) K_zz^{-1} k(Z, x)``: the trace term of the collapsed bound
+    (Titsias 2009), which bounds what moving the inducing inputs could add
+    to it at fixed hyperparameters (Burt, Rasmussen and van der Wilk,
+    "Convergence of sparse variational inference in Gaussian processes
+    regression", JMLR 21, 2020).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    Z : ndarray of shape (M, d)
+    lengthscales : ndarray of shape (d,) or (R, d)
+        One row per latent kernel (each with ``variance``).
+    variance : float
+    jitter : float
+        Relative jitter of ``K_zz``.
+
+    Returns
+    -------
+    residual, total : float
+        ``tr(K_ff - Q_ff)`` (clipped at 0 per point) and ``tr K_ff``, summed
+        over the rows of ``lengthscales``.
+    """
+    from ._structured import CHUNK_ROWS, _se
+
+    X = np.asarray(X, dtype=float)
+    Z = np.asarray(Z, dtype=float)
+    residual = total = 0.0
+    if X.shape[0] == 0 or Z.shape[0] == 0:
+        return 0.0, float(X.shape[0] * variance * np.atleast_2d(lengthscales).shape[0])
+    for ell in np.atleast_2d(np.asarray(lengthscales, dtype=float)):
+        L, _ = jittered_cholesky(_se(Z, Z, ell, variance), scale=variance, jitter=jitter,
+                                 name="K_zz (design residual)")
+        for a in range(0, X.shape[0], CHUNK_ROWS):
+            A = solve_lower(L, _se(Z, X[a:a + CHUNK_ROWS], ell, variance))
+            residual += float(np.sum(np.maximum(variance - np.sum(A * A, axis=0), 0.0)))
+        total += X.shape[0] * float(variance)
+    return residual, total
+
+
+@dataclass(frozen=True)
+class DesignResidual:
+    """Set-up upload of ``learn_inducing_locations="auto"`` (two numbers).
+
+    Attributes
+    ----------
+    residual, total : float
+        The client's :func:`design_residual` of the global kernel(s) at the
+        initial global vector: its sum of ``k(x, x) - q(x, x)`` and of
+        ``k(x, x)`` over its inputs (standardised units).
+    """
+
+    residual: float
+    total: float
+
+
+def fix_entries(bounds, theta, index):
+    """Bounds with the entries ``index`` of ``theta`` held fixed (``lo = hi``).
+
+    L-BFGS-B keeps a variable whose bounds are equal at that value, and
+    :func:`clip_to_bounds` does the same for Adam steps.
+
+    Parameters
+    ----------
+    bounds : list of (float or None, float or None)
+    theta : ndarray
+    index : slice or None
+        The entries to fix (None: none).
+
+    Returns
+    -------
+    list of (float or None, float or None)
+    """
+    bounds = list(bounds)
+    if index is not None:
+        for k in range(*index.indices(len(bounds))):
+            bounds[k] = (float(theta[k]), float(theta[k]))
+    return bounds
 
 
 #: With ``variational_update="closed_form"``, clients reset their own
@@ -519,6 +635,11 @@ class Client:
         # with closed-form updates the variational factors are set exactly
         # (every LOCAL_REFRESH steps) and Adam moves only the hyperparameters
         frozen = self.local_pack.variational_mask() if closed else None
+        if not learns_inducing(config) and "Z_l" in self.local_pack.slices:
+            # the inducing inputs stay where the set-up placed them
+            if frozen is None:
+                frozen = np.zeros(self.local_pack.size, dtype=bool)
+            frozen[self.local_pack.slices["Z_l"]] = True
         for step in range(config.local_steps):
             if closed and step % LOCAL_REFRESH == 0:
                 theta = optimal_local_factors(
@@ -534,7 +655,7 @@ class Client:
                     f"client {self.client_id!r} produced a non-finite local gradient "
                     f"at local step {step + 1} of round {broadcast.round}"
                 )
-            if closed:
+            if frozen is not None:
                 g_loc[frozen] = 0.0
             theta = self._adam.step(theta, g_loc)
         if closed:
@@ -934,13 +1055,19 @@ class Server:
         upper = getattr(self, "level_upper", None)  # None: multi-output, older checkpoints
         return lo, hi if upper is None else max(hi, float(upper))
 
-    def global_bounds(self, gpack):
+    def global_bounds(self, gpack, theta=None, learn_inducing=None):
         """L-BFGS-B bounds of the packed global vector.
 
         Parameters
         ----------
         gpack : Packer
             Layout of the global vector.
+        theta : ndarray of shape (gpack.size,), optional
+            The current global vector: unless the inducing inputs are learned,
+            the entries of ``Z_g`` are held at their values in it.
+        learn_inducing : bool, optional
+            Whether they are learned; None: as the configuration says
+            (:func:`learns_inducing`).
 
         Returns
         -------
@@ -954,6 +1081,10 @@ class Server:
             lo, hi = self.level_range()
             k = gpack.slices["level_variance"].start
             b[k] = (float(np.log(lo)), float(np.log(hi)))
+        if learn_inducing is None:
+            learn_inducing = learns_inducing(self.config)
+        if theta is not None and not learn_inducing:
+            b = fix_entries(b, theta, gpack.slices.get("Z_g"))
         return b
 
     def broadcast(self, round_):
@@ -990,6 +1121,8 @@ class Server:
             if self.config.variational_update == "closed_form":
                 # q(v_g) is set by set_global_factor; Adam moves hyperparameters only
                 grad[self.global_pack.variational_mask()] = 0.0
+            if not learns_inducing(self.config) and "Z_g" in self.global_pack.slices:
+                grad[self.global_pack.slices["Z_g"]] = 0.0  # inducing inputs held fixed
             self.theta_global = self._adam.step(self.theta_global, grad)
         return float(elbo)
 
@@ -1965,7 +2098,8 @@ class StructuredClient:
         return ClientState(self.theta.copy(), self.pack, float(self.noise_floor),
                            float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
                            getattr(self, "_noise_mode", None),
-                           copy.deepcopy(getattr(self, "prior_local", None)))
+                           copy.deepcopy(getattr(self, "prior_local", None)),
+                           getattr(self, "learn_local_inducing", None))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -1977,6 +2111,8 @@ class StructuredClient:
         if getattr(state, "noise_mode", None) is not None:
             self._noise_mode = state.noise_mode
         self.prior_local = copy.deepcopy(getattr(state, "prior_local", None))
+        learn = getattr(state, "learn_local_inducing", None)
+        self.learn_local_inducing = True if learn is None else bool(learn)
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -1990,8 +2126,9 @@ class StructuredClient:
         Local inducing inputs: the client's own distinct inputs when there are
         at most ``M_local`` of them (the local part is then exact), else k-means
         centres of its inputs. Local lengthscales: its own pilot's (or the
-        population median if it ran none); local variance: 0.1 x its pilot
-        signal variance; noise: its pilot noise variance (floored).
+        population median if it ran none, or if its pilot explained its
+        targets as more noise than signal); local variance: 0.1 x the same
+        pilot's signal variance; noise: its pilot noise variance (floored).
         """
         d = self._Xs.shape[1]
         p = own if own is not None else population
@@ -2001,18 +2138,25 @@ class StructuredClient:
         own_var = self.own_variance
         scale = scale_ratio(own_var, population)
         ratio = scale if own is None else 1.0
+        # the local kernel starts from the population's values too when the
+        # client's own pilot explained its targets as more noise than signal
+        # (the noise-only optimum of a GP's marginal likelihood: a local part
+        # started from it begins switched off and stays so)
+        pl, ratio_l = p, ratio
+        if own is not None and own.variance <= own.noise_variance:
+            pl, ratio_l = population, scale
         values = {}
         if "local" in config.components:
             span = np.ptp(self._Xs, axis=0)
             if M_local is None:
-                M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
+                M_local = auto_inducing(pl.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),
                                         maximum=min(AUTO_MAX_LOCAL, self.n_samples))
             Zl = _local_inducing(self._Xs, M_local, random_state)
-            ell = (start_lengthscale(p.lengthscale, span)
+            ell = (start_lengthscale(pl.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
-            var = (0.1 * p.variance * ratio if config.local_variance is None
+            var = (0.1 * pl.variance * ratio_l if config.local_variance is None
                    else float(config.local_variance))
             values.update(
                 Z_l=Zl,
@@ -2048,6 +2192,34 @@ class StructuredClient:
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
         self.theta = self.pack.pack(values)
+        self._decide_local_inducing(config, values)
+
+    def _decide_local_inducing(self, config, values):
+        """Whether this client learns its local inducing inputs (``learn_local_inducing``).
+
+        With ``learn_inducing="auto"``: when, at the initial values, they
+        leave at least :data:`AUTO_LEARN_RESIDUAL` of the local prior
+        variance at the client's inputs unexplained (:func:`design_residual`;
+        0 when they are the client's own inputs). A decision of the client
+        alone: nothing is sent.
+        """
+        mode = getattr(config, "learn_inducing", True)
+        if not isinstance(mode, str) or "Z_l" not in values:
+            self.learn_local_inducing = bool(mode) if not isinstance(mode, str) else True
+            return
+        res, tot = design_residual(self._Xs, values["Z_l"], values["lengthscale_l"],
+                                   float(values.get("variance_l", 1.0)), config.jitter)
+        self.learn_local_inducing = bool(tot > 0 and res >= AUTO_LEARN_RESIDUAL * tot)
+
+    def design_residual(self, theta_g, gpack):
+        """:class:`DesignResidual` of the global kernel(s) at the global vector.
+
+        Set-up exchange of ``learn_inducing="auto"``: two numbers.
+        """
+        G = gpack.unpack(theta_g)
+        res, tot = design_residual(self._Xs, G["Z_g"], G["lengthscale_g"],
+                                   float(G.get("variance_g", 1.0)))
+        return DesignResidual(res, tot)
 
     # -- one evaluation -------------------------------------------------------
     def _blocks(self, theta_g, gpack, config, theta=None):
@@ -2176,7 +2348,7 @@ class StructuredClient:
 
         mu, A_inv = post.mean, post.covariance
         n = max(self.n_samples, 1)
-        bounds = self.bounds()
+        bounds = self.bounds(config)
 
         def fun(t):
             v, g = self._surrogate(t, theta_g, gpack, config, mu, A_inv)
@@ -2202,8 +2374,20 @@ class StructuredClient:
             self.theta = t
         self._state = None
 
-    def bounds(self):
-        """L-BFGS-B bounds of the local vector, with this client's own noise floor."""
+    def bounds(self, config=None):
+        """L-BFGS-B bounds of the local vector, with this client's own noise floor.
+
+        Parameters
+        ----------
+        config : ModelConfig, optional
+            Unless the client learns its inducing inputs
+            (:meth:`learns_local_inducing`), the entries of ``Z_l`` are held
+            at their current values.
+
+        Returns
+        -------
+        list of (float or None, float or None)
+        """
         b = log_bounds(self.pack)
         for name, _, kind in self.pack.spec:
             if kind == "log" and name in LOG_BOUNDS:
@@ -2211,7 +2395,21 @@ class StructuredClient:
                 sl = self.pack.slices[name]  # noise: one entry, or one per output
                 for k in range(sl.start, sl.stop):
                     b[k] = (float(np.log(lo)), float(np.log(hi)))
+        if config is not None and not self.learns_local_inducing(config):
+            b = fix_entries(b, self.theta, self.pack.slices.get("Z_l"))
         return b
+
+    def learns_local_inducing(self, config):
+        """Whether this client's local inducing inputs move (``config.learn_inducing``).
+
+        ``"auto"``: the client's own set-up decision
+        (:meth:`_decide_local_inducing`; True for a client restored from a
+        state saved before the option existed).
+        """
+        mode = getattr(config, "learn_inducing", True)
+        if isinstance(mode, str):
+            return bool(getattr(self, "learn_local_inducing", True))
+        return bool(mode)
 
     def _adam_state(self, config):
         if getattr(self, "_adam", None) is None:
@@ -2285,6 +2483,9 @@ class ClientState:
     prior_local : dict or None
         Scalar targets: ``{"sd_rate": lambda}``, the rate of the prior of the
         client's local standard deviation (:meth:`StructuredClient.log_prior`).
+    learn_local_inducing : bool or None
+        The client's decision for its local inducing inputs under
+        ``learn_inducing="auto"`` (None: not recorded; then learned).
     """
 
     theta: np.ndarray
@@ -2294,6 +2495,7 @@ class ClientState:
     adam: object = None
     noise_mode: str = None
     prior_local: dict = None
+    learn_local_inducing: object = None
 
 
 @dataclass(frozen=True)
@@ -2755,7 +2957,8 @@ class TrainingState:
 
 
 _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_inducing_",
-                  "n_inducing_local_", "population_pilot", "level_upper")
+                  "n_inducing_local_", "population_pilot", "level_upper", "learn_inducing_",
+                  "design_residual_")
 
 
 def _is_finite_message(msg):
@@ -2964,6 +3167,17 @@ class _StructuredRun:
                          pop.noise_variance_target)))
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
+        server.learn_inducing_, server.design_residual_ = learns_inducing(cfg), None
+        if isinstance(getattr(cfg, "learn_inducing", True), str) and "Z_g" in gpack.slices:
+            # "auto": learn Z_g when the initial design leaves a large share of
+            # the prior variance at the clients' inputs unexplained
+            res, _ = self.setup_all("design_residual", (theta_g, gpack))
+            comm["bytes_up"] += int(sum(message_nbytes(m) for m in res.values()))
+            comm["n_messages"] += len(res)
+            total = sum(m.total for m in res.values())
+            share = sum(m.residual for m in res.values()) / total if total > 0 else 0.0
+            server.design_residual_ = float(share)
+            server.learn_inducing_ = bool(share >= AUTO_LEARN_RESIDUAL)
         server.population_pilot = pop
         server.init_broadcast = init
         self.init, self.gpack, self.theta_g = init, gpack, theta_g
@@ -3175,7 +3389,9 @@ class _StructuredRun:
             self.setup(seeds)
         else:
             self.resume(state, seeds)
-        self.gbounds = self.server.global_bounds(self.gpack)
+        self.gbounds = self.server.global_bounds(
+            self.gpack, self.theta_g,
+            learn_inducing=getattr(self.server, "learn_inducing_", None))
         converged = False
         c = self.counter
         for r in range(self.round0 + 1, self.round0 + self.n_rounds + 1):
@@ -3607,6 +3823,7 @@ class ILMMStructuredClient(StructuredClient):
         values["offset"] = np.asarray(mean, dtype=float)
         self.pack = ilmm_local_spec(config.components, M_l, d, Q, R_d, R_l, noise=config.noise)
         self.theta = self.pack.pack(values)
+        self._decide_local_inducing(config, values)
 
     def _initial_noise(self, config, cov, population, Q):
         """Initial noise value(s), noise floor and hyperprior centre, in the packed units.

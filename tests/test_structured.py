@@ -261,7 +261,7 @@ def test_fitted_state_is_consistent(two_clients):
     X, y, g, est = two_clients
     G, sts, post = _recompute(est, X, y, g)
     # the last ELBO reported is that of the returned model
-    assert_allclose(est.elbo_history_[-1], post.elbo, rtol=1e-9)
+    assert_allclose(est.elbo_history_[-1], post.elbo, rtol=1e-8)  # centred vs uncentred targets: round-off
     # every Gaussian factor is the exact optimum for the final hyperparameters
     assert_allclose(est.global_posterior_["mean"], post.mu, atol=1e-9)
     assert_allclose(est.global_posterior_["covariance"], post.A_inv, atol=1e-9)
@@ -434,10 +434,10 @@ def test_no_client_data_in_fitted_model(two_clients):
 
 @pytest.fixture
 def structured_spy(monkeypatch):
-    log = {"pilot": [], "statistics": [], "gradients": [], "final": []}
+    log = {"pilot": [], "statistics": [], "gradients": [], "final": [], "design": []}
     S = fed.StructuredClient
     orig = {name: getattr(S, name) for name in ("pilot", "statistics", "global_gradient",
-                                                "finish")}
+                                                "finish", "design_residual")}
 
     def wrap(name, key):
         def f(self, *a, **k):
@@ -450,6 +450,7 @@ def structured_spy(monkeypatch):
     monkeypatch.setattr(S, "statistics", wrap("statistics", "statistics"))
     monkeypatch.setattr(S, "global_gradient", wrap("global_gradient", "gradients"))
     monkeypatch.setattr(S, "finish", wrap("finish", "final"))
+    monkeypatch.setattr(S, "design_residual", wrap("design_residual", "design"))
     return log
 
 
@@ -470,7 +471,7 @@ def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
     est, X, y, g = _fit_sizes((6, 300))
     M, P = 8, est.server_.global_pack.size
     log = structured_spy
-    for key in ("pilot", "statistics", "gradients", "final"):
+    for key in ("pilot", "statistics", "gradients", "final", "design"):
         assert log[key], key
         by_client = {}
         for cid, msg in log[key]:
@@ -495,8 +496,9 @@ def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
 def test_communication_accounts_for_every_upload(structured_spy):
     est, *_ = _fit_sizes((20, 40, 9))
     log = structured_spy
-    up = sum(message_nbytes(m) for key in ("statistics", "gradients", "final")
+    up = sum(message_nbytes(m) for key in ("statistics", "gradients", "final", "design")
              for _, m in log[key])
+    assert len(log["design"]) == 3  # learn_inducing_locations="auto": two numbers each
     up_setup = sum(message_nbytes(m) for _, m in log["pilot"] if m is not None)
     summaries = 3 * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
     assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
@@ -533,7 +535,11 @@ def test_noise_free_sine_one_client_at_defaults():
     mt, st = est.predict(xt, return_std=True)
     ft = np.sin(2 * np.pi * xt[:, 0] / 20)
     assert np.mean(np.abs(mt - ft) > 3 * st) <= 0.01
-    assert est.elbo_history_[-1] == max(est.elbo_history_)
+    # the returned model is the best of the run: the objective (ELBO + the
+    # noise hyperprior) ends at its maximum, and the ELBO within a nat of its
+    # own (the stale posterior ended 36 nats below its peak)
+    assert est.objective_history_[-1] == max(est.objective_history_)
+    assert est.elbo_history_[-1] >= max(est.elbo_history_) - 1.0
 
 
 def test_two_clients_sine_at_defaults(two_clients):

@@ -1,0 +1,177 @@
+"""Learned or held inducing inputs (``learn_inducing_locations``): the trace
+residual that decides "auto", that held inputs do not move and learned ones
+do, the decisions in the fitted model, checkpoints and bad values."""
+
+import warnings
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.exceptions import ConvergenceWarning
+
+from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp import federated as fed
+
+
+def se(A, B, ell, var):
+    """Plain NumPy SE-ARD kernel (independent of skfedgp.kernels)."""
+    D = (A[:, None, :] - B[None, :, :]) / np.asarray(ell)
+    return var * np.exp(-0.5 * np.sum(D**2, axis=-1))
+
+
+def test_design_residual_is_the_nystrom_trace_residual():
+    rng = np.random.default_rng(0)
+    X, Z = rng.uniform(size=(40, 3)), rng.uniform(size=(7, 3))
+    ells = np.array([[0.3, 0.5, 0.9], [0.2, 0.2, 0.4]])
+    res, tot = fed.design_residual(X, Z, ells, 1.7, jitter=1e-10)
+    want = 0.0
+    for ell in ells:
+        Kzz = se(Z, Z, ell, 1.7) + 1e-10 * 1.7 * np.eye(7)
+        Kxz = se(X, Z, ell, 1.7)
+        want += np.trace(se(X, X, ell, 1.7) - Kxz @ np.linalg.solve(Kzz, Kxz.T))
+    assert_allclose(res, want, rtol=1e-6)
+    assert tot == pytest.approx(2 * 40 * 1.7)
+    # inducing inputs at the inputs explain the whole prior
+    res0, _ = fed.design_residual(X, X, ells[0], 1.7, jitter=1e-10)
+    assert res0 < 1e-6 * tot
+
+
+def _one_d(seed=0, n_clients=4, n=25):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, size=(n_clients * n, 1))
+    g = np.repeat(np.arange(n_clients), n)
+    y = np.sin(X[:, 0]) + 0.3 * g + 0.1 * rng.normal(size=len(g))
+    return X, y, g
+
+
+def _fit(X, y, g, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return FederatedHierarchicalGPRegressor(random_state=0, **kw).fit(X, y, g)
+
+
+def _Z(est):
+    srv = est.server_
+    G = srv.global_pack.unpack(srv.theta_global)
+    return G["Z_g"], {lab: c.local_values()["Z_l"] for lab, c in est.clients_.items()}
+
+
+@pytest.mark.parametrize("learn", [False, True])
+def test_held_inducing_inputs_stay_where_the_set_up_put_them(learn):
+    X, y, g = _one_d()
+    start = _fit(X, y, g, n_rounds=0, learn_inducing_locations=learn, n_inducing_local=5)
+    est = _fit(X, y, g, n_rounds=4, learn_inducing_locations=learn, n_inducing_local=5)
+    Zg0, Zl0 = _Z(start)
+    Zg, Zl = _Z(est)
+    assert est.learn_inducing_locations_ is learn
+    # the hyperparameters moved either way
+    assert not np.allclose(start.server_.theta_global, est.server_.theta_global)
+    if learn:
+        assert not np.allclose(Zg, Zg0)
+        assert any(not np.allclose(Zl[k], Zl0[k]) for k in Zl)
+    else:
+        assert_array_equal(Zg, Zg0)
+        for k in Zl:
+            assert_array_equal(Zl[k], Zl0[k])
+
+
+def test_auto_holds_a_design_that_covers_the_inputs():
+    X, y, g = _one_d()
+    est = _fit(X, y, g)
+    assert est.learn_inducing_locations_ is False
+    assert est.server_.design_residual_ < fed.AUTO_LEARN_RESIDUAL
+    # and so does every client whose local set explains its own prior
+    assert not any(c.learn_local_inducing for c in est.clients_.values())
+
+
+def test_auto_learns_a_design_too_sparse_for_the_inputs():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(size=(120, 6))
+    g = np.repeat(np.arange(3), 40)
+    y = np.sin(4 * X[:, 0]) * np.cos(3 * X[:, 1]) + X[:, 2] + 0.05 * rng.normal(size=120)
+    est = _fit(X, y, g, n_inducing=8, n_inducing_local=4, n_rounds=2,
+               lengthscale=0.3, local_lengthscale=0.3)
+    assert est.server_.design_residual_ >= fed.AUTO_LEARN_RESIDUAL
+    assert est.learn_inducing_locations_ is True
+    assert all(c.learn_local_inducing for c in est.clients_.values())
+    # the residual the server combined is the clients' summed Nystrom residual
+    srv = est.server_
+    assert 0.0 < srv.design_residual_ <= 1.0
+
+
+def test_auto_decision_costs_two_numbers_per_client():
+    X, y, g = _one_d()
+    auto = _fit(X, y, g, n_rounds=1)
+    held = _fit(X, y, g, n_rounds=1, learn_inducing_locations=False)
+    up = auto.communication_[0]["bytes_up"] - held.communication_[0]["bytes_up"]
+    assert up == 4 * 2 * 8  # four clients, two float64 each
+    assert auto.communication_[0]["n_messages"] - held.communication_[0]["n_messages"] == 4
+
+
+def test_resume_keeps_the_decision(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.uniform(size=(90, 5))
+    g = np.repeat(np.arange(3), 30)
+    y = np.sin(4 * X[:, 0]) + X[:, 1] + 0.05 * rng.normal(size=90)
+    kw = dict(n_inducing=6, n_inducing_local=3, lengthscale=0.3, local_lengthscale=0.3)
+    full = _fit(X, y, g, n_rounds=3, **kw)
+    assert full.learn_inducing_locations_ is True
+    path = tmp_path / "state.joblib"
+    _fit(X, y, g, n_rounds=1, checkpoint=str(path), **kw)
+    resumed = _fit(X, y, g, n_rounds=2, resume_from=str(path), **kw)
+    assert resumed.learn_inducing_locations_ is True
+    assert_array_equal(resumed.server_.theta_global, full.server_.theta_global)
+    assert resumed.elbo_history_ == full.elbo_history_
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None, "Auto"])
+def test_bad_learn_inducing_locations_is_a_clear_error(bad):
+    X, y, g = _one_d()
+    with pytest.raises(ValueError, match="learn_inducing_locations must be True, False or 'auto'"):
+        FederatedHierarchicalGPRegressor(learn_inducing_locations=bad).fit(X, y, g)
+
+
+def test_mean_field_family_holds_inducing_inputs_when_asked():
+    X, y, g = _one_d(n=15)
+    kw = dict(variational_family="mean_field", optimizer="adam", n_rounds=3, n_inducing=6,
+              n_inducing_local=4)
+    held = _fit(X, y, g, learn_inducing_locations=False, **kw)
+    start = _fit(X, y, g, learn_inducing_locations=False, **{**kw, "n_rounds": 0})
+    G0 = start.server_.global_pack.unpack(start.server_.theta_global)
+    G = held.server_.global_pack.unpack(held.server_.theta_global)
+    assert_array_equal(G["Z_g"], G0["Z_g"])
+    learned = _fit(X, y, g, **kw)  # "auto" counts as learned for the mean-field family
+    G1 = learned.server_.global_pack.unpack(learned.server_.theta_global)
+    assert not np.allclose(G1["Z_g"], G0["Z_g"])
+
+
+def test_noise_dominated_pilot_starts_the_local_part_from_the_population(monkeypatch):
+    """A client whose pilot took its targets for noise starts its local kernel
+    from the population's pilot values (its own would start it switched off);
+    the other clients start from their own pilots."""
+    X, y, g = _one_d()
+    orig_pilot, orig_init = fed.StructuredClient.pilot, fed.StructuredClient.initialise
+    seen = {}
+
+    def pilot(self, random_state):
+        p = orig_pilot(self, random_state)
+        if self.client_id == 1:  # more noise than signal
+            return fed.PilotSummary(p.lengthscale * 50.0, 0.01, 1.0)
+        return p
+
+    def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
+        orig_init(self, config, M_local, theta_g, gpack, own, population, random_state)
+        seen[self.client_id] = (self.local_values(), own, population,
+                                np.ptp(self._Xs, axis=0))
+
+    monkeypatch.setattr(fed.StructuredClient, "pilot", pilot)
+    monkeypatch.setattr(fed.StructuredClient, "initialise", initialise)
+    _fit(X, y, g, n_rounds=0)
+    B, own, pop, span = seen[1]
+    assert own.variance < own.noise_variance
+    assert_allclose(B["lengthscale_l"], fed.start_lengthscale(pop.lengthscale, span))
+    assert B["variance_l"] == pytest.approx(0.1 * pop.variance)
+    assert B["noise_variance"] == pytest.approx(1.0)  # its noise still starts at its pilot's
+    B0, own0, _, span0 = seen[0]
+    assert_allclose(B0["lengthscale_l"], fed.start_lengthscale(own0.lengthscale, span0))
+    assert B0["variance_l"] == pytest.approx(0.1 * own0.variance)
