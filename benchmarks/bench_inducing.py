@@ -14,6 +14,10 @@ Cases:
 * ``1d``: ``make_hierarchical_regression(n_clients=6, n_samples=50)``;
 * ``2d``: ``make_hierarchical_regression(n_clients=6, n_samples=30,
   n_features=2)``;
+* ``rff4d`` and ``rff6d``: 4 clients x 150 points of one random-feature
+  function (30 cosines) of 4 inputs with lengthscale 0.3, or 6 inputs with
+  lengthscale 0.5, on the unit cube, noise sd 0.05, 100 test points per
+  client (a design of ``M = N / 4`` points cannot cover such inputs);
 * ``kin40k`` and ``pumadyn32nm`` (with ``--data-dir``, the folder holding
   ``kin40k/kin40k.npz`` and ``pumadyn32nm/pumadyn32nm.npz``): 5 clients x 300
   and 4 clients x 250 random training points, up to 2000 test points with
@@ -21,8 +25,8 @@ Cases:
 
 Usage::
 
-    python benchmarks/bench_inducing.py [--case 1d-small 1d 2d kin40k pumadyn32nm]
-        [--seeds 0 1 2] [--data-dir ../shared/data]
+    python benchmarks/bench_inducing.py [--case 1d-small 1d 2d rff4d rff6d kin40k
+        pumadyn32nm] [--seeds 0 1 2] [--modes True False auto] [--data-dir DATA_DIR]
 """
 
 from __future__ import annotations
@@ -49,6 +53,19 @@ def case(name, seed, data_dir):
     if name == "2d":
         return make_hierarchical_regression(n_clients=6, n_samples=30, n_features=2,
                                             n_test=100, random_state=seed)
+    if name in ("rff4d", "rff6d"):
+        d, ell = (4, 0.3) if name == "rff4d" else (6, 0.5)
+        W = rng.normal(size=(d, 30)) / ell
+        b = rng.uniform(0, 2 * np.pi, 30)
+        a = rng.normal(size=30) * np.sqrt(2 / 30)
+
+        def f(X):
+            return np.cos(X @ W + b) @ a
+
+        X, Xt = rng.uniform(size=(600, d)), rng.uniform(size=(400, d))
+        g, gt = np.repeat(np.arange(4), 150), np.repeat(np.arange(4), 100)
+        return (X, f(X) + 0.05 * rng.normal(size=600), g,
+                Xt, f(Xt) + 0.05 * rng.normal(size=400), gt)
     if name in ("kin40k", "pumadyn32nm"):
         if data_dir is None:
             return None
@@ -64,7 +81,10 @@ def case(name, seed, data_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--case", nargs="+", default=["1d-small", "1d", "2d"],
-                        choices=["1d-small", "1d", "2d", "kin40k", "pumadyn32nm"])
+                        choices=["1d-small", "1d", "2d", "rff4d", "rff6d", "kin40k",
+                                 "pumadyn32nm"])
+    parser.add_argument("--modes", nargs="+", default=["True", "False", "auto"],
+                        choices=["True", "False", "auto"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args(argv)
@@ -77,7 +97,7 @@ def main(argv=None):
                 print(f"{name}: skipped (needs --data-dir)")
                 break
             X, y, g, Xt, yt, gt = data
-            for learn in (True, False, "auto"):
+            for learn in [{"True": True, "False": False}.get(m, m) for m in args.modes]:
                 est = FederatedHierarchicalGPRegressor(random_state=seed,
                                                        learn_inducing_locations=learn)
                 t0 = time.perf_counter()

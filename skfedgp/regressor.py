@@ -345,20 +345,24 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ``n_inducing="auto"``) and the client's own distinct inputs or
         k-means centres of them (local). "auto" (structured family):
         a set is learned only when, at the initial hyperparameters, it
-        leaves at least 5 % of the prior variance at the inputs unexplained
-        (``1 - tr Q_ff / tr K_ff``, the trace term of the collapsed bound,
-        which bounds what moving the inducing inputs can add to it; Burt,
-        Rasmussen and van der Wilk, JMLR 21, 2020): the global set by the
-        server from two numbers per client, each client's local set by the
-        client alone. Where the design already covers the inputs (few input
+        leaves more than 1 % of the prior variance at the inputs unexplained
+        (``1 - tr Q_ff / tr K_ff``: the trace term of the collapsed bound,
+        Titsias 2009, without its noise scale; Burt, Rasmussen and van der
+        Wilk, JMLR 21, 2020, bound the bound's gap by terms proportional to
+        it): the global set by the server from two numbers per client, each
+        client's local set by the client alone. A given True or False also
+        applies to a warm start or resume; "auto" keeps the decision of the
+        fit it continues. Where the design already covers the inputs (few input
         dimensions), optimising ``M x d`` more coordinates only makes the
         objective harder: on 8 clients of 12 points in 1-D (5 seeds) a fit
         took 12-72 s and 16-86 rounds with them learned, 2-4 s and 7-12
         rounds without, with a lower mean held-out NLL. Where it does not
-        (8 inputs, ``M`` capped by the budget), learning them matters:
+        (4-8 inputs, ``M`` capped by the budget), learning them matters:
         KIN40K, 5 clients x 300 points, RMSE 0.34 learned against 0.44
-        held. The decision is ``learn_inducing_locations_``. The mean-field
-        family treats "auto" as True (the paper's Algorithm 1).
+        held (``benchmarks/bench_inducing.py``). The decision is
+        ``learn_inducing_locations_`` (each client's own,
+        ``clients_[label].learn_local_inducing``). The mean-field family
+        treats "auto" as True (the paper's Algorithm 1).
     components : tuple of str, default=("global", "deviation", "local")
         Which parts to use: a non-empty subset. ``("local",)`` is Local-only
         (independent per-client sparse GPs), ``("global",)`` is Global-only,
@@ -545,7 +549,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     learn_inducing_locations_ : bool
         Whether the global inducing inputs were optimised
         (``learn_inducing_locations``; with "auto", the structured family's
-        set-up decision).
+        set-up decision; False without a global part). Each structured
+        client's decision for its own local inducing inputs is
+        ``clients_[label].learn_local_inducing``.
     client_offsets_ : dict
         Structured family: each client's constant mean in target units (with
         a 1-D ``y``, the posterior mean of its random level).
@@ -648,6 +654,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     >>> est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, groups)
     >>> mean, std = est.predict(X[:5], groups[:5], return_std=True)
     """
+
+    #: An estimator pickled before ``learn_inducing_locations`` existed has no
+    #: such attribute: it learned its inducing inputs, and refits as it did.
+    learn_inducing_locations = True
 
     def __init__(
         self,
@@ -1045,7 +1055,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = config.n_inducing
-        self.learn_inducing_locations_ = learns_inducing(config)
+        self.learn_inducing_locations_ = bool(learns_inducing(config)
+                                              and "Z_g" in server.global_pack.slices)
         self._population_local = self._population_block()
         return self
 
@@ -1128,11 +1139,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = server.n_inducing_
-        # whether Z_g was learned ("auto": the set-up decision; a state saved
-        # before the option existed learned it)
-        learned = getattr(server, "learn_inducing_", None)
-        self.learn_inducing_locations_ = bool(
-            learns_inducing(config) if learned is None else learned)
+        # whether Z_g was learned (False without one; "auto": the set-up decision)
+        self.learn_inducing_locations_ = bool(server.learn_inducing_)
         self._population_local = res["population"]
         # the clients' levels: posterior means of the random levels
         self.client_offsets_ = {

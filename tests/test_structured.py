@@ -261,7 +261,9 @@ def test_fitted_state_is_consistent(two_clients):
     X, y, g, est = two_clients
     G, sts, post = _recompute(est, X, y, g)
     # the last ELBO reported is that of the returned model
-    assert_allclose(est.elbo_history_[-1], post.elbo, rtol=1e-8)  # centred vs uncentred targets: round-off
+    # rtol 1e-8: the held 1-D design has cond(K_zz) ~ 1e11, and the recomputation
+    # works with uncentred targets, the fit with centred ones (round-off 7e-9)
+    assert_allclose(est.elbo_history_[-1], post.elbo, rtol=1e-8)
     # every Gaussian factor is the exact optimum for the final hyperparameters
     assert_allclose(est.global_posterior_["mean"], post.mu, atol=1e-9)
     assert_allclose(est.global_posterior_["covariance"], post.A_inv, atol=1e-9)
