@@ -2207,8 +2207,11 @@ class StructuredClient:
         alone: nothing is sent.
         """
         mode = getattr(config, "learn_inducing", True)
-        if not isinstance(mode, str) or "Z_l" not in values:
-            self.learn_local_inducing = bool(mode) if not isinstance(mode, str) else True
+        if "Z_l" not in values:  # no local part: nothing to learn
+            self.learn_local_inducing = False
+            return
+        if not isinstance(mode, str):
+            self.learn_local_inducing = bool(mode)
             return
         res, tot = design_residual(self._Xs, values["Z_l"], values["lengthscale_l"],
                                    float(values.get("variance_l", 1.0)), config.jitter)
@@ -2409,6 +2412,8 @@ class StructuredClient:
         (:meth:`_decide_local_inducing`; True for a client restored from a
         state saved before the option existed).
         """
+        if "Z_l" not in self.pack.slices:
+            return False
         mode = getattr(config, "learn_inducing", True)
         if isinstance(mode, str):
             return bool(getattr(self, "learn_local_inducing", True))
@@ -2431,6 +2436,9 @@ class StructuredClient:
         if self._state is None:  # a process-based backend dropped it: recompute (identical)
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = client_posterior(self._state, post.mean, post.covariance)
+        # the decision this training used (a given True/False overrides the
+        # one recorded at set-up, e.g. on a warm start)
+        self.learn_local_inducing = self.learns_local_inducing(config)
         a = self._state.layout.level_row()
         if a is not None and self._state.level_mean:
             # the passes centred the targets at m, i.e. worked with a - mu0
@@ -3148,6 +3156,7 @@ class _StructuredRun:
         self.n_samples = {c: summaries[c].n_samples for c in self.active}
         pilots, _ = self.setup_all("pilot", {c: (seeds[c],) for c in self.active})
         comm["bytes_up"] += int(sum(message_nbytes(p) for p in pilots.values() if p is not None))
+        comm["n_messages"] += sum(p is not None for p in pilots.values())
         good = [p for p in pilots.values() if p is not None]
         d = server.d
         ranges = np.ones(d)  # scaled inputs live in the unit box
@@ -3927,6 +3936,7 @@ class ILMMStructuredClient(StructuredClient):
         if self._state is None:
             self.statistics(theta_g, gpack, config, post.round)
         mu_u, Sigma_u, H = posterior(self._state, post.mean, post.covariance)
+        self.learn_local_inducing = self.learns_local_inducing(config)
         V_c, K_c, obs = offset_uncertainty(self._state, Sigma_u)
         self.posterior = {"mu_u": mu_u, "Sigma_u": Sigma_u, "H": H,
                           "offset_variance": V_c, "offset_gain": K_c, "offset_outputs": obs}

@@ -355,8 +355,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         fit it continues. Where the design already covers the inputs (few input
         dimensions), optimising ``M x d`` more coordinates only makes the
         objective harder: on 8 clients of 12 points in 1-D (5 seeds) a fit
-        took 12-72 s and 16-86 rounds with them learned, 2-4 s and 7-12
-        rounds without, with a lower mean held-out NLL. Where it does not
+        took 5-58 s and 16-100 rounds with them learned, 2-4 s and 7-12
+        rounds without, with a lower mean held-out NLL (1.34 against
+        1.50). Where it does not
         (4-8 inputs, ``M`` capped by the budget), learning them matters:
         KIN40K, 5 clients x 300 points, RMSE 0.34 learned against 0.44
         held (``benchmarks/bench_inducing.py``). The decision is
@@ -549,9 +550,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     learn_inducing_locations_ : bool
         Whether the global inducing inputs were optimised
         (``learn_inducing_locations``; with "auto", the structured family's
-        set-up decision; False without a global part). Each structured
-        client's decision for its own local inducing inputs is
-        ``clients_[label].learn_local_inducing``.
+        set-up decision; False when there are none, i.e. neither the global
+        nor the deviation part). Each structured client's decision for its
+        own local inducing inputs is ``clients_[label].learn_local_inducing``
+        (False without a local part).
     client_offsets_ : dict
         Structured family: each client's constant mean in target units (with
         a 1-D ``y``, the posterior mean of its random level).

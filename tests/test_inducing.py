@@ -198,6 +198,8 @@ def test_a_given_setting_applies_to_a_warm_start(first, then):
         est.set_params(learn_inducing_locations=then, n_rounds=2).fit(X, y, g)
     Zg, Zl = _Z(est)
     assert est.learn_inducing_locations_ is then
+    # each client's recorded decision is the one this training used
+    assert all(c.learn_local_inducing is then for c in est.clients_.values())
     if then:  # learned: Z_g moves, and the Z_l of a client whose local part is on
         assert not np.allclose(Zg, Zg0)
         assert any(not np.allclose(Zl[k], Zl0[k], rtol=0, atol=1e-4) for k in Zl)
@@ -212,6 +214,13 @@ def test_no_global_part_learns_no_global_inducing_inputs():
     for learn in ("auto", True):
         est = _fit(X, y, g, n_rounds=1, components=("local",), learn_inducing_locations=learn)
         assert est.learn_inducing_locations_ is False
+        # and no local part learns no local ones
+        est = _fit(X, y, g, n_rounds=1, components=("global",), learn_inducing_locations=learn)
+        assert not any(c.learn_local_inducing for c in est.clients_.values())
+    # the deviation alone has global inducing inputs
+    est = _fit(X, y, g, n_rounds=1, components=("deviation", "local"),
+               learn_inducing_locations=True)
+    assert est.learn_inducing_locations_ is True
     mf = _fit(X, y, g, n_rounds=1, components=("local",), variational_family="mean_field",
               optimizer="adam")
     assert mf.learn_inducing_locations_ is False
