@@ -107,7 +107,7 @@ def main(argv=None):
     max_infos = (4, 10)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
     lines = ["# Async DGP regression benchmark (simulated network)", "",
-             "Produced by `python benchmarks/async_regression.py`; protocol in its docstring.",
+             "Produced by `python benchmarks/async_regression.py --data-dir DATA_DIR` (`DATA_DIR/kin40k/kin40k.npz`, `DATA_DIR/pumadyn32nm/pumadyn32nm.npz`); protocol in its docstring.",
              "Final running SMSE (lower is better; predicting the prior mean gives ~1).", ""]
     for c, (name, rel) in enumerate(DATASETS.items()):
         path = os.path.join(args.data_dir, rel)

@@ -6,7 +6,7 @@ small training budget, since only scoring is timed), then times
 ``predict(..., return_cov=True)`` calls and the Cholesky factorisations of
 the 4804 x 4804 covariances, to show both happen once per class.
 
-Target (issue 8): under 30 s on 2 cores.
+Target: under 30 s on 2 cores.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Client dropout benchmark of the structured family (issue 10, item 3).
+"""Client dropout benchmark of the structured family.
 
 For several data sets and seeds, three fits of
 :class:`skfedgp.FederatedHierarchicalGPRegressor` at its defaults:

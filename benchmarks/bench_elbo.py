@@ -1,6 +1,6 @@
 """Time and peak memory of one ELBO + gradient evaluation of skfedgp's engine.
 
-What is measured (issue 2, "Benchmark"):
+What is measured:
 
 * one evaluation of :func:`skfedgp._sparse.client_term` with its full
   analytic gradient (every parameter: variational means and Cholesky

@@ -1,4 +1,4 @@
-"""Per-call time of the multi-output (ILMM) structured maths (issue 7).
+"""Per-call time of the multi-output (ILMM) structured maths.
 
 What is measured: one :func:`skfedgp._ilmm.forward` (a client's statistics)
 and one :func:`skfedgp._ilmm.backward` (its full gradient, global and local)

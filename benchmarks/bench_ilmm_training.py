@@ -1,4 +1,4 @@
-"""Rounds, time and accuracy of a default multi-output fit against the Oracle (issue 7).
+"""Rounds, time and accuracy of a default multi-output fit against the Oracle.
 
 What is measured: ``FederatedHierarchicalGPRegressor(n_latent=2,
 random_state=seed)`` (its defaults, or the estimator parameters given with

@@ -1,4 +1,4 @@
-"""Default settings on cases a new user meets (issues 5 and 6).
+"""Default settings on cases a new user meets.
 
 Four cases, each at the regressor's defaults (``random_state=0``), printing
 RMSE, mean Gaussian NLL, the share of test points beyond 3 predictive std

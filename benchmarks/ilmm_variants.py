@@ -1,11 +1,11 @@
-"""Multi-output (ILMM) pFedHGP settings against the Oracle, per seed (issue 7).
+"""Multi-output (ILMM) pFedHGP settings against the Oracle, per seed.
 
 On the paper's synthetic benchmark (``make_hierarchical_regression(n_clients=6,
 n_samples=50, n_outputs=4, n_test=150, scenario=...)``, as in
 ``synthetic_table2.py``), fits ``FederatedHierarchicalGPRegressor(n_latent=2,
 random_state=seed, **variant)`` for each variant and seed and prints, per run:
 the RMSE against the clean test targets, its ratio to the Oracle's (the exact
-GP with the simulator's true covariance; issue 7 asks for at most 1.10 on
+GP with the simulator's true covariance; the target is at most 1.10 on
 scenario A), the 95 % coverage of the noisy test targets (asked: 0.93-0.97),
 the final ELBO, the rounds run and the fit time. Where the table in
 ``docs/synthetic_benchmark.md`` gives means over seeds, this shows how much

@@ -23,7 +23,7 @@ Usage (from the repository root)::
     python benchmarks/synthetic_table2.py --seeds 30 [--n-jobs 2]
         [--scenarios A B C D] [--output docs/synthetic_benchmark.md]
 
-Writes the table, the command, the wall time, the "done" criteria of issue 7
+Writes the table, the command, the wall time, the target criteria
 and a short reading to ``--output``, and the figures
 ``synthetic_robustness.png`` (paper Fig. 2) and ``synthetic_prediction.png``
 (paper Fig. 3) beside it. Models that cannot be fitted (the multi-output
@@ -181,7 +181,7 @@ def _best_or_within(table, sc, metric, method="Full"):
 
 
 def done_criteria(table, scenarios):
-    """Lines 'PASS'/'FAIL'/'n/a' for the issue's done criteria."""
+    """Lines 'PASS'/'FAIL'/'n/a' for the target criteria."""
     lines = []
     full_a, orc_a = table.get(("A", "Full")), table.get(("A", "Oracle"))
     if "A" in scenarios and full_a and orc_a:
@@ -356,7 +356,7 @@ def main(argv=None):
     cmd = "python benchmarks/synthetic_table2.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
     print(md_table)
-    print("\nDone criteria (issue 7):")
+    print("\nTarget criteria:")
     print("\n".join(criteria))
     print(f"\nwall time {wall:.1f} s")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -393,7 +393,7 @@ def main(argv=None):
         f"![Four channels of client 0, scenario A, seed 0 ({fig_method})]"
         "(synthetic_prediction.png)",
         "",
-        "## Done criteria of issue 7",
+        "## Target criteria",
         "",
         *[f"- {c}" for c in criteria],
         "",
@@ -409,7 +409,7 @@ def main(argv=None):
         "deviation, 2 local) into the 4 channels, so its Q x Q covariance has rank up to "
         "4; the rest is absorbed as noise, which is why this baseline's NLL and widths "
         "are large. `--pfedgp-extra-ranks 4` adds a full-rank pFedGP row (supplementary, "
-        "outside the issue's criteria) that shows what the same baseline does without "
+        "outside the target criteria) that shows what the same baseline does without "
         "that handicap.",
     ]
     unavailable = sorted({m for (sc, m), v in table.items() if v is None})

@@ -9,10 +9,12 @@ FederatedHierarchicalGPRegressor
     Systems", arXiv:2609.19337, 2026; ``docs/maths.md``).
 MaxEvidenceClassifier
     Whole-curve classification by the largest predictive evidence, one client
-    per class (same paper, section 3.8).
+    per class (same paper, section 3.8.1).
 OperatorClustering
-    Clusters clients by their trace-normalised kernel operators (same paper,
-    section 3.8).
+    Clusters clients by spectral clustering of dissimilarities between
+    per-client operators in inducing-feature space; by default operators of
+    each client's fitted personal function, optionally the paper's kernel
+    operators (same paper, section 3.8.2).
 PFedGPRegressor
     The pFedHGP paper's comparison baseline (Achituve et al., NeurIPS 2021, as
     adapted in section 4.4): per-client multi-output GPs whose kernel

@@ -618,7 +618,8 @@ def posterior(state, mu, A_inv):
 def offset_uncertainty(state, Sigma_u):
     """Estimation uncertainty of the client's constant means (flat prior).
 
-    The multi-output form of :func:`skfedgp._structured.offset_uncertainty`:
+    For the multi-output (ILMM) clients; scalar clients treat their level as
+    a Gaussian random effect instead (docs/maths.md, section 13). Here,
     for the outputs ``O`` the client observed, with
     ``A_q = E_q^T F^T D_q 1 / s2_q`` (column ``q`` of ``A``), the joint
     Gaussian over ``(u, c_O)`` has precision

@@ -1,5 +1,5 @@
 """Maximum-evidence curve classifier: every class is a pFedHGP client
-(pFedHGP paper, section 3.8.2 and section 5.1; pFedHGP paper, section 3.8).
+(pFedHGP paper, section 3.8.1 and section 5.1).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _JITTERS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6)
 
 
 def default_curve_regressor():
-    """The regressor of the pFedHGP tonnage study (pFedHGP paper, section 3.8), adapted.
+    """The regressor of the pFedHGP tonnage study (pFedHGP paper, section 5.1), adapted.
 
     ``M = 81`` global and ``M_i = 41`` local inducing points, initial
     lengthscales 50 and 10 (index units of the default grid) and initial
@@ -271,7 +271,7 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
     classify equally well, the one whose held-out curves have the largest
     log density under their own classes wins.
 
-    Source: beyond the pFedHGP paper (its section 3.8 scores eq. 31 only);
+    Source: beyond the pFedHGP paper (its section 3.8.1 scores eq. 31 only);
     the class laws are probabilistic PCA (Tipping and Bishop 1999, J. R.
     Statist. Soc. B 61(3), eqs. 7-8), the rank chosen as a classifier
     hyperparameter by K-fold cross-validation.
@@ -341,7 +341,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     (:class:`~skfedgp.FederatedHierarchicalGPRegressor`): the training curves
     of class ``c`` are that client's rows. A test curve ``y*`` on the grid
     is scored by the Gaussian predictive log-likelihood of each class with
-    the *full* predictive covariance (pFedHGP paper, section 3.8, paper eq. 31)::
+    the *full* predictive covariance (pFedHGP paper, section 3.8.1, eq. 31)::
 
         score_c(y*) = log N(y*; mu_c(X*), Sigma_c(X*))
 
@@ -399,8 +399,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         axis, as the paper does: point ``j`` of channel ``k`` sits at
         ``k * (span + step) + grid[j]`` where ``span = max(grid) -
         min(grid)`` and ``step`` is the median grid spacing (for the default
-        grid: ``k * n_points + j``). ``"multioutput"`` would
-        model the channels as the outputs of the ILMM extension (pFedHGP paper,
+        grid: ``k * n_points + j``). ``"multioutput"``
+        models the channels as the outputs of the ILMM extension (pFedHGP paper,
         section 3.9): one class model with ``n_channels`` outputs on the grid,
         scored with the joint covariance of all points and channels of a curve
         (the regressor's ``predict_joint``). ``fit`` does not accept NaN
@@ -476,9 +476,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
 
     References
     ----------
-    pFedHGP paper (personalised federated hierarchical Gaussian processes),
-    section 3.8 (classification by maximum predictive evidence, eq. 31) and
-    section 5.1 (press tonnage). Tipping, M. E. and Bishop, C. M. (1999),
+    H. Yan, "Personalized Federated Hierarchical Gaussian Processes for
+    Privacy-Preserving Modeling of Heterogeneous Distributed Systems", arXiv
+    preprint arXiv:2609.19337 (2026): section 3.8.1
+    (classification by maximum predictive evidence, eq. 31) and section 5.1
+    (press tonnage). Tipping, M. E. and Bishop, C. M. (1999),
     "Probabilistic principal component analysis", J. R. Statist. Soc. B
     61(3) (the within-class covariance). Lei, Zhang and Jin (2010), J. Manuf. Sci.
     Eng. 132(5) (the tonnage data).

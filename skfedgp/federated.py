@@ -71,6 +71,7 @@ __all__ = [
     "Server",
     "run_federated_training",
     "PilotSummary",
+    "DesignResidual",
     "StructuredStatistics",
     "PosteriorBroadcast",
     "GlobalGradient",
