@@ -17,7 +17,8 @@ Usage::
     python benchmarks/bench_ilmm_training.py --seeds 0 1 2
     python benchmarks/bench_ilmm_training.py --seeds 0 --params "local_steps=50"
 
-One default fit takes about 1.5-5 minutes on one core of this kind of machine.
+One default fit takes about 1-2 minutes on one core of a 2-core machine
+running another job (1.5-5 minutes with ``learn_inducing_locations=True``).
 """
 
 from __future__ import annotations
