@@ -339,6 +339,30 @@ def learns_inducing(config):
     return True if isinstance(v, str) else bool(v)
 
 
+def resolved_learn_inducing(config, decision):
+    """Whether a set of inducing inputs moves in this training.
+
+    A given ``True``/``False`` in ``config.learn_inducing`` applies (also to
+    a warm start or resume); ``"auto"`` takes the set-up ``decision``
+    (``None``, from a state saved before the option existed: learned).
+
+    Parameters
+    ----------
+    config : ModelConfig
+    decision : bool or None
+        The stored ``"auto"`` decision (the server's ``learn_inducing_`` or a
+        client's ``learn_local_inducing``).
+
+    Returns
+    -------
+    bool
+    """
+    mode = getattr(config, "learn_inducing", True)
+    if isinstance(mode, str):
+        return True if decision is None else bool(decision)
+    return bool(mode)
+
+
 def design_residual(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER):
     """How much of an SE-ARD prior at ``X`` the inducing inputs ``Z`` leave unexplained.
 
@@ -2415,10 +2439,7 @@ class StructuredClient:
         """
         if "Z_l" not in self.pack.slices:
             return False
-        mode = getattr(config, "learn_inducing", True)
-        if isinstance(mode, str):
-            return bool(getattr(self, "learn_local_inducing", True))
-        return bool(mode)
+        return resolved_learn_inducing(config, getattr(self, "learn_local_inducing", None))
 
     def _adam_state(self, config):
         if getattr(self, "_adam", None) is None:
@@ -3180,8 +3201,8 @@ class _StructuredRun:
                          pop.noise_variance_target)))
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
-        server.learn_inducing_ = learns_inducing(cfg) and "Z_g" in gpack.slices
-        server.design_residual_ = None
+        # learn_inducing_ is resolved in run(); only "auto" decides it here
+        server.learn_inducing_, server.design_residual_ = None, None
         if isinstance(getattr(cfg, "learn_inducing", True), str) and "Z_g" in gpack.slices:
             # "auto": learn Z_g when the initial design leaves a large share of
             # the prior variance at the clients' inputs unexplained
@@ -3407,13 +3428,8 @@ class _StructuredRun:
         # run); "auto" keeps the set-up decision of the run it continues (a
         # state saved before the option existed: learned)
         server = self.server
-        mode = getattr(cfg, "learn_inducing", True)
-        if isinstance(mode, str):
-            learn = getattr(server, "learn_inducing_", None)
-            learn = True if learn is None else bool(learn)
-        else:
-            learn = bool(mode)
-        server.learn_inducing_ = learn and "Z_g" in self.gpack.slices
+        server.learn_inducing_ = ("Z_g" in self.gpack.slices and resolved_learn_inducing(
+            cfg, getattr(server, "learn_inducing_", None)))
         self.gbounds = server.global_bounds(self.gpack, self.theta_g,
                                             learn_inducing=server.learn_inducing_)
         converged = False
