@@ -356,6 +356,13 @@ def resolved_learn_inducing(config, decision):
     Returns
     -------
     bool
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (whose Algorithm 1 always learns them): the
+    ``"auto"`` rule of docs/maths.md, section 11, built on the trace term of
+    the collapsed bound (Titsias, "Variational learning of inducing variables
+    in sparse Gaussian processes", AISTATS 2009, eq. 9).
     """
     mode = getattr(config, "learn_inducing", True)
     if isinstance(mode, str):
@@ -415,7 +422,14 @@ class DesignResidual:
     residual, total : float
         The client's :func:`design_residual` of the global kernel(s) at the
         initial global vector: its sum of ``k(x, x) - q(x, x)`` and of
-        ``k(x, x)`` over its inputs (standardised units).
+        ``k(x, x)`` over its inputs (standardised target units squared;
+        the message's size does not depend on ``n_i``).
+
+    Notes
+    -----
+    The server learns ``Z_g`` when ``sum residual / sum total`` exceeds
+    :data:`AUTO_LEARN_RESIDUAL` (docs/maths.md, section 11; the trace term of
+    Titsias, AISTATS 2009, eq. 9).
     """
 
     residual: float
@@ -431,13 +445,21 @@ def fix_entries(bounds, theta, index):
     Parameters
     ----------
     bounds : list of (float or None, float or None)
-    theta : ndarray
+        One ``(lower, upper)`` pair per entry of ``theta`` (length ``P``).
+    theta : ndarray of shape (P,)
+        The unconstrained parameter vector whose entries are held.
     index : slice or None
         The entries to fix (None: none).
 
     Returns
     -------
     list of (float or None, float or None)
+        A new list of length ``P``; the input is not modified.
+
+    Notes
+    -----
+    How held inducing inputs (``learn_inducing_locations``) stay put; an
+    implementation device, not from the papers.
     """
     bounds = list(bounds)
     if index is not None:
