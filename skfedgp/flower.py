@@ -854,7 +854,7 @@ SETUP_METHODS = ("summary", "prepare", "pilot", "initialise", "design_residual")
 def payload_per_round(log):
     """Sum a :attr:`FlowerTransport.payload_log_` by round, as ``communication_`` does.
 
-    The set-up exchanges (:data:`SETUP_METHODS`) are round 0; the first
+    The set-up exchanges (:data:`SETUP_METHODS` called in round 0) are round 0; the first
     evaluation of the ELBO (calls of round 0 after the set-up) counts in
     round 1, as the training loop books it.
 
@@ -869,7 +869,8 @@ def payload_per_round(log):
     """
     per = {}
     for e in log:
-        r = 0 if e["method"] in SETUP_METHODS else max(int(e["round"]), 1)
+        r = (0 if e["method"] in SETUP_METHODS and int(e["round"]) == 0
+             else max(int(e["round"]), 1))
         up, down = per.get(r, (0, 0))
         per[r] = (up + e["bytes_up"], down + e["bytes_down"])
     return [{"round": r, "bytes_up": up, "bytes_down": down}

@@ -344,31 +344,34 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         clients' inputs cover (global; sized to the lengthscales by
         ``n_inducing="auto"``) and the client's own distinct inputs or
         k-means centres of them (local). "auto" (structured family):
-        a set is learned only when, at the initial hyperparameters, it
-        leaves more than 1 % of the prior variance at the inputs unexplained
-        (``1 - tr Q_ff / tr K_ff``: the trace term of the collapsed bound,
-        Titsias 2009, without its noise scale; Burt, Rasmussen and van der
-        Wilk, JMLR 21, 2020, bound the bound's gap by terms proportional to
-        it): the global set by the server from two numbers per client, each
-        client's local set by the client alone. A given True or False also
-        applies to a warm start or resume; "auto" keeps the decision of the
-        fit it continues. Where the design already covers the inputs (few input
+        a held set starts learning when it leaves more than 1 % of the prior
+        variance at the inputs unexplained (``1 - tr Q_ff / tr K_ff``: the
+        trace term of the collapsed bound, Titsias 2009, without its noise
+        scale; Burt, Rasmussen and van der Wilk, JMLR 21, 2020, bound the
+        bound's gap by terms proportional to it) or, once the noise
+        variances are fitted, when that trace term is worth more than 0.005
+        nats per observation and 5 nats in all. It is checked at the initial
+        hyperparameters (the share only) and again before every round while
+        the set is held, since training moves the lengthscales; a set once
+        learned stays learned. The server decides for the global set from
+        four numbers per client per check, each client for its local set
+        alone. A given True or False also applies to a warm start or
+        resume; "auto" keeps the decision of the fit it continues and goes
+        on checking. Where the design already covers the inputs (few input
         dimensions), optimising ``M x d`` more coordinates only makes the
         objective harder: on 8 clients of 12 points in 1-D (5 seeds) a fit
         took 5-58 s and 16-100 rounds with them learned, 2-4 s and 7-12
         rounds without, with a lower mean held-out NLL (1.34 against
-        1.50). Where it does not
-        (4-8 inputs, ``M`` capped by the budget), learning them matters:
-        KIN40K, 5 clients x 300 points, RMSE 0.34 learned against 0.44
-        held (``benchmarks/bench_inducing.py``). The decision is
-        ``learn_inducing_locations_`` (each client's own,
-        ``clients_[label].learn_local_inducing``). The mean-field family
-        treats "auto" as True (the paper's Algorithm 1). Known weakness:
-        the decision is made once, at the initial hyperparameters. When
-        training shortens the lengthscale on many observations with little
-        noise, a held design becomes too coarse (Beijing PM2.5, 12 stations
-        x 575 readings, one input: held, RMSE 0.525 after 6 rounds; learned,
-        0.489 after 3); pass True for such data.
+        1.50). Where it does not (4-8 inputs, ``M`` capped by the budget),
+        learning them matters: KIN40K, 5 clients x 300 points, RMSE 0.34
+        learned against 0.44 held (``benchmarks/bench_inducing.py``). The
+        final decision is ``learn_inducing_locations_``; the round from
+        which the global set was learned is
+        ``server_.inducing_switch_round_`` (None: from the start, or never)
+        and every check ``server_.design_residual_history_`` (round, share,
+        nats per observation); each client's own decision is
+        ``clients_[label].learn_local_inducing``. The mean-field family
+        treats "auto" as True (the paper's Algorithm 1).
     components : tuple of str, default=("global", "deviation", "local")
         Which parts to use: a non-empty subset. ``("local",)`` is Local-only
         (independent per-client sparse GPs), ``("global",)`` is Global-only,
@@ -555,7 +558,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     learn_inducing_locations_ : bool
         Whether the global inducing inputs were optimised
         (``learn_inducing_locations``; with "auto", the structured family's
-        set-up decision; False when there are none, i.e. neither the global
+        decision at the end of training; False when there are none, i.e. neither the global
         nor the deviation part). Each structured client's decision for its
         own local inducing inputs is ``clients_[label].learn_local_inducing``
         (False without a local part).

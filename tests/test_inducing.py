@@ -53,7 +53,7 @@ def _fit(X, y, g, **kw):
 def _Z(est):
     srv = est.server_
     G = srv.global_pack.unpack(srv.theta_global)
-    return G["Z_g"], {lab: c.local_values()["Z_l"] for lab, c in est.clients_.items()}
+    return G["Z_g"], {lab: c.local_values().get("Z_l") for lab, c in est.clients_.items()}
 
 
 @pytest.mark.parametrize("learn", [False, True])
@@ -99,12 +99,12 @@ def test_auto_learns_a_design_too_sparse_for_the_inputs():
     assert 0.0 < srv.design_residual_ <= 1.0
 
 
-def test_auto_decision_costs_two_numbers_per_client():
+def test_auto_decision_costs_four_numbers_per_client():
     X, y, g = _one_d()
     auto = _fit(X, y, g, n_rounds=1)
     held = _fit(X, y, g, n_rounds=1, learn_inducing_locations=False)
     up = auto.communication_[0]["bytes_up"] - held.communication_[0]["bytes_up"]
-    assert up == 4 * 2 * 8  # four clients, two float64 each
+    assert up == 4 * 4 * 8  # four clients, four numbers each
     assert auto.communication_[0]["n_messages"] - held.communication_[0]["n_messages"] == 4
 
 
@@ -238,3 +238,116 @@ def test_an_estimator_pickled_before_the_option_refits_as_it_did():
         warnings.simplefilter("ignore", ConvergenceWarning)
         old.fit(X, y, g)
     assert old.learn_inducing_locations_ is True
+
+
+# --------------------------------------------------------------------------
+# the trace term in nats, and the re-check as the hyperparameters move
+# --------------------------------------------------------------------------
+
+
+def test_auto_rule_share_and_nats():
+    # the share alone decides at set-up (nats=None)
+    assert fed.auto_learns(2.0, 100.0) is True
+    assert fed.auto_learns(0.5, 100.0) is False
+    n = 100_000  # per observation
+    lim = fed.AUTO_LEARN_NATS * n
+    assert lim > fed.AUTO_LEARN_MIN_NATS
+    assert fed.auto_learns(0.5, 100.0, None, n) is False
+    assert fed.auto_learns(0.5, 100.0, 1.01 * lim, n) is True
+    assert fed.auto_learns(0.5, 100.0, 0.99 * lim, n) is False
+    n = 10  # a small data set: at least AUTO_LEARN_MIN_NATS in all
+    assert fed.auto_learns(0.5, 100.0, 0.99 * fed.AUTO_LEARN_MIN_NATS, n) is False
+    assert fed.auto_learns(0.5, 100.0, 1.01 * fed.AUTO_LEARN_MIN_NATS, n) is True
+
+
+def test_latent_design_residuals_sum_to_the_design_residual():
+    rng = np.random.default_rng(3)
+    X, Z = rng.uniform(size=(30, 2)), rng.uniform(size=(5, 2))
+    ells = np.array([[0.3, 0.5], [0.2, 0.9], [1.0, 1.0]])
+    res, tot = fed.latent_design_residuals(X, Z, ells, 0.7, jitter=1e-10)
+    assert res.shape == (3,)
+    for r, ell in enumerate(ells):
+        assert_allclose(res[r], fed.design_residual(X, Z, ell, 0.7, jitter=1e-10)[0])
+    assert tot == pytest.approx(30 * 0.7)
+
+
+def _capture_at_finish(monkeypatch, cls):
+    """Run a fit and, in every client's final exchange, record the trace term
+    of the bound's own state next to what the "auto" rule computes."""
+    seen = []
+    orig = cls.finish
+
+    def finish(self, post, theta_g, gpack, config):
+        self.statistics(theta_g, gpack, config, post.round)
+        st, L = self._state, self.local_values()
+        if hasattr(st, "trR"):  # multi-output: one trace term per channel
+            bound = float(np.sum(st.trR / np.broadcast_to(st.s2, st.trR.shape))) / 2.0
+        else:
+            bound = st.tr_R / (2.0 * st.s2)
+        mine = self.design_residual(theta_g, gpack, config).nats
+        if "Z_l" in L:
+            res, _ = fed.latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"],
+                                                 float(L.get("variance_l", 1.0)), config.jitter)
+            mine += self._trace_nats("l", res, L)
+        seen.append((bound, mine))
+        return orig(self, post, theta_g, gpack, config)
+
+    monkeypatch.setattr(cls, "finish", finish)
+    return seen
+
+
+def test_trace_nats_is_the_trace_term_of_the_bound(monkeypatch):
+    seen = _capture_at_finish(monkeypatch, fed.StructuredClient)
+    X, y, g = _one_d(n=15)
+    _fit(X, y, g, n_rounds=2, n_inducing=6, n_inducing_local=4)
+    assert len(seen) == 4
+    for bound, mine in seen:
+        assert bound > 0
+        assert_allclose(mine, bound, rtol=1e-6)
+
+
+def test_trace_nats_of_a_multi_output_client(monkeypatch):
+    seen = _capture_at_finish(monkeypatch, fed.ILMMStructuredClient)
+    rng = np.random.default_rng(4)
+    X = rng.uniform(0, 5, size=(60, 1))
+    g = np.repeat([0, 1, 2], 20)
+    Y = np.c_[np.sin(2 * X[:, 0]), np.cos(X[:, 0]) + 0.1 * g] + 0.05 * rng.normal(size=(60, 2))
+    _fit(X, Y, g, n_rounds=2, n_inducing=5, n_inducing_local=3, n_latent=(2, 1, 1),
+         noise="diagonal")
+    assert len(seen) == 3
+    for bound, mine in seen:
+        assert bound > 0
+        assert_allclose(mine, bound, rtol=1e-6)
+
+
+def _shrinking_lengthscale_case():
+    # a wiggly function fitted from a long starting lengthscale: at the start
+    # the 12 inducing points cover the inputs; once training shortens the
+    # lengthscale they cannot
+    rng = np.random.default_rng(5)
+    X = rng.uniform(0, 10, size=(160, 1))
+    g = np.repeat([0, 1], 80)
+    y = np.sin(3 * X[:, 0]) + 0.05 * rng.normal(size=160)
+    return X, y, g, dict(n_inducing=12, lengthscale=4.0, components=("global",))
+
+
+def test_auto_learns_a_held_design_once_the_lengthscale_shrinks():
+    X, y, g, kw = _shrinking_lengthscale_case()
+    est = _fit(X, y, g, n_rounds=12, **kw)
+    srv = est.server_
+    hist = srv.design_residual_history_
+    assert hist[0][0] == 0 and hist[0][1] <= fed.AUTO_LEARN_RESIDUAL  # held at set-up
+    assert est.learn_inducing_locations_ is True
+    r = srv.inducing_switch_round_
+    assert r is not None and r >= 2
+    # the switch is recorded in the round it took effect, with a reason
+    assert hist[-1][0] == r
+    assert hist[-1][1] > fed.AUTO_LEARN_RESIDUAL or hist[-1][2] > fed.AUTO_LEARN_NATS
+    # and the learned design moved afterwards
+    G0 = _fit(X, y, g, n_rounds=0, **kw)
+    assert not np.allclose(_Z(est)[0], _Z(G0)[0])
+    # a given False keeps it held whatever the residual
+    held = _fit(X, y, g, n_rounds=12, learn_inducing_locations=False, **kw)
+    assert held.learn_inducing_locations_ is False
+    assert held.server_.design_residual_history_ == []
+    assert_array_equal(_Z(held)[0], _Z(G0)[0])

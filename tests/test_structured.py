@@ -500,7 +500,9 @@ def test_communication_accounts_for_every_upload(structured_spy):
     log = structured_spy
     up = sum(message_nbytes(m) for key in ("statistics", "gradients", "final", "design")
              for _, m in log[key])
-    assert len(log["design"]) == 3  # learn_inducing_locations="auto": two numbers each
+    # learn_inducing_locations="auto": four numbers per client at set-up and
+    # at every re-check while Z_g is held
+    assert len(log["design"]) == 3 * len(est.server_.design_residual_history_)
     up_setup = sum(message_nbytes(m) for _, m in log["pilot"] if m is not None)
     summaries = 3 * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
     assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
