@@ -308,7 +308,7 @@ class ModelConfig:
 
 
 #: ``learn_inducing="auto"`` (structured family): a set of inducing inputs
-#: is learned when, at the initial hyperparameters, it leaves more than this
+#: is learned when, at set-up or at a later check, it leaves more than this
 #: share of the prior variance at the inputs unexplained (``1 - tr Q_ff /
 #: tr K_ff``, :func:`design_residual`), and held where the set-up placed it
 #: otherwise; the global set is decided by the server from every client's
@@ -324,10 +324,11 @@ AUTO_LEARN_RESIDUAL = 0.01
 #: tr(K_ff,i - Q_ff,i) / (2 s2_i)`` (nats, summed over the clients sharing
 #: it; ``gamma`` the set's prior amplitude, ``s2_i`` the client's noise
 #: variance), exceeds this many nats per observed target value and
-#: :data:`AUTO_LEARN_MIN_NATS` in all. The bound lies below the exact log
-#: marginal likelihood by at least this term at the current
-#: hyperparameters, and the term pulls them towards lengthscales the held
-#: set can represent. Checked before every round while the set is held (the
+#: :data:`AUTO_LEARN_MIN_NATS` in all. The gap between the bound and the
+#: exact log marginal likelihood at the current hyperparameters is bounded
+#: by terms proportional to it (Burt, Rasmussen and van der Wilk, JMLR 21,
+#: 2020), and the term pulls the hyperparameters towards lengthscales the
+#: held set can represent. Checked before every round while the set is held (the
 #: hyperparameters move in training; at set-up the noise variances are the
 #: pilots' rough values, so only the share :data:`AUTO_LEARN_RESIDUAL`
 #: counts there); a set once learned stays learned (docs/maths.md,
@@ -429,7 +430,8 @@ def auto_learns(residual, total, nats=None, n_samples=1):
                 and nats > max(AUTO_LEARN_MIN_NATS, AUTO_LEARN_NATS * max(n_samples, 0)))
 
 
-def latent_design_residuals(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER):
+def latent_design_residuals(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER,
+                            per_row=False):
     """Per-kernel :func:`design_residual`: one residual per row of ``lengthscales``.
 
     Parameters
@@ -439,11 +441,14 @@ def latent_design_residuals(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER)
     lengthscales : ndarray of shape (d,) or (R, d)
     variance : float
     jitter : float
+    per_row : bool, default=False
+        Return the residual of every input instead of the sums.
 
     Returns
     -------
-    residuals : ndarray of shape (R,)
-        ``tr(K_ff - Q_ff)`` of each kernel (clipped at 0 per point).
+    residuals : ndarray of shape (R,), or (n, R) with ``per_row``
+        ``k(x, x) - q(x, x)`` of each kernel (clipped at 0 per point),
+        summed over the inputs unless ``per_row``.
     total : float
         ``n * variance`` per kernel.
     """
@@ -452,16 +457,15 @@ def latent_design_residuals(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER)
     X = np.asarray(X, dtype=float)
     Z = np.asarray(Z, dtype=float)
     ells = np.atleast_2d(np.asarray(lengthscales, dtype=float))
-    out = np.zeros(ells.shape[0])
-    if X.shape[0] == 0 or Z.shape[0] == 0:
-        return out, float(X.shape[0] * variance)
-    for r, ell in enumerate(ells):
-        L, _ = jittered_cholesky(_se(Z, Z, ell, variance), scale=variance, jitter=jitter,
-                                 name="K_zz (design residual)")
-        for a in range(0, X.shape[0], CHUNK_ROWS):
-            A = solve_lower(L, _se(Z, X[a:a + CHUNK_ROWS], ell, variance))
-            out[r] += float(np.sum(np.maximum(variance - np.sum(A * A, axis=0), 0.0)))
-    return out, X.shape[0] * float(variance)
+    out = np.zeros((X.shape[0], ells.shape[0]))
+    if X.shape[0] and Z.shape[0]:
+        for r, ell in enumerate(ells):
+            L, _ = jittered_cholesky(_se(Z, Z, ell, variance), scale=variance, jitter=jitter,
+                                     name="K_zz (design residual)")
+            for a in range(0, X.shape[0], CHUNK_ROWS):
+                A = solve_lower(L, _se(Z, X[a:a + CHUNK_ROWS], ell, variance))
+                out[a:a + CHUNK_ROWS, r] = np.maximum(variance - np.sum(A * A, axis=0), 0.0)
+    return (out if per_row else out.sum(axis=0)), X.shape[0] * float(variance)
 
 
 def design_residual(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER):
@@ -496,15 +500,23 @@ def design_residual(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER):
 
 @dataclass(frozen=True)
 class DesignResidual:
-    """Set-up upload of ``learn_inducing_locations="auto"`` (two numbers).
+    """Upload of ``learn_inducing_locations="auto"`` (four numbers).
 
     Attributes
     ----------
     residual, total : float
         The client's :func:`design_residual` of the global kernel(s) at the
-        initial global vector: its sum of ``k(x, x) - q(x, x)`` and of
+        current global vector: its sum of ``k(x, x) - q(x, x)`` and of
         ``k(x, x)`` over its inputs (standardised target units squared;
         the message's size does not depend on ``n_i``).
+    nats : float
+        The trace term of the collapsed bound that ``Z_g`` leaves at the
+        client's inputs: the residuals weighted by the global and deviation
+        amplitudes over the client's noise variance, halved (nats; 0 before
+        the client's first local phase, while its noise variance is the
+        pilot's).
+    n_samples : int
+        The client's number of observed target values.
 
     Notes
     -----
@@ -513,16 +525,12 @@ class DesignResidual:
     :data:`AUTO_LEARN_NATS` times ``sum n_samples`` and
     :data:`AUTO_LEARN_MIN_NATS` (:func:`auto_learns`; docs/maths.md, section 11;
     the trace term of Titsias, AISTATS 2009, eq. 9). Sent at set-up and
-    before every round while ``Z_g`` is held.
+    before rounds while ``Z_g`` is held.
     """
 
     residual: float
     total: float
-    #: the trace term of the collapsed bound that ``Z_g`` leaves at the
-    #: client's inputs, ``sum_r w_r residual_r / 2`` with ``w_r`` the global
-    #: and deviation amplitude over the noise variance (nats)
     nats: float = 0.0
-    #: the client's number of observations
     n_samples: int = 0
 
 
@@ -2253,6 +2261,7 @@ class StructuredClient:
         self.prior_local = copy.deepcopy(getattr(state, "prior_local", None))
         learn = getattr(state, "learn_local_inducing", None)
         self.learn_local_inducing = True if learn is None else bool(learn)
+        self._noise_fitted = True  # saved after a round
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -2347,6 +2356,7 @@ class StructuredClient:
         client alone: nothing is sent.
         """
         mode = getattr(config, "learn_inducing", True)
+        self._components, self._jitter = tuple(config.components), float(config.jitter)
         if "Z_l" not in self.pack.slices:  # no local part: nothing to learn
             self.learn_local_inducing = False
             return
@@ -2355,10 +2365,11 @@ class StructuredClient:
             return
         L = self.local_values()
         res, tot = latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"],
-                                           float(L.get("variance_l", 1.0)), config.jitter)
+                                           float(L.get("variance_l", 1.0)), config.jitter,
+                                           per_row=True)
         self._inducing_checked = self.theta.tobytes()
         nats = self._trace_nats("l", res, L) if recheck else None
-        self.learn_local_inducing = auto_learns(float(np.sum(res)), tot * res.size, nats,
+        self.learn_local_inducing = auto_learns(float(np.sum(res)), tot * res.shape[1], nats,
                                                 self._n_observations())
 
     def _n_observations(self):
@@ -2366,12 +2377,12 @@ class StructuredClient:
         return int(self.n_samples)
 
     def _trace_nats(self, kind, residuals, L, G=None, components=()):
-        """Trace term (nats) of the collapsed bound from per-kernel residuals.
+        """Trace term (nats) of the collapsed bound from per-input residuals.
 
         ``kind`` is ``"g"`` (the global inducing inputs: global and deviation
         amplitudes, ``components`` tells which are used) or ``"l"`` (the
-        local ones); ``residuals`` from :func:`latent_design_residuals` (they
-        include the kernel variance).
+        local ones); ``residuals`` (n, R) from :func:`latent_design_residuals`
+        with ``per_row`` (they include the kernel variance).
         """
         s2 = float(np.asarray(L["noise_variance"], float).reshape(-1)[0])
         if kind == "l":
@@ -2381,17 +2392,24 @@ class StructuredClient:
             float(G["phi"]) if "deviation" in comps and "phi" in G else 0.0)
         return gamma * float(np.sum(residuals)) / (2.0 * s2)
 
-    def design_residual(self, theta_g, gpack, config):
+    def design_residual(self, theta_g, gpack, config=None):
         """:class:`DesignResidual` of the global kernel(s) at the global vector.
 
-        Exchange of ``learn_inducing="auto"`` at set-up and before every
-        round while ``Z_g`` is held: four numbers.
+        Exchange of ``learn_inducing="auto"`` at set-up and before rounds
+        while ``Z_g`` is held: four numbers. ``nats`` is 0 until this client
+        has run a local phase (its noise variance is the pilot's until then).
+        ``config`` defaults to the one of the client's set-up (a server of an
+        earlier version sends two arguments).
         """
+        comps = tuple(config.components) if config is not None else self._components
+        jitter = float(config.jitter) if config is not None else self._jitter
         G = gpack.unpack(theta_g)
         res, tot = latent_design_residuals(self._Xs, G["Z_g"], G["lengthscale_g"],
-                                           float(G.get("variance_g", 1.0)), config.jitter)
-        nats = self._trace_nats("g", res, self.local_values(), G, tuple(config.components))
-        return DesignResidual(float(np.sum(res)), tot * res.size, nats, self._n_observations())
+                                           float(G.get("variance_g", 1.0)), jitter, per_row=True)
+        nats = (self._trace_nats("g", res, self.local_values(), G, comps)
+                if getattr(self, "_noise_fitted", False) else 0.0)
+        return DesignResidual(float(np.sum(res)), tot * res.shape[1], nats,
+                              self._n_observations())
 
     # -- one evaluation -------------------------------------------------------
     def _blocks(self, theta_g, gpack, config, theta=None):
@@ -2434,6 +2452,7 @@ class StructuredClient:
     @single_threaded_blas()
     def statistics(self, theta_g, gpack, config, round_):
         """Forward pass at the broadcast global vector: :class:`StructuredStatistics`."""
+        self._components, self._jitter = tuple(config.components), float(config.jitter)
         self._state = self._forward(theta_g, gpack, config)
         st = self._state
         lp, _ = self.log_prior(self.theta, config)
@@ -2549,6 +2568,7 @@ class StructuredClient:
                 _, g = fun(t)
                 t = clip_to_bounds(adam.step(t, -g * n), bounds)
             self.theta = t
+        self._noise_fitted = True
         self._state = None
 
     def bounds(self, config=None):
@@ -2579,7 +2599,7 @@ class StructuredClient:
     def learns_local_inducing(self, config):
         """Whether this client's local inducing inputs move (``config.learn_inducing``).
 
-        ``"auto"``: the client's own set-up decision
+        ``"auto"``: the client's own decision (at set-up, then re-checked)
         (:meth:`_decide_local_inducing`; True for a client restored from a
         state saved before the option existed).
         """
@@ -3353,7 +3373,8 @@ class _StructuredRun:
         if isinstance(getattr(cfg, "learn_inducing", True), str) and "Z_g" in gpack.slices:
             # "auto": learn Z_g when the initial design leaves a large share of
             # the prior variance at the clients' inputs unexplained
-            res, _ = self.setup_all("design_residual", (theta_g, gpack, cfg))
+            res, _ = self.setup_all("design_residual", (theta_g, gpack))
+            self._n_obs = {c: m.n_samples for c, m in res.items()}
             comm["bytes_up"] += int(sum(message_nbytes(m) for m in res.values()))
             comm["n_messages"] += len(res)
             server.learn_inducing_ = self._decide_global_inducing(res, 0)
@@ -3566,13 +3587,21 @@ class _StructuredRun:
         """The ``"auto"`` decision for ``Z_g`` from the clients' :class:`DesignResidual`.
 
         Records ``(round, share, nats per observation)`` in the server's
-        ``design_residual_history_``.
+        ``design_residual_history_`` and the share in ``design_residual_``
+        (the latest check's). When only some clients answered, their trace
+        term per observation stands for every active client's.
         """
         server = self.server
         total = sum(m.total for m in res.values())
         share = sum(m.residual for m in res.values()) / total if total > 0 else 0.0
         nats = float(sum(m.nats for m in res.values()))
         n = int(sum(m.n_samples for m in res.values()))
+        n_all = getattr(self, "_n_obs", None)
+        if r > 0 and n_all and n > 0:
+            # a subset answered (partial participation, failures): its trace
+            # term per observation, over every active client's observations
+            N = sum(n_all.get(c, 0) for c in self.active)
+            nats, n = nats * max(N, n) / n, max(N, n)
         server.design_residual_ = float(share)
         hist = getattr(server, "design_residual_history_", None)
         if hist is None or r == 0:
@@ -3584,9 +3613,11 @@ class _StructuredRun:
         """Before round ``r``: learn a held ``Z_g`` from now on if the rule says so.
 
         Only with ``learn_inducing="auto"`` while ``Z_g`` is held, and only
-        when the global vector moved since the last check. Clients that fail
-        to answer are left out of this check (it is advisory). Returns whether
-        ``Z_g`` is learned from now on.
+        when the global vector moved since the last check. Asked: the clients
+        that evaluated the current global vector (every active client with
+        full participation). Clients that fail to answer are left out of this
+        check (it is advisory; the failure is still recorded). Returns
+        whether ``Z_g`` is learned from now on.
         """
         server, cfg = self.server, self.config
         if (server.learn_inducing_ or not isinstance(getattr(cfg, "learn_inducing", True), str)
@@ -3596,8 +3627,10 @@ class _StructuredRun:
         if getattr(self, "_checked", None) == key:
             return False
         self._checked = key
-        res, _, _ = self.call("design_residual", (self.theta_g, self.gpack, cfg),
-                              list(self.active), r)
+        # the clients that evaluated the current vector (all of them with full
+        # participation): they hold it, and they have fitted their noise
+        ids = [cid for cid in self.active if cid in self.fresh] or list(self.active)
+        res, _, _ = self.call("design_residual", (self.theta_g, self.gpack), ids, r)
         c = self.counter
         c["up"] += sum(message_nbytes(m) for m in res.values())
         # the clients that evaluated the current global vector hold it already
@@ -3623,7 +3656,7 @@ class _StructuredRun:
         else:
             self.resume(state, seeds)
         # Z_g: a given True/False applies (also to a resumed or warm-started
-        # run); "auto" keeps the set-up decision of the run it continues (a
+        # run); "auto" keeps the decision of the run it continues (a
         # state saved before the option existed: learned)
         server = self.server
         server.learn_inducing_ = ("Z_g" in self.gpack.slices and resolved_learn_inducing(
@@ -3990,22 +4023,24 @@ class ILMMStructuredClient(StructuredClient):
 
         ``c_qr^2`` is ``B_l[q, r]^2`` for the local inducing inputs and
         ``B_g[q, r]^2 + phi B_d[q, r]^2`` for the global ones (the
-        ``tr_R,q`` of :mod:`skfedgp._ilmm`, over all rows).
+        ``tr_R,q`` of :mod:`skfedgp._ilmm`: each output over the rows where
+        it is observed).
         """
         Q = self._y.shape[1]
         s2 = np.broadcast_to(np.asarray(L["noise_variance"], float).reshape(-1), (Q,))
-        R = residuals.size
-        w = np.zeros(R)
+        R = residuals.shape[1]
+        # per output q, the residuals summed over the rows where q is observed
+        S = np.isfinite(self._y).astype(float).T @ residuals  # (Q, R)
+        W = np.zeros((Q, R))
         if kind == "l":
-            w += np.sum(np.asarray(L["B_l"], float) ** 2 / s2[:, None], axis=0)[:R]
+            W += np.asarray(L["B_l"], float)[:, :R] ** 2
         else:
             if G is not None and "B_g" in G:
-                w += np.sum(np.asarray(G["B_g"], float) ** 2 / s2[:, None], axis=0)[:R]
+                W += np.asarray(G["B_g"], float)[:, :R] ** 2
             if "B_d" in L and G is not None and "phi" in G:
-                wd = float(G["phi"]) * np.sum(np.asarray(L["B_d"], float) ** 2 / s2[:, None],
-                                              axis=0)
-                w[:wd.size] += wd[:R]
-        return float(w @ residuals) / 2.0
+                Bd = np.asarray(L["B_d"], float)
+                W[:, :Bd.shape[1]] += float(G["phi"]) * Bd[:, :R] ** 2
+        return float(np.sum(W / s2[:, None] * S)) / 2.0
 
     def local_values(self):
         """Constrained local values (scaled inputs, standardised units).

@@ -1149,7 +1149,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = server.n_inducing_
-        # whether Z_g was learned (False without one; "auto": the set-up decision)
+        # whether Z_g was learned (False without one; "auto": the decision at the end)
         self.learn_inducing_locations_ = bool(server.learn_inducing_)
         self._population_local = res["population"]
         # the clients' levels: posterior means of the random levels

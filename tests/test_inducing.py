@@ -53,7 +53,7 @@ def _fit(X, y, g, **kw):
 def _Z(est):
     srv = est.server_
     G = srv.global_pack.unpack(srv.theta_global)
-    return G["Z_g"], {lab: c.local_values().get("Z_l") for lab, c in est.clients_.items()}
+    return G.get("Z_g"), {lab: c.local_values().get("Z_l") for lab, c in est.clients_.items()}
 
 
 @pytest.mark.parametrize("learn", [False, True])
@@ -287,7 +287,8 @@ def _capture_at_finish(monkeypatch, cls):
         mine = self.design_residual(theta_g, gpack, config).nats
         if "Z_l" in L:
             res, _ = fed.latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"],
-                                                 float(L.get("variance_l", 1.0)), config.jitter)
+                                                 float(L.get("variance_l", 1.0)), config.jitter,
+                                                 per_row=True)
             mine += self._trace_nats("l", res, L)
         seen.append((bound, mine))
         return orig(self, post, theta_g, gpack, config)
@@ -306,12 +307,15 @@ def test_trace_nats_is_the_trace_term_of_the_bound(monkeypatch):
         assert_allclose(mine, bound, rtol=1e-6)
 
 
-def test_trace_nats_of_a_multi_output_client(monkeypatch):
+@pytest.mark.parametrize("missing", [False, True])
+def test_trace_nats_of_a_multi_output_client(monkeypatch, missing):
     seen = _capture_at_finish(monkeypatch, fed.ILMMStructuredClient)
     rng = np.random.default_rng(4)
     X = rng.uniform(0, 5, size=(60, 1))
     g = np.repeat([0, 1, 2], 20)
     Y = np.c_[np.sin(2 * X[:, 0]), np.cos(X[:, 0]) + 0.1 * g] + 0.05 * rng.normal(size=(60, 2))
+    if missing:  # a third of the second output dropped out: those rows count once
+        Y[rng.permutation(60)[:20], 1] = np.nan
     _fit(X, Y, g, n_rounds=2, n_inducing=5, n_inducing_local=3, n_latent=(2, 1, 1),
          noise="diagonal")
     assert len(seen) == 3
@@ -351,3 +355,45 @@ def test_auto_learns_a_held_design_once_the_lengthscale_shrinks():
     assert held.learn_inducing_locations_ is False
     assert held.server_.design_residual_history_ == []
     assert_array_equal(_Z(held)[0], _Z(G0)[0])
+
+
+def test_auto_switch_by_the_trace_term_alone(monkeypatch):
+    X, y, g, kw = _shrinking_lengthscale_case()
+    monkeypatch.setattr(fed, "AUTO_LEARN_RESIDUAL", 1.0)  # the share never decides
+    est = _fit(X, y, g, n_rounds=12, **kw)
+    hist = est.server_.design_residual_history_
+    assert est.learn_inducing_locations_ is True
+    T = hist[-1][2] * len(y)
+    assert T > max(fed.AUTO_LEARN_MIN_NATS, fed.AUTO_LEARN_NATS * len(y))
+    assert all(h[2] * len(y) <= max(fed.AUTO_LEARN_MIN_NATS, fed.AUTO_LEARN_NATS * len(y))
+               for h in hist[1:-1])
+    monkeypatch.setattr(fed, "AUTO_LEARN_NATS", np.inf)
+    monkeypatch.setattr(fed, "AUTO_LEARN_MIN_NATS", np.inf)
+    never = _fit(X, y, g, n_rounds=12, **kw)
+    assert never.learn_inducing_locations_ is False
+    assert never.server_.inducing_switch_round_ is None
+    assert len(never.server_.design_residual_history_) >= 3  # checked on every round
+
+
+def test_held_design_does_not_move_before_the_switch_round():
+    X, y, g, kw = _shrinking_lengthscale_case()
+    states = {}
+    est = _fit(X, y, g, n_rounds=6, checkpoint=lambda r, st: states.__setitem__(r, st), **kw)
+    r = est.server_.inducing_switch_round_
+    assert r is not None and r >= 2
+    pack = est.server_.global_pack
+    Z0 = _Z(_fit(X, y, g, n_rounds=0, **kw))[0]
+    for k in range(1, r):
+        assert_array_equal(pack.unpack(states[k].theta_global)["Z_g"], Z0)
+    assert not np.allclose(pack.unpack(states[r].theta_global)["Z_g"], Z0)
+
+
+def test_a_client_learns_its_local_design_once_its_lengthscale_shrinks():
+    X, y, g, kw = _shrinking_lengthscale_case()
+    kw = dict(components=("local",), n_inducing_local=12, local_lengthscale=4.0)
+    start = _fit(X, y, g, n_rounds=0, **kw)
+    assert not any(c.learn_local_inducing for c in start.clients_.values())
+    est = _fit(X, y, g, n_rounds=12, **kw)
+    assert all(c.learn_local_inducing for c in est.clients_.values())
+    Zl0, Zl = _Z(start)[1], _Z(est)[1]
+    assert all(not np.allclose(Zl[k], Zl0[k]) for k in Zl)
