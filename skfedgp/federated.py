@@ -2398,8 +2398,9 @@ class StructuredClient:
         Exchange of ``learn_inducing="auto"`` at set-up and before rounds
         while ``Z_g`` is held: four numbers. ``nats`` is 0 until this client
         has run a local phase (its noise variance is the pilot's until then).
-        ``config`` defaults to the one of the client's set-up (a server of an
-        earlier version sends two arguments).
+        ``config`` (sent with the checks during training) defaults to the
+        one of the client's set-up or last evaluation (the set-up call sends
+        two arguments, as servers of earlier versions did).
         """
         comps = tuple(config.components) if config is not None else self._components
         jitter = float(config.jitter) if config is not None else self._jitter
@@ -3630,7 +3631,9 @@ class _StructuredRun:
         # the clients that evaluated the current vector (all of them with full
         # participation): they hold it, and they have fitted their noise
         ids = [cid for cid in self.active if cid in self.fresh] or list(self.active)
-        res, _, _ = self.call("design_residual", (self.theta_g, self.gpack), ids, r)
+        # with the configuration: a client restored from a checkpoint has not
+        # seen it yet (a node of an earlier version fails this advisory check)
+        res, _, _ = self.call("design_residual", (self.theta_g, self.gpack, cfg), ids, r)
         c = self.counter
         c["up"] += sum(message_nbytes(m) for m in res.values())
         # the clients that evaluated the current global vector hold it already
