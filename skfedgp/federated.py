@@ -2356,7 +2356,7 @@ class StructuredClient:
         client alone: nothing is sent.
         """
         mode = getattr(config, "learn_inducing", True)
-        self._components, self._jitter = tuple(config.components), float(config.jitter)
+        self._jitter = float(config.jitter)  # for the two-argument set-up call
         if "Z_l" not in self.pack.slices:  # no local part: nothing to learn
             self.learn_local_inducing = False
             return
@@ -2387,9 +2387,8 @@ class StructuredClient:
         s2 = float(np.asarray(L["noise_variance"], float).reshape(-1)[0])
         if kind == "l":
             return float(np.sum(residuals)) / (2.0 * s2)
-        comps = components
-        gamma = (1.0 if "global" in comps else 0.0) + (
-            float(G["phi"]) if "deviation" in comps and "phi" in G else 0.0)
+        gamma = (1.0 if "global" in components else 0.0) + (
+            float(G["phi"]) if "deviation" in components and "phi" in G else 0.0)
         return gamma * float(np.sum(residuals)) / (2.0 * s2)
 
     def design_residual(self, theta_g, gpack, config=None):
@@ -2398,17 +2397,16 @@ class StructuredClient:
         Exchange of ``learn_inducing="auto"`` at set-up and before rounds
         while ``Z_g`` is held: four numbers. ``nats`` is 0 until this client
         has run a local phase (its noise variance is the pilot's until then).
-        ``config`` (sent with the checks during training) defaults to the
-        one of the client's set-up or last evaluation (the set-up call sends
-        two arguments, as servers of earlier versions did).
+        ``config`` is sent with the checks during training; the set-up call
+        sends two arguments, as servers of earlier versions did (``nats`` is
+        0 then, and the jitter the client's set-up one).
         """
-        comps = tuple(config.components) if config is not None else self._components
         jitter = float(config.jitter) if config is not None else self._jitter
         G = gpack.unpack(theta_g)
         res, tot = latent_design_residuals(self._Xs, G["Z_g"], G["lengthscale_g"],
                                            float(G.get("variance_g", 1.0)), jitter, per_row=True)
-        nats = (self._trace_nats("g", res, self.local_values(), G, comps)
-                if getattr(self, "_noise_fitted", False) else 0.0)
+        nats = (self._trace_nats("g", res, self.local_values(), G, tuple(config.components))
+                if config is not None and getattr(self, "_noise_fitted", False) else 0.0)
         return DesignResidual(float(np.sum(res)), tot * res.shape[1], nats,
                               self._n_observations())
 
@@ -2453,7 +2451,6 @@ class StructuredClient:
     @single_threaded_blas()
     def statistics(self, theta_g, gpack, config, round_):
         """Forward pass at the broadcast global vector: :class:`StructuredStatistics`."""
-        self._components, self._jitter = tuple(config.components), float(config.jitter)
         self._state = self._forward(theta_g, gpack, config)
         st = self._state
         lp, _ = self.log_prior(self.theta, config)
@@ -3594,7 +3591,8 @@ class _StructuredRun:
         """
         server = self.server
         total = sum(m.total for m in res.values())
-        share = sum(m.residual for m in res.values()) / total if total > 0 else 0.0
+        residual = sum(m.residual for m in res.values())
+        share = residual / total if total > 0 else 0.0
         nats = float(sum(m.nats for m in res.values()))
         n = int(sum(m.n_samples for m in res.values()))
         n_all = getattr(self, "_n_obs", None)
@@ -3608,7 +3606,7 @@ class _StructuredRun:
         if hist is None or r == 0:
             hist = server.design_residual_history_ = []
         hist.append((int(r), float(share), nats / max(n, 1)))
-        return auto_learns(share * total, total, nats if r > 0 else None, n)
+        return auto_learns(residual, total, nats if r > 0 else None, n)
 
     def _recheck_global_inducing(self, r):
         """Before round ``r``: learn a held ``Z_g`` from now on if the rule says so.
