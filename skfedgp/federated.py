@@ -3634,8 +3634,8 @@ class _StructuredRun:
         res, _, _ = self.call("design_residual", (self.theta_g, self.gpack, cfg), ids, r)
         c = self.counter
         c["up"] += sum(message_nbytes(m) for m in res.values())
-        # the clients that evaluated the current global vector hold it already
-        c["down"] += 8 * self.theta_g.size * sum(cid not in self.fresh for cid in self.active)
+        # only the asked clients that did not evaluate the current vector need it
+        c["down"] += 8 * self.theta_g.size * sum(cid not in self.fresh for cid in ids)
         c["msgs"] += len(res)
         if not res or not self._decide_global_inducing(res, r):
             return False
