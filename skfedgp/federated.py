@@ -448,9 +448,23 @@ def latent_design_residuals(X, Z, lengthscales, variance, jitter=DEFAULT_JITTER,
     -------
     residuals : ndarray of shape (R,), or (n, R) with ``per_row``
         ``k(x, x) - q(x, x)`` of each kernel (clipped at 0 per point),
-        summed over the inputs unless ``per_row``.
+        summed over the inputs unless ``per_row``; in the units of
+        ``variance`` (standardised target units squared in the package).
     total : float
         ``n * variance`` per kernel.
+
+    Raises
+    ------
+    CholeskyError
+        If ``K_zz`` cannot be factorised even with the largest jitter.
+
+    Notes
+    -----
+    The per-point terms of the trace term of the collapsed bound (Titsias,
+    "Variational learning of inducing variables in sparse Gaussian
+    processes", AISTATS 2009, eq. 9); the ``"auto"`` rule of docs/maths.md,
+    section 11, weights them per output and latent (beyond the pFedHGP
+    paper).
     """
     from ._structured import CHUNK_ROWS, _se
 
