@@ -3075,7 +3075,16 @@ class _MembershipChanged(Exception):
 
 
 class _TrialRejected(Exception):
-    pass
+    """A trial point failed numerically at a client; carries what the call got.
+
+    ``replies`` (the clients' good messages) and ``n_calls`` (messages sent):
+    the exchange happened and counts in ``communication_``.
+    """
+
+    def __init__(self, replies=None, n_calls=0):
+        super().__init__()
+        self.replies = {} if replies is None else replies
+        self.n_calls = n_calls
 
 
 @dataclass
@@ -3255,7 +3264,7 @@ class _StructuredRun:
                 else:
                     ok[cid] = res
             if failed and trial and any(f.numerical for f in failed):
-                raise _TrialRejected
+                raise _TrialRejected(ok, n_calls)
             self.failures.extend(failed)
             attempt += 1
             todo = [f.client_id for f in failed] if attempt <= self.max_retries else []
@@ -3305,7 +3314,11 @@ class _StructuredRun:
         from ._structured import combine
 
         cfg, gpack = self.config, self.gpack
-        stats, n1, lost1 = self.call("statistics", (tg, gpack, cfg, r), live, r, trial, strict)
+        # each exchange is booked as it happens: a trial point rejected after
+        # it (a client's numerical failure, q(v_g) failing in combine) still
+        # sent the broadcast and received the replies
+        stats, lost1 = self._booked_call("statistics", (tg, gpack, cfg, r), live, r, trial,
+                                         strict, 8 * tg.size)
         # the live clients' fresh messages, the others' stored ones, in client order
         order = [c for c in self.active if c in self.messages or c in stats]
         msgs = [stats[c] if c in stats else self.messages[c] for c in order]
@@ -3313,19 +3326,31 @@ class _StructuredRun:
                          [m.constant for m in msgs], self.Mg)
         post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
         lp = float(sum(m.log_prior for m in msgs))
-        grads, n2, lost2 = self.call("global_gradient", (post, tg, gpack, cfg), list(stats), r,
-                                     trial, strict)
+        grads, lost2 = self._booked_call("global_gradient", (post, tg, gpack, cfg), list(stats),
+                                         r, trial, strict, message_nbytes(post))
         self.messages.update(stats)
         self.fresh = set(stats)
         grad = (np.sum([g.grad_global for g in grads.values()], axis=0)
                 if gpack.size and grads else np.zeros(gpack.size))
-        c = self.counter
-        c["up"] += sum(message_nbytes(s) for s in stats.values()) + sum(
-            message_nbytes(g) for g in grads.values())
-        c["down"] += n1 * 8 * tg.size + n2 * message_nbytes(post)
-        c["msgs"] += len(stats) + len(grads)
-        c["evals"] += 1
+        self.counter["evals"] += 1
         return (post_s.elbo, grad, post, lp), set(lost1) | set(lost2)
+
+    def _booked_call(self, method, args, ids, r, trial, strict, down_each):
+        """:meth:`call`, its messages added to the round's counts (also when the
+        trial point is rejected); ``down_each``: bytes of one request."""
+        def book(replies, n_calls):
+            c = self.counter
+            c["up"] += sum(message_nbytes(m) for m in replies.values())
+            c["down"] += n_calls * down_each
+            c["msgs"] += len(replies)
+
+        try:
+            out, n_calls, lost = self.call(method, args, ids, r, trial, strict)
+        except _TrialRejected as exc:
+            book(exc.replies, exc.n_calls)
+            raise
+        book(out, n_calls)
+        return out, lost
 
     def evaluate_all(self, tg, r):
         """An evaluation every active client must answer (set-up, resume)."""

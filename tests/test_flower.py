@@ -545,6 +545,53 @@ def test_fault_hook_and_partial_participation_match_the_estimator(task_identity)
     np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
 
 
+def test_partial_participation_communication_matches_flower_payload(task_identity,
+                                                                    monkeypatch):
+    """With partial participation (5 clients, client_fraction=0.6, 5 rounds)
+    communication_ equals Flower's measured payload in every round, also in
+    rounds where the global phase rejects trial points: a client failing
+    numerically at a trial point (round 4) and statistics that make q(v_g)
+    fail in combine (round 2). Those exchanges went over the wire (the
+    broadcast down, the other replies up) and count in both."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    X, y, groups = _client_data(n_clients=5, n=30, seed=4, d=1)
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+    params = dict(random_state=5, n_rounds=5, client_fraction=0.6, n_inducing=6,
+                  lengthscale=3.0, learn_inducing_locations=False)
+    seen = {}
+    statistics = F.StructuredClient.statistics
+
+    def injected(self, theta_g, gpack, config, round_):
+        # every participant's 4th evaluation of the round is a trial point of
+        # the global phase (after at most a refresh and the phase's start)
+        k = seen[self.client_id, round_] = seen.get((self.client_id, round_), 0) + 1
+        msg = statistics(self, theta_g, gpack, config, round_)
+        if round_ == 2 and k == 4:
+            # finite, but I + sum S_i is not positive definite: combine fails
+            return dataclasses.replace(msg, precision=-1e6 * np.eye(len(msg.shift)))
+        if round_ == 4 and k == 4 and self.client_id == "site-2":
+            raise np.linalg.LinAlgError("injected")
+        return msg
+
+    monkeypatch.setattr(F.StructuredClient, "statistics", injected)
+    est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+    seen.clear()
+    grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 5)
+    e, config, n_rounds = fl._check_server_params(params)
+    transport = fl.FlowerTransport(grid, min_nodes=5).connect()
+    res = fl.fit_over_transport(transport, e, config, n_rounds)
+    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
+    assert res["n_evaluations"] == est.n_evaluations_
+    log = res["payload_log"]
+    for r in (2, 4):
+        # the injected trial points were rejected: a statistics exchange
+        # without its global_gradient exchange
+        calls = [e["method"] for e in log if e["round"] == r]
+        assert calls.count("statistics") > calls.count("global_gradient"), r
+    _assert_payload_matches_communication(res, est, d=1, n_clients=5)
+
+
 def test_beijing_example_loader_reads_only_its_own_station():
     import importlib.util
     from pathlib import Path
