@@ -3236,6 +3236,8 @@ class _StructuredRun:
         self.messages = {}
         self.fresh = set()
         self.counter = {"up": 0, "down": 0, "msgs": 0, "evals": 0}
+        # bytes of received replies dropped as non-finite, since the last booked call
+        self.unusable_up = 0
 
     # -- calls ------------------------------------------------------------------
     def call(self, method, args, ids, r, trial=False, strict=False):
@@ -3257,6 +3259,8 @@ class _StructuredRun:
             for cid in todo:
                 res = out[cid]
                 if not isinstance(res, ClientFailure) and not _is_finite_message(res):
+                    # it came over the wire: its bytes count (see _booked_call)
+                    self.unusable_up += message_nbytes(res)
                     res = ClientFailure(cid, method, r, "non-finite values in the message",
                                         True)
                 if isinstance(res, ClientFailure):
@@ -3340,10 +3344,12 @@ class _StructuredRun:
         trial point is rejected); ``down_each``: bytes of one request."""
         def book(replies, n_calls):
             c = self.counter
-            c["up"] += sum(message_nbytes(m) for m in replies.values())
+            c["up"] += sum(message_nbytes(m) for m in replies.values()) + self.unusable_up
             c["down"] += n_calls * down_each
             c["msgs"] += len(replies)
+            self.unusable_up = 0
 
+        self.unusable_up = 0
         try:
             out, n_calls, lost = self.call(method, args, ids, r, trial, strict)
         except _TrialRejected as exc:

@@ -550,9 +550,10 @@ def test_partial_participation_communication_matches_flower_payload(task_identit
     """With partial participation (5 clients, client_fraction=0.6, 5 rounds)
     communication_ equals Flower's measured payload in every round, also in
     rounds where the global phase rejects trial points: a client failing
-    numerically at a trial point (round 4) and statistics that make q(v_g)
-    fail in combine (round 2). Those exchanges went over the wire (the
-    broadcast down, the other replies up) and count in both."""
+    numerically at a trial point (round 4), statistics that make q(v_g)
+    fail in combine (round 2) and replies with non-finite values (round 3).
+    Those exchanges went over the wire (the broadcast down, the replies up)
+    and count in both."""
     from skfedgp import FederatedHierarchicalGPRegressor
 
     X, y, groups = _client_data(n_clients=5, n=30, seed=4, d=1)
@@ -572,6 +573,10 @@ def test_partial_participation_communication_matches_flower_payload(task_identit
             return dataclasses.replace(msg, precision=-1e6 * np.eye(len(msg.shift)))
         if round_ == 4 and k == 4 and self.client_id == "site-2":
             raise np.linalg.LinAlgError("injected")
+        if round_ == 3 and k == 4:
+            # a reply with a NaN: received (and counted), then dropped as a
+            # numerical failure, which rejects the trial point
+            return dataclasses.replace(msg, shift=np.full_like(msg.shift, np.nan))
         return msg
 
     monkeypatch.setattr(F.StructuredClient, "statistics", injected)
@@ -584,7 +589,7 @@ def test_partial_participation_communication_matches_flower_payload(task_identit
     np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
     assert res["n_evaluations"] == est.n_evaluations_
     log = res["payload_log"]
-    for r in (2, 4):
+    for r in (2, 3, 4):
         # the injected trial points were rejected: a statistics exchange
         # without its global_gradient exchange
         calls = [e["method"] for e in log if e["round"] == r]
