@@ -31,25 +31,25 @@ readings with the pFedHGP predictive mean and 95 % band, and the three
 components of :meth:`~skfedgp.FederatedHierarchicalGPRegressor.predict_components`
 (global, deviation, local; mean and +-2 std) in separate panels.
 
-Why the defaults are what they are (measured on the training data; details in
-``docs/beijing_pm25.md``): PM2.5 is a regional pollutant. About 86 % of the
-variance of log(PM2.5) is shared by the 12 stations, so a held-out day at one
-station is best predicted from the other stations' readings of that day,
-through the shared global part. The shared signal decorrelates within about
-a day (autocorrelation 0.54 at 12 h, 0.26 at 1 day), so the global part needs
-a lengthscale of about 0.6 days (``--lengthscale``, chosen by the training
-ELBO) and many inducing points (``--n-inducing 512``; there are 730 reading
-times). At that size the global variational distribution is set exactly each
-round (``variational_update="closed_form"``); one Adam step per round cannot
-fit its ~132 000 parameters. The learning rates are the estimator's
-defaults (0.1); inducing points move in units of their initial lengthscale,
-so at most about 0.06 days per step here (the training ELBO after 12 rounds
-was -5506 with the global rate 0.1 against -5913 with 0.003). What is left at a station is an offset
-plus slow drift (the local part: ``M_i = 16``, lengthscale 30 days) and nearly
-white noise, hence a small deviation scale (``phi = 0.02``). The script limits
-BLAS to one thread (``--blas-threads``): the matrices are small, and two
-OpenBLAS threads on a busy 2-core machine made a 256 x 256 Cholesky about
-100 times slower.
+What the data need, and what the estimator's defaults (used for every setting
+not given on the command line) make of it (details in
+``docs/beijing_pm25.md`` and ``docs/convergence.md``, check (d)): PM2.5 is a
+regional pollutant. About 86 % of the variance of log(PM2.5) is shared by the
+12 stations, so a held-out day at one station is best predicted from the
+other stations' readings of that day, through the shared global part. The
+shared signal decorrelates within about a day (autocorrelation 0.54 at 12 h,
+0.26 at 1 day), so the global part needs a short lengthscale (0.6 days after one
+round, 0.45 after 14) and many inducing points: ``n_inducing="auto"`` gives 634 on
+the 730 reading times of seed 0's split. ``learn_inducing_locations="auto"``
+holds them at set-up and learns them from round 2, when the shortened
+lengthscale leaves more than 1 % of the prior variance unexplained. What is
+left at a station is an offset plus slow drift (the local part) and nearly
+white noise. At these sizes a round of the full model takes 5 to 10 minutes
+on one core, and training runs for tens of rounds: pass ``--rounds`` (and,
+for a quicker look, ``--n-inducing``) to bound it. The script limits BLAS to
+one thread (``--blas-threads``): the matrices are small, and two OpenBLAS
+threads on a busy 2-core machine made a 256 x 256 Cholesky about 100 times
+slower.
 
 Usage::
 
