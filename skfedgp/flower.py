@@ -32,6 +32,14 @@ round and in the final exchange; at set-up (round 0) the download differs by
 the population pilot with its ``d`` input ranges and no round number, where
 ``communication_`` books a ``GlobalBroadcast`` and a ``PilotSummary``.
 
+:func:`secure_statistics_sum` sums the clients' statistics of one
+evaluation of the ELBO through Flower's SecAgg+ (``SecAggPlusWorkflow`` on
+the server, ``secaggplus_mod`` on a ClientApp made with
+``make_client_app(..., secure_aggregation=True)``): the server unmasks only
+the sum, exact to the quantisation bound :func:`secagg_error_bound`
+(docs/flower.md, "Secure aggregation"). The training itself still uses the
+plain exchanges.
+
 Requires the optional dependency ``flwr`` (``pip install "skfedgp[flower]"``).
 
 References
@@ -63,6 +71,13 @@ __all__ = [
     "fit_over_transport",
     "make_client_app",
     "make_server_app",
+    "flatten_statistics",
+    "unflatten_statistics",
+    "secagg_quantization_range",
+    "secagg_error_bound",
+    "combine_error_bounds",
+    "secure_statistics_sum",
+    "SECURE_WEIGHT",
 ]
 
 
@@ -522,7 +537,7 @@ def _handle(message, context, load_data, on_finish):
     return Message(reply, reply_to=message)
 
 
-def make_client_app(load_data, *, on_finish=None, mods=None):
+def make_client_app(load_data, *, on_finish=None, mods=None, secure_aggregation=False):
     """A Flower ``ClientApp`` that answers a :class:`FlowerTransport`.
 
     Parameters
@@ -547,11 +562,19 @@ def make_client_app(load_data, *, on_finish=None, mods=None):
         client's personal model on the node.
     mods : list, optional
         Flower mods applied to every handler.
+    secure_aggregation : bool, default=False
+        Also register the plain ``train`` handler, wrapped in Flower's
+        ``secaggplus_mod``, that answers :func:`secure_statistics_sum`: the
+        node's statistics at the global vector of the request, flattened
+        (:func:`flatten_statistics`) into a legacy ``FitRes``. The node must
+        have been set up by a :class:`FlowerTransport` (it uses the
+        configuration and global packer it holds).
 
     Returns
     -------
     flwr.clientapp.ClientApp
-        Handlers ``train.<method>`` for every method in :data:`METHODS`.
+        Handlers ``train.<method>`` for every method in :data:`METHODS`
+        (and ``train`` with ``secure_aggregation=True``).
 
     Raises
     ------
@@ -579,7 +602,61 @@ def make_client_app(load_data, *, on_finish=None, mods=None):
 
     for m in METHODS:
         getattr(app, MESSAGE_CATEGORY)(m, mods=mods)(handler)
+    if secure_aggregation:
+        from flwr.client.mod import secaggplus_mod
+
+        def secure_handler(message, context):
+            return _secure_handle(message, context, load_data)
+
+        # secaggplus_mod innermost: it masks what the handler returns
+        app.train(mods=list(mods or []) + [secaggplus_mod])(secure_handler)
     return app
+
+
+def _secure_handle(message, context, load_data):
+    """Plain ``train`` handler behind ``secaggplus_mod`` (:func:`secure_statistics_sum`).
+
+    Reads the legacy ``FitIns`` (the global vector, the round, the agreed
+    clipping range and weight), computes the node's
+    :class:`~skfedgp.federated.StructuredStatistics` with the configuration
+    and global packer the node holds from its :class:`FlowerTransport`
+    exchanges, and answers with a legacy ``FitRes`` whose only parameter
+    array is :func:`flatten_statistics` of them; ``secaggplus_mod`` masks it
+    and removes the plain array before the reply leaves the node.
+
+    Raises
+    ------
+    RuntimeError
+        If the node has not been set up by a :class:`FlowerTransport`.
+    ValueError
+        If an entry of the flattened statistics is not finite or lies
+        outside the agreed clipping range (SecAgg+ would clip it silently).
+    """
+    from flwr.app import Message
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.compat.common import recorddict_compat as compat
+
+    fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
+    node = _node_for(context, load_data)
+    gpack = node.held.get("arg:Packer")
+    config = node.held.get("arg:ModelConfig")
+    if gpack is None or config is None:
+        raise RuntimeError(
+            f"client {node.client_id!r} holds no model configuration: a secure sum of "
+            "statistics needs a node set up by a FlowerTransport")
+    theta_g = parameters_to_ndarrays(fitins.parameters)[0]
+    stats = node.target.statistics(theta_g, gpack, config, int(fitins.config[_SECURE_ROUND]))
+    _save_node(node, context)
+    vector = flatten_statistics(stats)
+    clip = float(fitins.config[_SECURE_CLIP])
+    largest = float(np.max(np.abs(vector))) if vector.size else 0.0
+    if not np.isfinite(largest) or largest > clip:
+        raise ValueError(
+            f"client {node.client_id!r}: an entry of its statistics ({largest:.6g}) lies outside "
+            f"the agreed clipping range {clip:.6g}; SecAgg+ would clip it silently")
+    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]),
+                 int(fitins.config[_SECURE_WEIGHT]), {})
+    return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
 
 
 # --------------------------------------------------------------------------
@@ -1083,3 +1160,361 @@ def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_
             joblib.dump(result, path)
 
     return app
+
+
+# --------------------------------------------------------------------------
+# secure aggregation (SecAgg+) of one evaluation's statistics
+# --------------------------------------------------------------------------
+
+# keys of the legacy FitIns config of a secure-sum request
+_SECURE_ROUND = "skfedgp.round"
+_SECURE_WEIGHT = "skfedgp.num-examples"
+_SECURE_CLIP = "skfedgp.clipping-range"
+#: ``max_weight`` of the SecAgg+ workflow and ``num_examples`` of every
+#: client: each client's weight ``num_examples / max_weight`` is 1, so the
+#: workflow returns the plain mean ``sum_i x_i / n`` (times n: the sum).
+SECURE_WEIGHT = 1
+
+
+def flatten_statistics(stats):
+    """One client's statistics as the vector a secure sum adds.
+
+    Parameters
+    ----------
+    stats : StructuredStatistics
+        ``precision`` ``S_i`` of shape (M, M), ``shift`` ``b_i`` of shape
+        (M,), ``constant`` ``e_i`` and ``log_prior`` (floats).
+
+    Returns
+    -------
+    ndarray of shape (M (M + 1) / 2 + M + 2,)
+        ``[upper triangle of (S_i + S_i^T) / 2 row by row, b_i, e_i,
+        log_prior_i]``. ``S_i`` is symmetric: sending one triangle halves
+        its part and keeps the sum exactly symmetric.
+    """
+    S = np.asarray(stats.precision, dtype=np.float64)
+    M = S.shape[0]
+    upper = (0.5 * (S + S.T))[np.triu_indices(M)]
+    return np.concatenate([upper, np.asarray(stats.shift, dtype=np.float64).ravel(),
+                           [float(stats.constant), float(stats.log_prior)]])
+
+
+def unflatten_statistics(vector, round_=0):
+    """Statistics from a (sum of) :func:`flatten_statistics` vector(s).
+
+    Parameters
+    ----------
+    vector : array-like of shape (M (M + 1) / 2 + M + 2,)
+        ``M`` is read from the length.
+    round_ : int, default=0
+
+    Returns
+    -------
+    StructuredStatistics
+        ``precision`` of shape (M, M) (symmetric), ``shift`` of shape (M,),
+        ``constant`` and ``log_prior``. For a sum of flattened vectors, the
+        summed statistics: ``combine([s.precision], [s.shift],
+        [s.constant], M)`` is ``q(v_g)`` and the ELBO of the sum.
+
+    Raises
+    ------
+    ValueError
+        If the length is not ``M (M + 3) / 2 + 2`` for an integer ``M >= 0``.
+    """
+    v = np.asarray(vector, dtype=np.float64).ravel()
+    L = v.size - 2
+    M = int(round((np.sqrt(9.0 + 8.0 * max(L, 0)) - 3.0) / 2.0))
+    if L < 0 or M * (M + 3) // 2 != L:
+        raise ValueError(
+            f"a flattened statistics vector has length M (M + 3) / 2 + 2, got {v.size}")
+    k = M * (M + 1) // 2
+    S = np.zeros((M, M))
+    S[np.triu_indices(M)] = v[:k]
+    S = S + np.triu(S, 1).T
+    return _fed.StructuredStatistics(int(round_), S, v[k:k + M].copy(), float(v[k + M]),
+                                     float(v[k + M + 1]))
+
+
+def secagg_quantization_range(n_clients, modulus_range=2**32):
+    """Largest power of two ``T`` for which a SecAgg+ sum of ``n_clients`` cannot wrap.
+
+    Flower's SecAgg+ maps each entry to an integer in ``[0, T]`` and adds
+    them modulo ``modulus_range``: the sum is exact only if
+    ``n_clients * T < modulus_range`` (the clients' weight factors, ``T``
+    each with :data:`SECURE_WEIGHT`, obey the same limit). ``T`` is also
+    kept at most ``2**30`` (Flower's quantiser returns int32).
+
+    Parameters
+    ----------
+    n_clients : int
+        At least 2.
+    modulus_range : int, default=2**32
+        A power of two (the workflow's ``modulus_range``).
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        For ``n_clients < 2`` or a modulus too small for ``n_clients``.
+    """
+    n, mod = int(n_clients), int(modulus_range)
+    if n < 2:
+        raise ValueError(f"SecAgg+ needs at least 2 clients, got {n_clients}")
+    cap = (mod - 1) // n
+    if cap < 2:
+        raise ValueError(f"modulus_range={modulus_range} is too small for {n} clients")
+    return min(1 << (cap.bit_length() - 1), 1 << 30)
+
+
+def secagg_error_bound(n_clients, clipping_range, quantization_range):
+    """Largest error of one entry of a SecAgg+ sum (Flower 1.42's quantisation).
+
+    Each client's entry ``x`` (weight 1, :data:`SECURE_WEIGHT`) is clipped
+    to ``[-c, c]`` (``c = clipping_range``) and stochastically rounded on a
+    grid of step ``2 c / T`` (``T = quantization_range``): an error below
+    one step per client. With every entry of every client inside
+    ``[-c, c]`` (nothing clipped) and no wrap-around
+    (``n T < modulus_range``, :func:`secagg_quantization_range`), an entry
+    of the dequantised sum of ``n`` clients is within
+    ``n * 2 c / T`` of the exact sum, plus a floating-point slack of
+    ``8 n c`` machine epsilons (dequantisation subtracts ``n c``).
+
+    Parameters
+    ----------
+    n_clients : int
+    clipping_range : float
+    quantization_range : int
+
+    Returns
+    -------
+    float
+        The bound (same units as the entries).
+    """
+    n, c = int(n_clients), float(clipping_range)
+    return n * 2.0 * c / int(quantization_range) + 8.0 * n * c * np.finfo(np.float64).eps
+
+
+def combine_error_bounds(mean, covariance, eps):
+    """First-order bounds on how far ``q(v_g)`` and the ELBO move when every
+    entry of the summed statistics moves by at most ``eps``.
+
+    With ``A = I + sum_i S_i``, ``mu = A^{-1} sum_i b_i`` and
+    ``ELBO = -(sum_i e_i + log det A - b^T mu) / 2`` (:func:`skfedgp._structured.combine`),
+    perturbations ``|dA_jk|, |db_j|, |de| <= eps`` give, to first order,
+    ``dmu = A^{-1} (db - dA mu)``, ``d(A^{-1}) = -A^{-1} dA A^{-1}`` and
+    ``dELBO = -(de + tr(A^{-1} dA) - 2 mu^T db + mu^T dA mu) / 2``. With
+    ``r_j = sum_k |A^{-1}_jk|``:
+
+    * ``|dmu_j| <= eps r_j (1 + ||mu||_1)``;
+    * ``|d(A^{-1})_jl| <= eps r_j r_l``;
+    * ``|dELBO| <= eps (1 + sum_jk |A^{-1}_jk| + 2 ||mu||_1 + ||mu||_1^2) / 2``.
+
+    Since ``A >= I`` (``||A^{-1}||_2 <= 1``), the neglected second-order
+    terms are smaller than these by a factor of order ``M eps``. The
+    summed log hyperprior moves by at most ``eps``.
+
+    Parameters
+    ----------
+    mean : ndarray of shape (M,)
+        ``mu`` (``ServerPosterior.mu``).
+    covariance : ndarray of shape (M, M)
+        ``A^{-1}`` (``ServerPosterior.A_inv``).
+    eps : float
+        Bound on every entry's error (:func:`secagg_error_bound`).
+
+    Returns
+    -------
+    dict
+        ``mean`` (ndarray of shape (M,)), ``covariance`` (ndarray of shape
+        (M, M)) and ``elbo`` (float): the entrywise bounds.
+    """
+    mu = np.asarray(mean, dtype=np.float64)
+    Ai = np.abs(np.asarray(covariance, dtype=np.float64))
+    r = Ai.sum(axis=1)
+    m1 = float(np.abs(mu).sum())
+    return {"mean": eps * r * (1.0 + m1),
+            "covariance": eps * np.outer(r, r),
+            "elbo": 0.5 * eps * (1.0 + float(Ai.sum()) + 2.0 * m1 + m1 * m1)}
+
+
+def _secure_sum_strategy(proxies, fit_config):
+    """A legacy ``Strategy`` for one SecAgg+ round: asks ``proxies`` with
+    ``fit_config`` and records what ``aggregate_fit`` is handed."""
+    from flwr.common import FitIns, parameters_to_ndarrays
+    from flwr.server.strategy import Strategy
+
+    class _SecureSum(Strategy):
+        def __init__(self):
+            self.seen = None  # [(node_id, num_examples, vector)] handed to aggregate_fit
+            self.failures = None
+
+        def initialize_parameters(self, client_manager):
+            return None
+
+        def configure_fit(self, server_round, parameters, client_manager):
+            return [(p, FitIns(parameters, dict(fit_config))) for p in proxies]
+
+        def aggregate_fit(self, server_round, results, failures):
+            self.seen = [(proxy.node_id, int(res.num_examples),
+                          parameters_to_ndarrays(res.parameters)) for proxy, res in results]
+            self.failures = list(failures)
+            return (results[0][1].parameters if results else None), {}
+
+        def configure_evaluate(self, server_round, parameters, client_manager):
+            return []
+
+        def aggregate_evaluate(self, server_round, results, failures):
+            return None, {}
+
+        def evaluate(self, server_round, parameters):
+            return None
+
+    return _SecureSum()
+
+
+def secure_statistics_sum(grid, node_ids, theta_global, round_=0, *, clipping_range,
+                          quantization_range=None, modulus_range=2**32,
+                          reconstruction_threshold=None, timeout=None):
+    """Sum of the nodes' statistics at one global vector, through Flower's SecAgg+.
+
+    The first exchange of an evaluation of the collapsed ELBO, secured: each
+    node (a :func:`make_client_app` with ``secure_aggregation=True``, set up
+    by a :class:`FlowerTransport`) computes its
+    :class:`~skfedgp.federated.StructuredStatistics` at ``theta_global``
+    and hands :func:`flatten_statistics` of them to Flower's
+    ``secaggplus_mod`` as the parameters of a legacy ``FitRes`` with
+    ``num_examples =`` :data:`SECURE_WEIGHT`; the server runs Flower's
+    ``SecAggPlusWorkflow`` (set-up, key sharing, masked-vector collection,
+    unmasking) in a ``LegacyContext`` whose strategy asks exactly
+    ``node_ids``. The server receives only masked integer vectors; the
+    workflow unmasks their sum, dequantises it and divides it by the summed
+    weights (``n``); the strategy's ``aggregate_fit`` is handed that one
+    aggregate in place of every client's parameters; this function
+    multiplies it by ``n``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The ServerApp's grid (the one a :class:`FlowerTransport` uses).
+    node_ids : sequence of int
+        Flower node ids of the clients to sum over (at least 2;
+        :attr:`FlowerTransport.node_ids_` maps client ids to them).
+    theta_global : ndarray of shape (P,)
+        The global vector (sent to the clients in the clear, as in the
+        plain ``statistics`` broadcast).
+    round_ : int, default=0
+        Round number (of the messages and of the returned statistics).
+    clipping_range : float
+        ``c``: every entry of every client's flattened statistics must lie
+        in ``[-c, c]``. It is a public parameter the clients agree on
+        beforehand (it must not depend on this evaluation's private
+        values); a node whose statistics exceed it refuses to answer (a
+        failure, see Raises) instead of being clipped silently.
+    quantization_range : int, optional
+        ``T``. Default: :func:`secagg_quantization_range` of ``len(node_ids)``.
+    modulus_range : int, default=2**32
+        A power of two above ``len(node_ids) * T``.
+    reconstruction_threshold : int, optional
+        Shares needed to rebuild a node's secrets. Default
+        ``len(node_ids) // 2 + 1`` (every node shares with every other:
+        ``num_shares=1.0``).
+    timeout : float, optional
+        Seconds to wait for each stage's replies (None: no limit).
+
+    Returns
+    -------
+    dict
+        ``statistics`` (:class:`~skfedgp.federated.StructuredStatistics`,
+        the securely aggregated sum: ``precision`` of shape (M, M),
+        ``shift`` of shape (M,), ``constant``, ``log_prior``),
+        ``n_clients``, ``node_ids``, ``bound`` (:func:`secagg_error_bound`:
+        every entry of the sum is within it of the exact sum),
+        ``clipping_range``, ``quantization_range``, ``modulus_range`` and
+        ``aggregate_fit_inputs``: the ``(node_id, num_examples, parameters)``
+        the strategy's ``aggregate_fit`` was handed, one per client, each
+        carrying the same aggregate (the mean), never a client's own vector.
+
+    Raises
+    ------
+    ValueError
+        For fewer than 2 or repeated node ids, a non-positive or non-finite
+        ``clipping_range``, or a ``quantization_range`` for which the sum
+        could wrap around ``modulus_range``.
+    RuntimeError
+        If the workflow halted (too few nodes answered a stage), or not every
+        node's masked vector is in the sum (a node failed, e.g. statistics
+        outside the clipping range, or dropped out: SecAgg+ would then return
+        the sum over the others).
+    """
+    _require_flwr()
+    from flwr.app import ConfigRecord, Context, RecordDict
+    from flwr.common import ndarrays_to_parameters
+    from flwr.compat.common import recorddict_compat as compat
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.server.compat.legacy_context import LegacyContext
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+    node_ids = [int(n) for n in node_ids]
+    n = len(node_ids)
+    if n < 2 or len(set(node_ids)) != n:
+        raise ValueError(f"a secure sum needs at least 2 distinct node ids, got {node_ids}")
+    clip = float(clipping_range)
+    if not (np.isfinite(clip) and clip > 0):
+        raise ValueError(f"clipping_range must be positive and finite, got {clipping_range!r}")
+    T = (secagg_quantization_range(n, modulus_range) if quantization_range is None
+         else int(quantization_range))
+    if not 2 <= T <= 2**31 - 1 or n * T >= int(modulus_range):
+        raise ValueError(
+            f"quantization_range={T} with {n} clients: need 2 <= T < 2**31 and "
+            f"n * T < modulus_range={modulus_range}, or the sum wraps around")
+    threshold = n // 2 + 1 if reconstruction_threshold is None else int(reconstruction_threshold)
+
+    run = getattr(grid, "run", None)
+    run_id = int(getattr(run, "run_id", 0) or 0)
+    proxies = [GridClientProxy(node_id=nid, grid=grid, run_id=run_id) for nid in node_ids]
+    manager = SimpleClientManager()
+    for p in proxies:
+        manager.register(p)
+    strategy = _secure_sum_strategy(
+        proxies, {_SECURE_ROUND: int(round_), _SECURE_WEIGHT: SECURE_WEIGHT,
+                  _SECURE_CLIP: clip})
+    context = LegacyContext(
+        Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+        strategy=strategy, client_manager=manager)
+    theta = np.ascontiguousarray(np.asarray(theta_global, dtype=np.float64))
+    context.state[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+        ndarrays_to_parameters([theta]), keep_input=True)
+    context.state[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: int(round_)})
+    workflow = SecAggPlusWorkflow(
+        num_shares=1.0, reconstruction_threshold=threshold, max_weight=float(SECURE_WEIGHT),
+        clipping_range=clip, quantization_range=T, modulus_range=int(modulus_range),
+        timeout=timeout)
+    workflow(grid, context)
+
+    seen = strategy.seen
+    if seen is None:
+        raise RuntimeError("SecAgg+ halted before unmasking (too few nodes answered a stage)")
+    got = sorted(nid for nid, _, _ in seen)
+    if strategy.failures or got != sorted(node_ids):
+        raise RuntimeError(
+            f"the secure sum is incomplete: masked vectors from nodes {got} of {sorted(node_ids)}"
+            f" ({len(strategy.failures)} failure(s)): {strategy.failures[:1]}")
+    mean = seen[0][2][0]
+    if any(len(arrs) != 1 or not np.array_equal(arrs[0], mean) for _, _, arrs in seen):
+        raise RuntimeError("aggregate_fit was handed different vectors: not a SecAgg+ aggregate")
+    total = n * np.asarray(mean, dtype=np.float64)
+    return {
+        "statistics": unflatten_statistics(total, round_),
+        "n_clients": n,
+        "node_ids": node_ids,
+        "bound": secagg_error_bound(n, clip, T),
+        "clipping_range": clip,
+        "quantization_range": T,
+        "modulus_range": int(modulus_range),
+        "aggregate_fit_inputs": seen,
+    }

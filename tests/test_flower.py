@@ -653,3 +653,187 @@ def test_codec_reads_records_without_newer_optional_fields():
     rd["x.config"] = ConfigRecord(config)
     with pytest.raises(ValueError, match="'v.variance' is missing"):
         fl.decode(rd, name="x")
+
+
+# --------------------------------------------------------------------------
+# secure aggregation (SecAgg+) of one evaluation's statistics
+# --------------------------------------------------------------------------
+
+def _require_secagg():
+    """Skip unless the installed Flower has SecAgg+ and its crypto dependency."""
+    pytest.importorskip("cryptography", reason="Flower's SecAgg+ needs the cryptography package")
+    try:
+        from flwr.client.mod import secaggplus_mod  # noqa: F401
+        from flwr.server.workflow import SecAggPlusWorkflow  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the Flower version
+        pytest.skip(f"this Flower has no SecAgg+ (secaggplus_mod / SecAggPlusWorkflow): {exc}")
+
+
+class _WireGrid(_InProcessGrid):
+    """:class:`_InProcessGrid` whose messages go through Flower's protobuf
+    serialisation both ways, so that each node gets its own copy as over a
+    network (the SecAgg+ workflow sends one content object to several nodes
+    and ``secaggplus_mod`` edits what it receives); an exception of the
+    ClientApp becomes an error reply, as Flower's runtime sends it. Keeps
+    every reply the server received."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replies = []
+
+    @staticmethod
+    def _wire(msg):
+        from flwr.common.serde import message_from_proto, message_to_proto
+        from flwr.proto.message_pb2 import Message as ProtoMessage
+
+        proto = ProtoMessage()
+        proto.ParseFromString(message_to_proto(msg).SerializeToString())
+        return message_from_proto(proto)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.common.constant import ErrorCode
+
+        out = []
+        for msg in messages:
+            msg = self._wire(msg)
+            try:
+                rep = self.app(msg, self.contexts[msg.metadata.dst_node_id])
+            except Exception as exc:  # noqa: BLE001 -- as Flower's runtime replies
+                rep = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                    reason=repr(exc)), reply_to=msg)
+            out.append(self._wire(rep))
+            self.delivered += 1
+        self.replies.extend(out)
+        return out
+
+
+def test_statistics_flatten_round_trip_and_quantisation_range():
+    rng = np.random.default_rng(3)
+    for M in (0, 1, 5):
+        R = rng.standard_normal((M, M))
+        st = F.StructuredStatistics(2, R @ R.T, rng.standard_normal(M), 3.5, -0.25)
+        v = fl.flatten_statistics(st)
+        assert v.shape == (M * (M + 1) // 2 + M + 2,)
+        back = fl.unflatten_statistics(v, 2)
+        np.testing.assert_allclose(back.precision, st.precision, rtol=0, atol=1e-15)
+        assert np.array_equal(back.precision, back.precision.T)
+        assert np.array_equal(back.shift, st.shift) and back.round == 2
+        assert (back.constant, back.log_prior) == (3.5, -0.25)
+    with pytest.raises(ValueError, match="length"):
+        fl.unflatten_statistics(np.zeros(5))
+    # n T < 2**32, T a power of two at most 2**30 (Flower's int32 quantiser)
+    assert [fl.secagg_quantization_range(n) for n in (2, 3, 4, 5, 8, 9)] == [
+        2**30, 2**30, 2**29, 2**29, 2**28, 2**28]
+    with pytest.raises(ValueError, match="at least 2"):
+        fl.secagg_quantization_range(1)
+    assert fl.secagg_error_bound(4, 128.0, 2**29) == pytest.approx(8 * 128.0 / 2**29, rel=1e-9)
+
+
+def test_secure_statistics_sum_gives_the_plain_posterior_and_elbo(task_identity):
+    """One ELBO evaluation's statistics summed by Flower's SecAgg+ (4 nodes,
+    masked vectors over serialised messages) give q(v_g), the ELBO and the
+    summed log prior of the plain per-client exchange within the bounds the
+    quantisation implies; the strategy's aggregate step and the server's
+    replies see only the aggregate and masked integers."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+    from skfedgp._structured import combine
+
+    _require_secagg()
+    n_nodes = 4
+    X, y, groups = _client_data(n_clients=n_nodes, n=30, seed=2, d=1)
+    grid = _WireGrid(fl.make_client_app(_loader(X, y, groups), secure_aggregation=True),
+                     n_nodes)
+    transport = fl.FlowerTransport(grid, min_nodes=n_nodes).connect()
+    est, config, _ = fl._check_server_params(dict(random_state=0, n_rounds=1))
+    seen = {}
+
+    def after_round(r, st):
+        ids = list(transport.client_ids)
+        nodes = [transport.node_ids_[c] for c in ids]
+        # the clipping range the clients agree on: a power of two above twice
+        # the largest entry of the previous evaluation's statistics
+        largest = max(float(np.max(np.abs(fl.flatten_statistics(m))))
+                      for m in st.messages.values())
+        clip = float(2.0 ** np.ceil(np.log2(2.0 * largest)))
+        start = len(grid.replies)
+        seen["secure"] = fl.secure_statistics_sum(grid, nodes, st.theta_global, r,
+                                                  clipping_range=clip)
+        seen["replies"] = grid.replies[start:]
+        seen["plain"] = transport.call("statistics", (st.theta_global, st.global_pack,
+                                                      config, r), ids, round_=r)
+        seen["vectors"] = {transport.node_ids_[c]: fl.flatten_statistics(m)
+                           for c, m in seen["plain"].items()}
+        # a node whose statistics exceed the agreed range refuses to send them
+        # (an error reply): SecAgg+ would sum the other three, the function refuses
+        tops = sorted(float(np.max(np.abs(v))) for v in seen["vectors"].values())
+        assert tops[-2] < tops[-1]
+        start = len(grid.replies)
+        with pytest.raises(RuntimeError, match="incomplete"):
+            fl.secure_statistics_sum(grid, nodes, st.theta_global, r,
+                                     clipping_range=0.5 * (tops[-2] + tops[-1]))
+        errors = [rep.error.reason for rep in grid.replies[start:] if rep.has_error()]
+        assert len(errors) == 1 and "outside the agreed clipping range" in errors[0]
+        # every node refusing: the protocol halts
+        with pytest.raises(RuntimeError, match="halted"):
+            fl.secure_statistics_sum(grid, nodes, st.theta_global, r, clipping_range=1e-3)
+
+    est.checkpoint = after_round
+    fl.fit_over_transport(transport, est, config, 1)
+
+    sec = seen["secure"]
+    msgs = list(seen["plain"].values())
+    assert all(isinstance(m, F.StructuredStatistics) for m in msgs)
+    assert sec["n_clients"] == n_nodes and sec["quantization_range"] == 2**29
+    eps = sec["bound"]
+    assert eps == fl.secagg_error_bound(n_nodes, sec["clipping_range"], 2**29)
+    plain_sum = np.sum([fl.flatten_statistics(m) for m in msgs], axis=0)
+    secure_sum = fl.flatten_statistics(sec["statistics"])
+    err = np.abs(secure_sum - plain_sum)
+    assert err.max() <= eps          # the SecAgg+ quantisation bound, every entry
+    assert err.max() > 0             # it did go through the quantiser
+    assert np.max(np.abs(plain_sum)) <= n_nodes * sec["clipping_range"]
+
+    M = msgs[0].precision.shape[0]
+    plain = combine([m.precision for m in msgs], [m.shift for m in msgs],
+                    [m.constant for m in msgs], M)
+    s = sec["statistics"]
+    secure = combine([s.precision], [s.shift], [s.constant], M)
+    tol = fl.combine_error_bounds(plain.mu, plain.A_inv, eps)
+    # first-order bounds; second-order terms are O(M eps) smaller (A >= I)
+    slack = 1.0 + 10.0 * M * eps
+    assert abs(secure.elbo - plain.elbo) <= slack * tol["elbo"] + 1e-10 * abs(plain.elbo)
+    assert np.all(np.abs(secure.mu - plain.mu) <= slack * tol["mean"] + 1e-12)
+    assert np.all(np.abs(secure.A_inv - plain.A_inv) <= slack * tol["covariance"] + 1e-12)
+    assert abs(s.log_prior - sum(m.log_prior for m in msgs)) <= eps
+
+    # the strategy's aggregate step is handed the aggregate (the mean, weight 1
+    # per client) in place of every client's parameters, never a client's own
+    handed = sec["aggregate_fit_inputs"]
+    assert sorted(nid for nid, _, _ in handed) == sorted(seen["vectors"])
+    for nid, num_examples, arrays in handed:
+        assert num_examples == fl.SECURE_WEIGHT and len(arrays) == 1
+        np.testing.assert_array_equal(arrays[0], secure_sum / n_nodes)
+        assert np.max(np.abs(arrays[0] - seen["vectors"][nid])) > 1e3 * eps
+    # what the server received in the SecAgg+ exchange: no float array, and
+    # per node a masked vector of integers modulo 2**32 that is not its
+    # quantised statistics
+    masked = {}
+    for rep in seen["replies"]:
+        assert rep.metadata.message_type == "train"
+        assert all(len(rec) == 0 for rec in rep.content.array_records.values())
+        cfg = rep.content.config_records[RECORD_KEY_CONFIGS]
+        if Key.MASKED_PARAMETERS in cfg:
+            from flwr.common import bytes_to_ndarray
+
+            arrs = [bytes_to_ndarray(b) for b in cfg[Key.MASKED_PARAMETERS]]
+            masked[rep.metadata.src_node_id] = arrs
+    assert sorted(masked) == sorted(seen["vectors"])
+    T, c = sec["quantization_range"], sec["clipping_range"]
+    for nid, arrs in masked.items():
+        assert [a.size for a in arrs] == [1, plain_sum.size]  # weight factor, vector
+        assert all(a.dtype.kind in "iu" and a.min() >= 0 and a.max() < 2**32 for a in arrs)
+        alone = arrs[1] * (2.0 * c / T) - c  # dequantised on its own
+        assert np.max(np.abs(alone - seen["vectors"][nid])) > 1.0
