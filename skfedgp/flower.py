@@ -35,10 +35,11 @@ the population pilot with its ``d`` input ranges and no round number, where
 :func:`secure_statistics_sum` sums the clients' statistics of one
 evaluation of the ELBO through Flower's SecAgg+ (``SecAggPlusWorkflow`` on
 the server, ``secaggplus_mod`` on a ClientApp made with
-``make_client_app(..., secure_aggregation=True)``): the server unmasks only
-the sum, exact to the quantisation bound :func:`secagg_error_bound`
+``make_client_app(..., secure_aggregation=True)``): in that round the server
+unmasks only the sum, exact to the quantisation bound :func:`secagg_error_bound`
 (docs/flower.md, "Secure aggregation"). The training itself still uses the
-plain exchanges.
+plain exchanges, and such a node still answers them (``train.statistics``
+included), so this hides nothing from a server that asks for them.
 
 Requires the optional dependency ``flwr`` (``pip install "skfedgp[flower]"``).
 
@@ -631,6 +632,8 @@ def _secure_handle(message, context, load_data):
     ValueError
         If an entry of the flattened statistics is not finite or lies
         outside the agreed clipping range (SecAgg+ would clip it silently).
+        Flower sends the exception's message to the server in the clear, so
+        it names the clipping range but no value of the statistics.
     """
     from flwr.app import Message
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
@@ -651,9 +654,11 @@ def _secure_handle(message, context, load_data):
     clip = float(fitins.config[_SECURE_CLIP])
     largest = float(np.max(np.abs(vector))) if vector.size else 0.0
     if not np.isfinite(largest) or largest > clip:
+        # the reason of a ClientApp exception is sent to the server in the
+        # clear: it must not carry the statistics (not even their largest entry)
         raise ValueError(
-            f"client {node.client_id!r}: an entry of its statistics ({largest:.6g}) lies outside "
-            f"the agreed clipping range {clip:.6g}; SecAgg+ would clip it silently")
+            f"client {node.client_id!r}: its statistics are not finite or lie outside "
+            f"the agreed clipping range {clip:.6g}; SecAgg+ would clip them silently")
     res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]),
                  int(fitins.config[_SECURE_WEIGHT]), {})
     return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
@@ -1298,23 +1303,35 @@ def secagg_error_bound(n_clients, clipping_range, quantization_range):
 
 
 def combine_error_bounds(mean, covariance, eps):
-    """First-order bounds on how far ``q(v_g)`` and the ELBO move when every
-    entry of the summed statistics moves by at most ``eps``.
+    """Bounds on how far ``q(v_g)`` and the ELBO move when every entry of
+    the summed statistics moves by at most ``eps``.
 
     With ``A = I + sum_i S_i``, ``mu = A^{-1} sum_i b_i`` and
     ``ELBO = -(sum_i e_i + log det A - b^T mu) / 2`` (:func:`skfedgp._structured.combine`),
-    perturbations ``|dA_jk|, |db_j|, |de| <= eps`` give, to first order,
-    ``dmu = A^{-1} (db - dA mu)``, ``d(A^{-1}) = -A^{-1} dA A^{-1}`` and
-    ``dELBO = -(de + tr(A^{-1} dA) - 2 mu^T db + mu^T dA mu) / 2``. With
-    ``r_j = sum_k |A^{-1}_jk|``:
+    let symmetric ``dA`` and ``db``, ``de`` satisfy ``|dA_jk|, |db_j|, |de| <= eps``.
+    With ``r_j = sum_k |A^{-1}_jk|``, ``s = sum_jk |A^{-1}_jk|``,
+    ``rho = eps s`` (required ``< 1``) and ``m = ||mu||_1``, the exact
+    (not first-order) changes obey
 
-    * ``|dmu_j| <= eps r_j (1 + ||mu||_1)``;
-    * ``|d(A^{-1})_jl| <= eps r_j r_l``;
-    * ``|dELBO| <= eps (1 + sum_jk |A^{-1}_jk| + 2 ||mu||_1 + ||mu||_1^2) / 2``.
+    * ``|dmu_j| <= eps r_j (1 + m) / (1 - rho)``;
+    * ``|d(A^{-1})_jl| <= eps r_j r_l / (1 - rho)``;
+    * ``|dELBO| <= (eps (1 + 2 m + m^2) - log(1 - rho)
+      + eps^2 (1 + m)^2 s / (1 - rho)) / 2``.
 
-    Since ``A >= I`` (``||A^{-1}||_2 <= 1``), the neglected second-order
-    terms are smaller than these by a factor of order ``M eps``. The
-    summed log hyperprior moves by at most ``eps``.
+    Proof sketch: ``X = A^{-1} dA`` has ``|X_jk| <= eps r_j``, so the
+    Neumann series of ``(A + dA)^{-1}`` converges entrywise with row sums
+    at most ``r_j / (1 - rho)``; ``dmu = (A + dA)^{-1} (db - dA mu)``,
+    ``d(A^{-1}) = -A^{-1} dA (A + dA)^{-1}``, ``|tr X^k| <= rho^k`` bounds
+    ``log det(I + X)`` by ``-log(1 - rho)``, and
+    ``d(b^T A^{-1} b) = 2 mu^T db - mu^T dA mu + w^T (A + dA)^{-1} w`` with
+    ``w = db - dA mu``. To first order in ``eps`` these are the familiar
+    ``eps r_j (1 + m)``, ``eps r_j r_l`` and
+    ``eps (1 + s + 2 m + m^2) / 2``. The relation between the exact and the
+    perturbed statistics is symmetric, so the bounds hold with either
+    posterior as ``mean`` and ``covariance`` (a server that only has the
+    securely summed one can use it). The summed log hyperprior moves by at
+    most ``eps``. Floating-point error of :func:`~skfedgp._structured.combine`
+    itself is not included.
 
     Parameters
     ----------
@@ -1329,15 +1346,33 @@ def combine_error_bounds(mean, covariance, eps):
     -------
     dict
         ``mean`` (ndarray of shape (M,)), ``covariance`` (ndarray of shape
-        (M, M)) and ``elbo`` (float): the entrywise bounds.
+        (M, M)), ``elbo`` (float): the entrywise bounds; ``rho`` (float).
+
+    Raises
+    ------
+    ValueError
+        If ``eps`` is negative or not finite, or ``rho >= 1`` (the
+        perturbation may be too large for ``A + dA`` to stay invertible:
+        no bound).
     """
+    eps = float(eps)
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be non-negative and finite, got {eps!r}")
     mu = np.asarray(mean, dtype=np.float64)
     Ai = np.abs(np.asarray(covariance, dtype=np.float64))
     r = Ai.sum(axis=1)
+    s = float(Ai.sum())
     m1 = float(np.abs(mu).sum())
-    return {"mean": eps * r * (1.0 + m1),
-            "covariance": eps * np.outer(r, r),
-            "elbo": 0.5 * eps * (1.0 + float(Ai.sum()) + 2.0 * m1 + m1 * m1)}
+    rho = eps * s
+    if not rho < 1.0:
+        raise ValueError(
+            f"eps * sum |A^-1| = {rho:.3g} >= 1: the perturbation is too large for a bound")
+    inv = 1.0 / (1.0 - rho)
+    return {"mean": eps * r * (1.0 + m1) * inv,
+            "covariance": eps * np.outer(r, r) * inv,
+            "elbo": 0.5 * (eps * (1.0 + m1) ** 2 - np.log1p(-rho)
+                           + eps * eps * (1.0 + m1) ** 2 * s * inv),
+            "rho": rho}
 
 
 def _secure_sum_strategy(proxies, fit_config):
@@ -1503,7 +1538,8 @@ def secure_statistics_sum(grid, node_ids, theta_global, round_=0, *, clipping_ra
     if strategy.failures or got != sorted(node_ids):
         raise RuntimeError(
             f"the secure sum is incomplete: masked vectors from nodes {got} of {sorted(node_ids)}"
-            f" ({len(strategy.failures)} failure(s)): {strategy.failures[:1]}")
+            f" (missing {sorted(set(node_ids) - set(got))}; first failure: "
+            f"{strategy.failures[:1]})")
     mean = seen[0][2][0]
     if any(len(arrs) != 1 or not np.array_equal(arrs[0], mean) for _, _, arrs in seen):
         raise RuntimeError("aggregate_fit was handed different vectors: not a SecAgg+ aggregate")
