@@ -648,7 +648,14 @@ def _secure_handle(message, context, load_data):
             f"client {node.client_id!r} holds no model configuration: a secure sum of "
             "statistics needs a node set up by a FlowerTransport")
     theta_g = parameters_to_ndarrays(fitins.parameters)[0]
-    stats = node.target.statistics(theta_g, gpack, config, int(fitins.config[_SECURE_ROUND]))
+    # the node's cached forward state belongs to the training exchange in
+    # progress (its global_gradient uses it): keep it
+    kept = getattr(node.target, "_state", None)
+    try:
+        stats = node.target.statistics(theta_g, gpack, config,
+                                       int(fitins.config[_SECURE_ROUND]))
+    finally:
+        node.target._state = kept
     _save_node(node, context)
     vector = flatten_statistics(stats)
     clip = float(fitins.config[_SECURE_CLIP])
