@@ -42,9 +42,15 @@ def reference(ab):
     return _rmse_A(_fit(X, y, g))
 
 
-@pytest.mark.parametrize("level, spread", [(1e4, 1.0), (-3e6, 1.0), (0.0, 500.0), (50.0, 1e-3)])
+@pytest.mark.parametrize("level, spread", [(1e4, 1.0), (-3e6, 1.0), (0.0, 500.0), (50.0, 1e-3),
+                                           (0.0, 1e-4), (5.0, 1e-4)])
 def test_client_on_another_scale_does_not_harm_the_others(ab, reference, level, spread):
-    """The issue's client "C" (three rows at 1e4, 1e4 + 1, 1e4 - 1) and others of its kind."""
+    """The issue's client "C" (three rows at 1e4, 1e4 + 1, 1e4 - 1) and others of its kind.
+
+    A spread of 1e-4 made the fit fail (``P`` or ``I + sum S_i`` not
+    positive definite) before a client whitened its kernel rows when its
+    whitened Gram's round-off was not small (``_structured._whitened_statistics``).
+    """
     X, y, g = ab
     XC = np.array([[0.2], [0.6], [0.9]])
     yC = level + spread * np.array([0.0, 1.0, -1.0])
@@ -259,3 +265,25 @@ def test_level_variance_at_its_upper_bound_warns():
         warnings.simplefilter("always")
         FederatedHierarchicalGPRegressor(random_state=0, n_rounds=3).fit(X2, y2, g2)
     assert not any("level_variance" in str(x.message) for x in w)
+
+
+@pytest.mark.parametrize("n", [20, 50, 500])
+@pytest.mark.parametrize("noise", [0.0, 1e-3])
+def test_near_noise_free_smooth_client_fits(n, noise):
+    """A straight line with little or no noise (a long lengthscale, an ill-conditioned
+    ``K_zz``, the noise at its floor) fits and predicts within 3 std.
+
+    Before, 50 points of ``3 x + 1`` raised a CholeskyError for ``P`` on
+    every seed: whitening the raw Gram ``K^T K`` by two triangular solves
+    lost its definiteness (smallest eigenvalue -3e-5 against a noise
+    variance of 2e-6).
+    """
+    rng = np.random.default_rng(n)
+    x = rng.uniform(size=(n, 1))
+    est = _fit(x, 3 * x[:, 0] + 1 + noise * rng.normal(size=n))
+    xt = np.linspace(0, 1, 50)[:, None]
+    m, s = est.predict(xt, return_std=True)
+    err = np.abs(m - (3 * xt[:, 0] + 1))
+    assert np.all(np.isfinite(m)) and np.all(s > 0)
+    assert err.max() < 0.02
+    assert np.all(err <= 3 * s)
