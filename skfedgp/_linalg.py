@@ -46,6 +46,7 @@ from scipy.special import expit as _expit
 
 __all__ = [
     "CholeskyError",
+    "nonnegative_variance",
     "jittered_cholesky",
     "solve_lower",
     "solve_upper",
@@ -164,6 +165,54 @@ def jittered_cholesky(
         client=client,
         jitter=eps,
     )
+
+
+#: Relative size (to the prior variance) below which a negative predictive
+#: variance counts as round-off and is set to 0 (:func:`nonnegative_variance`).
+VARIANCE_ROUNDOFF = 1e-6
+
+
+def nonnegative_variance(var, scale, what="predictive variance"):
+    """Set round-off negatives of a variance to 0; refuse real negatives.
+
+    A predictive variance ``k(x, x) - q(x, x) + (posterior term)`` is a
+    difference of nearly equal numbers where the data pin the function down,
+    so it can come out slightly below 0. A value below
+    ``-VARIANCE_ROUNDOFF * scale`` is not round-off: the posterior
+    covariance (or the model) is broken, and clipping it would hide that.
+
+    Parameters
+    ----------
+    var : ndarray
+        Variances (any shape).
+    scale : float or ndarray broadcastable to ``var``
+        Prior variance at the same inputs (the size round-off is measured
+        against).
+    what : str, default="predictive variance"
+        Name used in the error message.
+
+    Returns
+    -------
+    ndarray
+        ``var`` with entries in ``[-VARIANCE_ROUNDOFF * scale, 0)`` set to 0.
+
+    Raises
+    ------
+    FloatingPointError
+        If an entry is not finite, or below ``-VARIANCE_ROUNDOFF * scale``.
+    """
+    var = np.asarray(var, dtype=float)
+    scale = np.abs(np.asarray(scale, dtype=float))
+    if not np.all(np.isfinite(var)):
+        raise FloatingPointError(f"the {what} is not finite")
+    bad = var < -VARIANCE_ROUNDOFF * np.maximum(scale, np.finfo(float).tiny)
+    if np.any(bad):
+        worst = float(var[bad].min())
+        raise FloatingPointError(
+            f"the {what} is negative ({worst:.3g}, prior variance "
+            f"{float(np.max(scale)):.3g}) beyond round-off: the posterior covariance is not "
+            "positive semi-definite")
+    return np.maximum(var, 0.0)
 
 
 def solve_lower(L, B, *, trans=False):

@@ -40,6 +40,7 @@ from ._linalg import (
     DEFAULT_JITTER,
     cholesky_backward,
     jittered_cholesky,
+    nonnegative_variance,
     map_row_groups,
     nb_gemv_acc,
     nb_gram_acc,
@@ -491,4 +492,4 @@ def block_predict(Xs, block, *, full_cov=False, client=None):
         cov = 0.5 * (cov + cov.T)
         return mean, cov
     var = np.einsum("ij,ij->i", Ws @ S, Ws) + g * (block.variance - np.einsum("ij,ij->i", Ws, Ws))
-    return mean, np.maximum(var, 0.0)
+    return mean, nonnegative_variance(var, block.variance)

@@ -58,6 +58,7 @@ from scipy.linalg import cho_factor, cho_solve
 from ._linalg import (
     DEFAULT_JITTER,
     CholeskyError,
+    nonnegative_variance,
     cholesky_backward,
     jittered_cholesky,
     solve_lower,
@@ -897,7 +898,7 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
                 out[name] = (m, 0.5 * (cv + cv.T))
             else:
                 v = coef * (np.einsum("ij,ij->i", W @ S, W) + var - np.einsum("ij,ij->i", W, W))
-                out[name] = (m, np.maximum(v, 0.0))
+                out[name] = (m, nonnegative_variance(v, coef * var, f"{name} variance"))
         return out
     E = layout_E
     mean = Fs @ (E @ mu_u)
@@ -914,11 +915,13 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
                 cov += g * (se_ard(Xs, Xs, ell, var) - W @ W.T)
         return mean, 0.5 * (cov + cov.T)
     var = np.einsum("ij,ij->i", Fs @ Sz, Fs)
+    prior = 0.0
     off = 0
     for k, (name, Z, ell, v, _) in enumerate(blocks):
         W = Ws[k]
         g = gam[off]
         off += Z.shape[0]
+        prior += (g if g else 1.0) * v
         if g:
             var += g * (v - np.einsum("ij,ij->i", W, W))
-    return mean, np.maximum(var, 0.0) if nst else var
+    return mean, nonnegative_variance(var, prior) if nst else var

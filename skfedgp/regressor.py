@@ -28,7 +28,7 @@ from sklearn.utils.validation import (
 )
 
 from ._hierarchy import COMPONENTS, predict_client
-from ._linalg import single_threaded_blas
+from ._linalg import nonnegative_variance, single_threaded_blas
 from ._structured import (
     feature_blocks,
     layout_map,
@@ -1552,7 +1552,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if not (np.all(np.isfinite(y_mean)) and np.all(np.isfinite(cov))):
             raise FloatingPointError("prediction produced non-finite values")
         if return_std:
-            return y_mean, np.sqrt(np.maximum(np.diagonal(cov, axis1=1, axis2=2), 0.0))
+            dg = np.diagonal(cov, axis1=1, axis2=2)
+            return y_mean, np.sqrt(nonnegative_variance(dg, np.max(np.abs(dg), initial=0.0)))
         if return_cov:
             return y_mean, 0.5 * (cov + np.swapaxes(cov, 1, 2))
         return y_mean
@@ -1711,7 +1712,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 for rows in _chunks(np.flatnonzero(inv == k)):
                     parts = self._ilmm_rows(Xf[rows], lab, per_component=True)
                     for name, (m, C) in parts.items():
-                        var = np.maximum(np.diagonal(C, axis1=1, axis2=2), 0.0)
+                        dg = np.diagonal(C, axis1=1, axis2=2)
+                        var = nonnegative_variance(dg, np.max(np.abs(dg), initial=0.0),
+                                                   f"{name} variance")
                         out[name][0][rows] = scale * m
                         out[name][1][rows] = scale * np.sqrt(var)
             out["offset"][0][:] += self.y_offset_

@@ -148,3 +148,14 @@ def test_sigmoid_relative_accuracy_for_negative_arguments():
     t = np.array([-40.0, -20.0, -3.0, 0.0, 2.0, 50.0])
     expected = np.exp(-np.logaddexp(0.0, -t))  # 1 / (1 + exp(-t)), stable
     np.testing.assert_allclose(sigmoid(t), expected, rtol=1e-12, atol=0)
+
+
+def test_nonnegative_variance_clips_round_off_and_refuses_real_negatives():
+    from skfedgp._linalg import VARIANCE_ROUNDOFF, nonnegative_variance
+
+    v = np.array([1.0, 0.0, -0.5 * VARIANCE_ROUNDOFF * 2.0])
+    np.testing.assert_array_equal(nonnegative_variance(v, 2.0), [1.0, 0.0, 0.0])
+    with pytest.raises(FloatingPointError, match="negative .* beyond round-off"):
+        nonnegative_variance(np.array([1.0, -1e-3]), 2.0)
+    with pytest.raises(FloatingPointError, match="not finite"):
+        nonnegative_variance(np.array([1.0, np.nan]), 2.0)

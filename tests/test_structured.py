@@ -777,3 +777,23 @@ def test_whitened_statistics_rows_and_gram_agree_and_rows_stay_definite():
     s2 = 1e-6
     assert S._gram_roundoff(Lam, W1, s2) > S.GRAM_ROUNDOFF
     assert np.linalg.eigvalsh(np.eye(len(W2)) + W2 / s2).min() > 0.99
+
+
+def test_broken_posterior_covariance_is_an_error_not_a_clipped_variance(two_clients):
+    """A client posterior covariance that is not positive semi-definite gives a
+    clear error in predict and predict_components (before: the latent variance
+    was clipped to 0 silently, the noise std returned, and a component std NaN)."""
+    import copy
+
+    X, y, g, est = two_clients
+    lab = next(iter(est.clients_))
+    broken = copy.deepcopy(est)
+    P = broken.clients_[lab].posterior
+    P["Sigma_u"] = P["Sigma_u"] - 1e3 * np.eye(P["Sigma_u"].shape[0])
+    x = X[:3]
+    with pytest.raises(FloatingPointError, match="negative"):
+        broken.predict(x, [lab] * 3, return_std=True)
+    with pytest.raises(FloatingPointError, match="negative"):
+        broken.predict_components(x, [lab] * 3)
+    m, s = est.predict(x, [lab] * 3, return_std=True)  # the intact model is untouched
+    assert np.all(np.isfinite(s)) and np.all(s > 0)
