@@ -423,6 +423,9 @@ def _use_features(Y, Mf):
 def _data_statistics(X, Y, off, lay, Ls):
     """Whitened data statistics of one client.
 
+    The kernel rows are whitened before their Grams are taken
+    (``F = K Lambda^{-T}``, one triangular solve per chunk of rows).
+
     Returns
     -------
     W_all : ndarray of shape (M_F, M_F)
@@ -434,7 +437,10 @@ def _data_statistics(X, Y, off, lay, Ls):
     yy, ysum, n_q : ndarray of shape (Q,)
     """
     Q, Mf = lay.Q, lay.Mf
-    use = _use_features(Y, Mf)  # few rows: whiten them in one block
+    # whiten the kernel rows (chunk by chunk), never the raw Grams: Grams of
+    # whitened rows stay positive semi-definite whatever the conditioning of
+    # the K_zz (docs/maths.md, section 9)
+    use = True
     Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
     Phi = {}  # per channel with partially observed rows: the Gram of those rows
     psi = np.zeros((Mf, Q))
@@ -442,7 +448,7 @@ def _data_statistics(X, Y, off, lay, Ls):
     yy = np.zeros(Q)
     ysum = np.zeros(Q)
     n_q = np.zeros(Q)
-    step = X.shape[0] if use else CHUNK_ROWS
+    step = CHUNK_ROWS
     for a in range(0, X.shape[0], max(step, 1)):
         Xc, O, Yc = _chunk(X, Y, off, a, step)
         if Xc.shape[0] == 0:

@@ -492,4 +492,4 @@ def block_predict(Xs, block, *, full_cov=False, client=None):
         cov = 0.5 * (cov + cov.T)
         return mean, cov
     var = np.einsum("ij,ij->i", Ws @ S, Ws) + g * (block.variance - np.einsum("ij,ij->i", Ws, Ws))
-    return mean, nonnegative_variance(var, block.variance)
+    return mean, nonnegative_variance(var, max(g, np.finfo(float).tiny) * block.variance)

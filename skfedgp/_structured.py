@@ -433,12 +433,7 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
         m = L.shape[0]
         Lam[off:off + m, off:off + m] = L
         off += m
-    rows = n <= ROWS_PER_FEATURE * Mf
-    Wf, wf = _whitened_statistics(X, y, blocks, Lam, rows=rows)
-    if not rows and Mf and _gram_roundoff(Lam, Wf, s2) > GRAM_ROUNDOFF:
-        # the whitened Gram's round-off is not small against P's unit floor:
-        # whiten the rows instead (positive semi-definite to round-off)
-        Wf, wf = _whitened_statistics(X, y, blocks, Lam, rows=True)
+    Wf, wf = _whitened_statistics(X, y, blocks, Lam)
     yy = float(y @ y)
     E = lay.E(phi)
     # E_g^T and E_c^T select (and scale) rows: slicing, never dense products
@@ -470,40 +465,17 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
                        Lp, PiGt, Pir, S, b, float(e), tr_R, mu0)
 
 
-#: A client whiten its kernel rows (rather than their Gram matrix) when it has
-#: at most this many rows per feature (:func:`_whitened_statistics`).
-ROWS_PER_FEATURE = 4
-#: Largest estimated round-off of the whitened Gram, relative to the unit
-#: floor of ``P = I + ... / s2``, at which it is kept (:func:`_gram_roundoff`).
-GRAM_ROUNDOFF = 1e-6
+def _whitened_statistics(X, y, blocks, Lam):
+    """``W_f = F^T F`` and ``w_f = F^T y`` with ``F = K Lambda^{-T}``, streamed over row chunks.
 
-
-def _gram_roundoff(Lam, Wf, s2):
-    """Estimated round-off of ``W_f / s2`` from whitening a raw Gram matrix.
-
-    ``eps kappa max diag(W_f) / s2``, with ``kappa`` the squared ratio of the
-    largest to the smallest diagonal entry of ``Lambda`` (an estimate of the
-    condition number of the ``K_zz`` blocks): whitening ``K^T K`` by two
-    triangular solves loses about ``eps kappa ||W_f||`` in absolute terms,
-    which is what can make ``P`` indefinite when ``K_zz`` is ill conditioned
-    (a long lengthscale) and ``s2`` small (near noise-free targets).
-    """
-    dl = np.abs(np.diag(Lam))
-    if dl.size == 0 or dl.min() <= 0.0:
-        return np.inf
-    kappa = (dl.max() / dl.min()) ** 2
-    return float(np.finfo(float).eps * kappa * np.max(np.abs(np.diag(Wf))) / s2)
-
-
-def _whitened_statistics(X, y, blocks, Lam, *, rows):
-    """``W_f = F^T F`` and ``w_f = F^T y`` with ``F = K Lambda^{-T}``.
-
-    ``rows``: whiten the kernel rows and take their Gram (``n M_f^2`` for
-    the solve, ``2 n M_f^2`` for the product), which keeps ``W_f`` positive
-    semi-definite to round-off whatever the conditioning of ``Lambda``;
-    otherwise accumulate the raw Gram ``K^T K`` over row chunks and whiten it
-    (``2 n M_f^2 + 2 M_f^3``, cheaper when ``n > 2 M_f``), which can lose
-    definiteness when ``K_zz`` is ill conditioned (a long lengthscale).
+    The kernel rows are whitened first (a triangular solve per chunk), so
+    ``W_f`` is a Gram matrix of computed rows: positive semi-definite to
+    round-off whatever the conditioning of ``Lambda``. Whitening the raw
+    Gram instead (``Lambda^{-1} K^T K Lambda^{-T}``, cheaper when
+    ``n > 2 M_f``) loses about ``eps cond(K_zz) ||W_f||``, which made
+    ``P = I + ... / s2`` indefinite for a nearly noise-free straight line
+    (docs/maths.md, section 9) and makes the bound noisy to finite
+    differences when ``K_zz`` is ill conditioned.
     """
     n = X.shape[0]
     Mf = Lam.shape[0]
@@ -513,16 +485,9 @@ def _whitened_statistics(X, y, blocks, Lam, *, rows):
         return Wf, wf
     for a in range(0, n, CHUNK_ROWS):
         Kc = _kernel_rows(X[a:a + CHUNK_ROWS], blocks)
-        if rows:
-            Fc = solve_lower(Lam, Kc.T).T  # K Lambda^{-T}
-            Wf += Fc.T @ Fc
-            wf += Fc.T @ y[a:a + CHUNK_ROWS]
-        else:
-            Wf += Kc.T @ Kc
-            wf += Kc.T @ y[a:a + CHUNK_ROWS]
-    if not rows:
-        Wf = solve_lower(Lam, solve_lower(Lam, Wf).T)
-        wf = solve_lower(Lam, wf)
+        Fc = solve_lower(Lam, Kc.T).T  # K Lambda^{-T}
+        Wf += Fc.T @ Fc
+        wf += Fc.T @ y[a:a + CHUNK_ROWS]
     return 0.5 * (Wf + Wf.T), wf
 
 
@@ -890,7 +855,8 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
             var = blocks[bi][3]
             if name == "level":  # exact rank-one feature: no residual term
                 cv = W @ S @ W.T
-                out[name] = (m, cv if full_cov else np.diag(cv).copy())
+                out[name] = (m, cv if full_cov else nonnegative_variance(
+                    np.diag(cv).copy(), var, "level variance"))
                 continue
             if full_cov:
                 Kss = se_ard(Xs, Xs, blocks[bi][2], var)

@@ -1553,7 +1553,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             raise FloatingPointError("prediction produced non-finite values")
         if return_std:
             dg = np.diagonal(cov, axis1=1, axis2=2)
-            return y_mean, np.sqrt(nonnegative_variance(dg, np.max(np.abs(dg), initial=0.0)))
+            # per output: a noisy variance is at least the noise, so a negative one
+            # beyond round-off of that output's largest is a broken posterior
+            return y_mean, np.sqrt(nonnegative_variance(dg, np.max(np.abs(dg), axis=0)))
         if return_cov:
             return y_mean, 0.5 * (cov + np.swapaxes(cov, 1, 2))
         return y_mean
@@ -1713,8 +1715,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                     parts = self._ilmm_rows(Xf[rows], lab, per_component=True)
                     for name, (m, C) in parts.items():
                         dg = np.diagonal(C, axis1=1, axis2=2)
-                        var = nonnegative_variance(dg, np.max(np.abs(dg), initial=0.0),
-                                                   f"{name} variance")
+                        # standardised units: unit-variance latent kernels, O(1)
+                        # loadings; a switched-off component's round-off is tiny
+                        var = nonnegative_variance(
+                            dg, np.maximum(np.max(np.abs(dg), axis=0), 1.0), f"{name} variance")
                         out[name][0][rows] = scale * m
                         out[name][1][rows] = scale * np.sqrt(var)
             out["offset"][0][:] += self.y_offset_

@@ -287,3 +287,19 @@ def test_near_noise_free_smooth_client_fits(n, noise):
     assert np.all(np.isfinite(m)) and np.all(s > 0)
     assert err.max() < 0.02
     assert np.all(err <= 3 * s)
+
+
+def test_near_noise_free_multioutput_lines_fit():
+    """Two outputs that are straight lines without noise (multi-output statistics:
+    whitened rows, as for one output); before, seed 1 failed with ``I + sum S_i``
+    not positive definite."""
+    for seed in (0, 1):
+        rng = np.random.default_rng(seed)
+        x = rng.uniform(size=(500, 1))
+        Y = np.c_[3 * x[:, 0] + 1, -2 * x[:, 0] + 0.5]
+        est = _fit(x, Y, np.arange(500) % 2)
+        xt = np.linspace(0, 1, 20)[:, None]
+        m, s = est.predict(xt, np.zeros(20, dtype=int), return_std=True)
+        err = np.abs(m - np.c_[3 * xt[:, 0] + 1, -2 * xt[:, 0] + 0.5])
+        assert err.max() < 0.02
+        assert np.all(err <= 3 * s)

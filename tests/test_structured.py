@@ -741,11 +741,12 @@ def test_centred_targets_with_level_prior_mean_give_the_same_bound_and_gradients
     assert abs(an - fd) < 1e-5 * max(1.0, abs(fd))
 
 
-def test_whitened_statistics_rows_and_gram_agree_and_rows_stay_definite():
-    """``W_f = F^T F``, ``w_f = F^T y`` by whitening the rows or the raw Gram:
-    equal on a well-conditioned case; on an ill-conditioned ``K_zz`` (long
-    lengthscale) the Gram path loses definiteness, which the round-off
-    estimate flags, while the rows path stays positive semi-definite."""
+def test_whitened_statistics_stay_definite_where_the_whitened_gram_does_not():
+    """``W_f = F^T F`` from whitened rows equals the whitened raw Gram on a
+    well-conditioned case, and stays positive semi-definite on an
+    ill-conditioned ``K_zz`` (long lengthscale), where whitening the raw Gram
+    ``K^T K`` by two triangular solves loses definiteness (what made ``P``
+    indefinite for a nearly noise-free straight line)."""
     import scipy.linalg as sl
 
     from skfedgp import _structured as S
@@ -760,23 +761,23 @@ def test_whitened_statistics_rows_and_gram_agree_and_rows_stay_definite():
                   ("l", rng.uniform(size=(5, 1)), np.array([0.3]), 0.5, 1e-6)]
         Ls = [jittered_cholesky(S._block_kernel(b, Z, Z, e, v), scale=v, jitter=j)[0]
               for b, Z, e, v, j in blocks]
-        return X, y, blocks, sl.block_diag(*Ls)
+        Lam = sl.block_diag(*Ls)
+        K = S._kernel_rows(X, blocks)
+        gram = sl.solve_triangular(Lam, sl.solve_triangular(Lam, K.T @ K, lower=True).T,
+                                   lower=True)
+        return X, y, blocks, Lam, K, 0.5 * (gram + gram.T)
 
-    X, y, blocks, Lam = parts(0.3)
-    W1, w1 = S._whitened_statistics(X, y, blocks, Lam, rows=False)
-    W2, w2 = S._whitened_statistics(X, y, blocks, Lam, rows=True)
-    F = sl.solve_triangular(Lam, S._kernel_rows(X, blocks).T, lower=True).T
-    np.testing.assert_allclose(W2, F.T @ F, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(W1, W2, rtol=1e-7, atol=1e-7 * np.abs(W2).max())
-    np.testing.assert_allclose(w1, w2, rtol=1e-7, atol=1e-7 * np.abs(w2).max())
-    assert S._gram_roundoff(Lam, W1, 0.1) < S.GRAM_ROUNDOFF
+    X, y, blocks, Lam, K, gram = parts(0.3)
+    W, w = S._whitened_statistics(X, y, blocks, Lam)
+    np.testing.assert_allclose(W, gram, rtol=1e-7, atol=1e-7 * np.abs(W).max())
+    np.testing.assert_allclose(w, sl.solve_triangular(Lam, K.T @ y, lower=True), rtol=1e-7,
+                               atol=1e-7 * np.abs(w).max())
 
-    X, y, blocks, Lam = parts(50.0)  # K_zz of condition ~1e6 or worse
-    W1, _ = S._whitened_statistics(X, y, blocks, Lam, rows=False)
-    W2, _ = S._whitened_statistics(X, y, blocks, Lam, rows=True)
+    X, y, blocks, Lam, K, gram = parts(50.0)  # K_zz of condition ~1e6 or worse
+    W, _ = S._whitened_statistics(X, y, blocks, Lam)
     s2 = 1e-6
-    assert S._gram_roundoff(Lam, W1, s2) > S.GRAM_ROUNDOFF
-    assert np.linalg.eigvalsh(np.eye(len(W2)) + W2 / s2).min() > 0.99
+    assert np.linalg.eigvalsh(np.eye(len(W)) + W / s2).min() > 0.99
+    assert np.linalg.eigvalsh(np.eye(len(gram)) + gram / s2).min() < 0.99
 
 
 def test_broken_posterior_covariance_is_an_error_not_a_clipped_variance(two_clients):
