@@ -1315,6 +1315,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             If ``return_cov`` is set and the ``n_samples x n_samples``
             covariance would exceed :data:`MAX_COV_BYTES`; raised before
             anything of that size is allocated, with the memory needed.
+        FloatingPointError
+            If the prediction is not finite, or a predictive variance is
+            negative beyond round-off (more than ``1e-6`` of the prior
+            variance): a broken posterior covariance, never clipped to 0.
         sklearn.exceptions.NotFittedError
             Before fit.
 
