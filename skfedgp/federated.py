@@ -1097,9 +1097,17 @@ class Server:
         """
         cfg = self.config
         d = self.d
+        if self.client_boxes:
+            # the narrowest client's extent: a client far from the others must
+            # not leave the rest unable to resolve their own inputs
+            widths = np.array([(np.asarray(b[1], float) - np.asarray(b[0], float)) / self.x_scale
+                               for b in self.client_boxes])
+            widths = np.where(widths > 0, widths, np.inf).min(axis=0)
+            self.lengthscale_floor_ = lengthscale_floor(widths)
         ell = (pop.lengthscale if cfg.lengthscale is None
                else _default_lengthscale(cfg.lengthscale, self.x_scale, 0.0))
-        ell = check_in_bounds("lengthscale_g", ell, cfg.lengthscale is not None)
+        ell = check_in_bounds("lengthscale_g", ell, cfg.lengthscale is not None,
+                              self.lengthscale_range())
         cand, frac = self._union_candidates(ell)
         if cfg.n_inducing == "auto":
             # the number of lengthscale-sized cells in the union of the clients' boxes
@@ -1198,6 +1206,22 @@ class Server:
             pts = np.vstack([pts, extra])
         return pts, frac
 
+    def lengthscale_range(self):
+        """Range of the global lengthscales (scaled units).
+
+        :data:`LOG_BOUNDS`, with the lower end per dimension lowered to
+        :func:`lengthscale_floor` of the narrowest client's input width
+        (set at set-up from the clients' boxes).
+
+        Returns
+        -------
+        lo : float or ndarray of shape (d,)
+        hi : float
+        """
+        lo, hi = LOG_BOUNDS["lengthscale_g"]
+        floor = getattr(self, "lengthscale_floor_", None)
+        return (lo if floor is None else floor), hi
+
     def level_range(self):
         """Range of the clients' level variance ``tau^2`` (docs/maths.md, sections 10 and 13).
 
@@ -1239,6 +1263,11 @@ class Server:
             ``level_variance`` in :meth:`level_range`.
         """
         b = log_bounds(gpack)
+        if "lengthscale_g" in gpack.slices:
+            lo, hi = self.lengthscale_range()
+            sl = gpack.slices["lengthscale_g"]  # (d,) or (R_g, d)
+            for k in range(sl.start, sl.stop):
+                b[k] = (float(np.log(_entry_bound(lo, k, sl.start))), float(np.log(hi)))
         if "level_variance" in gpack.slices:
             lo, hi = self.level_range()
             k = gpack.slices["level_variance"].start
@@ -1821,9 +1850,48 @@ def check_in_bounds(name, value, given, bounds=None):
         raise ValueError(
             f"the initial {name} {value} (in the model's scaled units: inputs scaled to the "
             f"unit box, targets standardised) lies outside the optimiser's range "
-            f"[{lo:g}, {hi:g}]")
+            f"[{float(np.min(lo)):g}, {hi:g}]")
     v = np.clip(v, lo * 1.01, hi * 0.99)
     return float(v) if v.ndim == 0 else v
+
+
+#: Smallest input width (scaled units, a share of the joint box) that
+#: :func:`lengthscale_floor` follows.
+MIN_INPUT_WIDTH = 1e-6
+
+
+def lengthscale_floor(widths):
+    """Lower bounds of the lengthscales, per input dimension (scaled units).
+
+    :data:`LOG_BOUNDS`' lower end (``1e-3`` of the unit box) times the width
+    of the clients' inputs when that is smaller than the box: a client whose
+    inputs fill a sliver of the box (another client far away) can still
+    resolve ``1e-3`` of its own extent. Never above the :data:`LOG_BOUNDS`
+    value.
+
+    Parameters
+    ----------
+    widths : ndarray of shape (d,)
+        Width of the inputs per dimension (scaled units); zero or negative
+        widths (a single point) leave that dimension's bound unchanged, and
+        widths below :data:`MIN_INPUT_WIDTH` count as that (inputs that are
+        numerically one point do not get lengthscales below ``1e-9`` of the
+        box).
+
+    Returns
+    -------
+    ndarray of shape (d,)
+    """
+    lo = LOG_BOUNDS["lengthscale_g"][0]
+    w = np.asarray(widths, dtype=float)
+    w = np.where(np.isfinite(w) & (w > 0), np.clip(w, MIN_INPUT_WIDTH, 1.0), 1.0)
+    return lo * w
+
+
+def _entry_bound(lo, k, start):
+    """The bound of packed entry ``k`` of a (possibly per-dimension) range end ``lo``."""
+    lo = np.asarray(lo, dtype=float)
+    return float(lo) if lo.ndim == 0 else float(lo[(k - start) % lo.size])
 
 
 def scale_ratio(own_variance, population):
@@ -2221,9 +2289,24 @@ class StructuredClient:
         Returns
         -------
         lo, hi : float
+            (``lo`` of ``lengthscale_l``: an array of shape (d,), the client's
+            own :func:`lengthscale_floor`.)
         """
         lo = self.noise_floor if name == "noise_variance" else LOG_BOUNDS[name][0]
+        if name == "lengthscale_l":
+            floor = self._lengthscale_floor()
+            if floor is not None:
+                lo = floor
         return lo, self._upper_bound(name)
+
+    def _lengthscale_floor(self):
+        """Per-dimension lower bound of the local lengthscales (:func:`lengthscale_floor`
+        of the client's own input widths), or None before the data are known."""
+        floor = getattr(self, "_ell_floor", None)
+        if floor is None and getattr(self, "_Xs", None) is not None and self._Xs.shape[0]:
+            floor = lengthscale_floor(np.ptp(self._Xs, axis=0))
+            self._ell_floor = floor
+        return floor
 
     def _upper_bound(self, name):
         """Upper end of :meth:`value_range` (needs no noise floor yet)."""
@@ -2324,7 +2407,8 @@ class StructuredClient:
             values.update(
                 Z_l=Zl,
                 lengthscale_l=check_in_bounds("lengthscale_l", ell,
-                                              config.local_lengthscale is not None),
+                                              config.local_lengthscale is not None,
+                                              self.value_range("lengthscale_l")),
                 variance_l=check_in_bounds("variance_l", var, config.local_variance is not None,
                                            self.value_range("variance_l")))
             # hyperpriors from the population's values (the clients' pilot
@@ -2603,7 +2687,7 @@ class StructuredClient:
                 lo, hi = self.value_range(name)
                 sl = self.pack.slices[name]  # noise: one entry, or one per output
                 for k in range(sl.start, sl.stop):
-                    b[k] = (float(np.log(lo)), float(np.log(hi)))
+                    b[k] = (float(np.log(_entry_bound(lo, k, sl.start))), float(np.log(hi)))
         if config is not None and not self.learns_local_inducing(config):
             b = fix_entries(b, self.theta, self.pack.slices.get("Z_l"))
         return b
@@ -4164,7 +4248,8 @@ class ILMMStructuredClient(StructuredClient):
             ell = (start_lengthscale(p.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
-            ell = check_in_bounds("lengthscale_l", ell, config.local_lengthscale is not None)
+            ell = check_in_bounds("lengthscale_l", ell, config.local_lengthscale is not None,
+                                  self.value_range("lengthscale_l"))
             values.update(Z_l=Zl, lengthscale_l=np.tile(ell, (R_l, 1)),
                           B_l=np.sqrt(0.1) * initial_loadings(cov, R_l, random_state))
         if "deviation" in config.components:

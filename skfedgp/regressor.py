@@ -100,8 +100,9 @@ def _warn_diagnostics(est, converged, n_rounds):
             "client's own target variance, means nearly noise-free data (or duplicated rows)"),
         ("lengthscale", "lower"): (
             f"a lengthscale at its lower bound, {LOG_BOUNDS['lengthscale_g'][0]:g} of the input "
-            "range, means targets that change faster than the inputs resolve (e.g. equal "
-            "inputs with different targets)"),
+            "range (of the narrowest client's, for the global part; of the client's own, for "
+            "a local part), means targets that change faster than the inputs resolve (e.g. "
+            "equal inputs with different targets)"),
         ("level_variance", "upper"): (
             "the level variance at its upper bound means clients' levels spread more "
             "than its range (e.g. a warm start or a resumed checkpoint whose first fit "
@@ -135,7 +136,9 @@ def _warn_diagnostics(est, converged, n_rounds):
                     reasons.append(text)
 
     G = est.server_.global_pack.unpack(est.server_.theta_global)
-    check(G, ("variance_g", "lengthscale_g"))
+    check(G, ("variance_g",))
+    lrange = getattr(est.server_, "lengthscale_range", None)
+    check(G, ("lengthscale_g",), value_range=(lambda name: lrange()) if lrange else None)
     check(G, ("phi",))
     check(G, ("level_variance",), value_range=lambda name: est.server_.level_range())
     for lab, c in est.clients_.items():

@@ -336,12 +336,13 @@ def test_bound_diagnostics_name_the_value_and_the_reason():
         srv.theta_global = theta0
         return [str(w.message) for w in rec if issubclass(w.category, ConvergenceWarning)]
 
-    lo, hi = LOG_BOUNDS["lengthscale_g"]
+    lo, hi = srv.lengthscale_range()  # LOG_BOUNDS, the floor per dimension
+    assert np.all(lo <= LOG_BOUNDS["lengthscale_g"][0]) and hi == LOG_BOUNDS["lengthscale_g"][1]
     G = srv.global_pack.unpack(theta0)
     assert warned() == []
     assert warned(lengthscale_g=np.r_[G["lengthscale_g"][0], hi]) == []   # x1 switched off
     assert warned(variance_g=LOG_BOUNDS["variance_g"][0]) == []           # global part off
-    msg = warned(lengthscale_g=np.r_[lo, G["lengthscale_g"][1]])
+    msg = warned(lengthscale_g=np.r_[lo[0], G["lengthscale_g"][1]])
     assert len(msg) == 1 and "lengthscale_g (lower bound)" in msg[0]
     assert "faster than the inputs resolve" in msg[0] and "noise-free" not in msg[0]
     # noise-free data: the noise variances end at their floors, named per client
