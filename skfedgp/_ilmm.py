@@ -388,13 +388,6 @@ class ILMMState:
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
 
-def _whiten(lay, Ls, P):
-    """``Lambda^{-1} P Lambda^{-T}`` (symmetrised), ``Lambda`` the block-diagonal factor."""
-    T = _lsolve(lay, Ls, P)
-    W = _lsolve(lay, Ls, np.ascontiguousarray(T.T))
-    return 0.5 * (W + W.T)
-
-
 def _whiten_adjoint(lay, Ls, Wbar):
     """``2 sym(Lambda^{-T} Wbar Lambda^{-1})``: adjoint of a raw Gram from that of its whitening."""
     T = _lsolve(lay, Ls, Wbar, trans=True)
@@ -403,8 +396,9 @@ def _whiten_adjoint(lay, Ls, Wbar):
 
 
 def _use_features(Y, Mf):
-    """Whiten the rows (``F = K Lambda^{-T}``) rather than the Gram matrices?
+    """Form the backward pass's row adjoint on whitened rows rather than through Gram adjoints?
 
+    (The forward statistics always whiten the rows, :func:`_data_statistics`.)
     Whitening a Gram costs ``2 M_F^2 M_b`` per Gram (one shared Gram plus one
     per channel with partially observed rows), whitening the rows ``n M_F
     M_b``: rows win when ``n < 2 M_F (1 + p)``; they are then processed in one
@@ -440,7 +434,6 @@ def _data_statistics(X, Y, off, lay, Ls):
     # whiten the kernel rows (chunk by chunk), never the raw Grams: Grams of
     # whitened rows stay positive semi-definite whatever the conditioning of
     # the K_zz (docs/maths.md, section 9)
-    use = True
     Phi_all = np.zeros((Mf, Mf))  # rows with every channel observed
     Phi = {}  # per channel with partially observed rows: the Gram of those rows
     psi = np.zeros((Mf, Q))
@@ -448,14 +441,11 @@ def _data_statistics(X, Y, off, lay, Ls):
     yy = np.zeros(Q)
     ysum = np.zeros(Q)
     n_q = np.zeros(Q)
-    step = CHUNK_ROWS
-    for a in range(0, X.shape[0], max(step, 1)):
-        Xc, O, Yc = _chunk(X, Y, off, a, step)
+    for a in range(0, X.shape[0], CHUNK_ROWS):
+        Xc, O, Yc = _chunk(X, Y, off, a, CHUNK_ROWS)
         if Xc.shape[0] == 0:
             continue
-        Kc = _kernel_rows(Xc, lay)
-        if use:
-            Kc = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T  # F = K Lambda^{-T}
+        Kc = _lsolve(lay, Ls, np.ascontiguousarray(_kernel_rows(Xc, lay).T)).T  # K Lambda^{-T}
         full = O.all(axis=1)
         Kf = Kc[full]
         Phi_all += Kf.T @ Kf
@@ -471,16 +461,10 @@ def _data_statistics(X, Y, off, lay, Ls):
         yy += np.sum(Yc**2, axis=0)
         ysum += Yc.sum(axis=0)
         n_q += O.sum(axis=0)
-    if use:
-        sym = [Phi_all] + list(Phi.values())
-        for W in sym:  # exactly symmetric
-            W += W.T
-            W *= 0.5
-        return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q
-    # whiten the shared Gram once; channels without partial rows need no correction
-    W_all = _whiten(lay, Ls, Phi_all)
-    Wc = {q: _whiten(lay, Ls, Phi[q]) for q in sorted(Phi)}
-    return W_all, Wc, _lsolve(lay, Ls, psi), _lsolve(lay, Ls, kap), yy, ysum, n_q
+    for W in [Phi_all] + list(Phi.values()):  # exactly symmetric
+        W += W.T
+        W *= 0.5
+    return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q
 
 
 def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
@@ -842,7 +826,7 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     # the rows' adjoint: Kbar = Y_c psibar^T + sum over the row's channels of K Phibar_q
     # (2 Phibar_q = Lambda^{-T} 2 sym(Wbar_q) Lambda^{-1}); with few rows it is formed
     # on whitened rows, Kbar = (Y_c wbar^T + F 2 sym(Wbar)) Lambda^{-1}, with no Gram
-    # whitening (as in forward).
+    # whitening.
     use = _use_features(Y, Mf)
     Pb = {}
 

@@ -1260,18 +1260,14 @@ class Server:
         list of (float or None, float or None)
             One pair per entry, of length ``gpack.size``: :func:`log_bounds`
             (log space; None for free entries such as ``Z_g``), with
+            ``lengthscale_g`` in :meth:`lengthscale_range` and
             ``level_variance`` in :meth:`level_range`.
         """
         b = log_bounds(gpack)
-        if "lengthscale_g" in gpack.slices:
-            lo, hi = self.lengthscale_range()
-            sl = gpack.slices["lengthscale_g"]  # (d,) or (R_g, d)
-            for k in range(sl.start, sl.stop):
-                b[k] = (float(np.log(_entry_bound(lo, k, sl.start))), float(np.log(hi)))
+        if "lengthscale_g" in gpack.slices:  # (d,) or (R_g, d)
+            _set_log_bounds(b, gpack.slices["lengthscale_g"], *self.lengthscale_range())
         if "level_variance" in gpack.slices:
-            lo, hi = self.level_range()
-            k = gpack.slices["level_variance"].start
-            b[k] = (float(np.log(lo)), float(np.log(hi)))
+            _set_log_bounds(b, gpack.slices["level_variance"], *self.level_range())
         if learn_inducing is None:
             learn_inducing = learns_inducing(self.config)
         if theta is not None and not learn_inducing:
@@ -1813,10 +1809,7 @@ def log_bounds(pack):
     out = [(None, None)] * pack.size
     for name, _, kind in pack.spec:
         if kind == "log" and name in LOG_BOUNDS:
-            lo, hi = LOG_BOUNDS[name]
-            sl = pack.slices[name]
-            for k in range(sl.start, sl.stop):
-                out[k] = (float(np.log(lo)), float(np.log(hi)))
+            _set_log_bounds(out, pack.slices[name], *LOG_BOUNDS[name])
     return out
 
 
@@ -1881,6 +1874,11 @@ def lengthscale_floor(widths):
     Returns
     -------
     ndarray of shape (d,)
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (which uses one input range); docs/maths.md,
+    section 11, "Rounds".
     """
     lo = LOG_BOUNDS["lengthscale_g"][0]
     w = np.asarray(widths, dtype=float)
@@ -1888,10 +1886,17 @@ def lengthscale_floor(widths):
     return lo * w
 
 
-def _entry_bound(lo, k, start):
-    """The bound of packed entry ``k`` of a (possibly per-dimension) range end ``lo``."""
+def _set_log_bounds(bounds, sl, lo, hi):
+    """Set ``bounds[sl]`` to ``(log lo, log hi)`` in place.
+
+    ``lo`` is a float, or one value per input dimension (an array of shape
+    (d,)) for entries laid out dimension-last, such as ``(d,)`` or
+    ``(R, d)`` lengthscales.
+    """
     lo = np.asarray(lo, dtype=float)
-    return float(lo) if lo.ndim == 0 else float(lo[(k - start) % lo.size])
+    for k in range(sl.start, sl.stop):
+        lo_k = lo if lo.ndim == 0 else lo[(k - sl.start) % lo.size]
+        bounds[k] = (float(np.log(lo_k)), float(np.log(hi)))
 
 
 def scale_ratio(own_variance, population):
@@ -2684,10 +2689,8 @@ class StructuredClient:
         b = log_bounds(self.pack)
         for name, _, kind in self.pack.spec:
             if kind == "log" and name in LOG_BOUNDS:
-                lo, hi = self.value_range(name)
-                sl = self.pack.slices[name]  # noise: one entry, or one per output
-                for k in range(sl.start, sl.stop):
-                    b[k] = (float(np.log(_entry_bound(lo, k, sl.start))), float(np.log(hi)))
+                # noise: one entry, or one per output
+                _set_log_bounds(b, self.pack.slices[name], *self.value_range(name))
         if config is not None and not self.learns_local_inducing(config):
             b = fix_entries(b, self.theta, self.pack.slices.get("Z_l"))
         return b

@@ -1203,6 +1203,12 @@ def flatten_statistics(stats):
         ``[upper triangle of (S_i + S_i^T) / 2 row by row, b_i, e_i,
         log_prior_i]``. ``S_i`` is symmetric: sending one triangle halves
         its part and keeps the sum exactly symmetric.
+
+    Notes
+    -----
+    ``(S_i, b_i, e_i)`` is the client's message of the structured posterior
+    (docs/maths.md, section 9; the server needs only their sums,
+    :func:`skfedgp._structured.combine`).
     """
     S = np.asarray(stats.precision, dtype=np.float64)
     M = S.shape[0]
@@ -1219,6 +1225,7 @@ def unflatten_statistics(vector, round_=0):
     vector : array-like of shape (M (M + 1) / 2 + M + 2,)
         ``M`` is read from the length.
     round_ : int, default=0
+        Round number stored in the returned message.
 
     Returns
     -------
@@ -1297,13 +1304,24 @@ def secagg_error_bound(n_clients, clipping_range, quantization_range):
     Parameters
     ----------
     n_clients : int
+        Number of clients in the sum.
     clipping_range : float
+        ``c``: every entry of every client lies in ``[-c, c]`` (units of
+        the entries, e.g. standardised-target units for ``S_i`` and ``b_i``,
+        nats for ``e_i``).
     quantization_range : int
+        ``T``, the number of quantisation steps over ``[-c, c]``.
 
     Returns
     -------
     float
         The bound (same units as the entries).
+
+    References
+    ----------
+    SecAgg+: Bell, Bonawitz, Gascon, Lepoint and Raykova, "Secure single-server
+    aggregation with (poly)logarithmic overhead", ACM CCS 2020; the
+    quantisation is that of Flower 1.42's ``secaggplus_mod``.
     """
     n, c = int(n_clients), float(clipping_range)
     return n * 2.0 * c / int(quantization_range) + 8.0 * n * c * np.finfo(np.float64).eps

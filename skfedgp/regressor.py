@@ -137,8 +137,7 @@ def _warn_diagnostics(est, converged, n_rounds):
 
     G = est.server_.global_pack.unpack(est.server_.theta_global)
     check(G, ("variance_g",))
-    lrange = getattr(est.server_, "lengthscale_range", None)
-    check(G, ("lengthscale_g",), value_range=(lambda name: lrange()) if lrange else None)
+    check(G, ("lengthscale_g",), value_range=lambda name: est.server_.lengthscale_range())
     check(G, ("phi",))
     check(G, ("level_variance",), value_range=lambda name: est.server_.level_range())
     for lab, c in est.clients_.items():

@@ -685,14 +685,14 @@ def test_fast_path_equals_per_channel_reference(comps, missing):
 
 @pytest.mark.parametrize("missing", [False, True], ids=["complete", "missing"])
 def test_fast_path_streams_over_chunks(missing):
-    """More rows than one chunk (the Gram path), partial rows in both chunks."""
+    """More rows than one chunk (the backward pass's Gram path), partial rows in both chunks."""
     from skfedgp._structured import CHUNK_ROWS
 
     Xs, Ys, G, Ls = _random_setup(True, sizes=(CHUNK_ROWS + 40,), seed=12)
     G = {**G, "Z_g": G["Z_g"][:3]}
     L = {**Ls[0], "Z_l": Ls[0]["Z_l"][:2]}
     X, Y = Xs[0], np.where(np.isnan(Ys[0]), 0.3, Ys[0])
-    assert not _ilmm._use_features(Y, 3 * 2 + 2)  # M_F = 8: rows are not whitened
+    assert not _ilmm._use_features(Y, 3 * 2 + 2)  # M_F = 8: the backward pass takes the Gram path
     if missing:
         Y[np.random.default_rng(3).uniform(size=Y.shape) < 0.2] = np.nan
         Y[np.all(np.isnan(Y), axis=1), 2] = 0.1
