@@ -174,3 +174,26 @@ def test_bad_shapes_and_backend_raise():
         se_ard(np.zeros((3, 2)), np.zeros((3, 3)), 1.0, 1.0)
     with pytest.raises(ValueError, match="backend"):
         se_ard(np.zeros((3, 2)), np.zeros((3, 2)), 1.0, 1.0, backend="torch")
+
+
+def test_small_kernel_path_keeps_precision_for_far_apart_inputs():
+    """Inputs at both ends of a wide box and a short lengthscale: the
+    clients' small-size NumPy path (``_structured._se``, ``_se_grad``) must
+    be as exact as the fused kernel. Expanding ``|x - z|^2`` lost seven
+    digits here (inducing points at 0 and at 1, inputs of width 1e-4 near 0,
+    lengthscale 4e-5): the bound was noisy in the lengthscales."""
+    from skfedgp._structured import _se, _se_grad
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(0, 1e-4, size=(30, 2))
+    Z = np.r_[rng.uniform(0, 1e-4, size=(20, 2)), 1 - rng.uniform(0, 1e-4, size=(20, 2))]
+    ell = np.array([3.6e-5, 5.8e-5])
+    D = (X[:, None, :].astype(np.longdouble) - Z[None, :, :]) / ell
+    want = np.asarray(1.7 * np.exp(-0.5 * np.sum(D * D, axis=-1)), dtype=float)
+    np.testing.assert_allclose(_se(X, Z, ell, 1.7), want, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(se_ard(X, Z, ell, 1.7), want, rtol=1e-12, atol=1e-300)
+    Kbar = rng.normal(size=want.shape)
+    mine = _se_grad(X, Z, want, Kbar, ell, 1.7)
+    fused = se_ard_grad(X, Z, want, Kbar, ell, 1.7)
+    for a, b in zip(mine, fused):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * np.max(np.abs(b)))
