@@ -11,10 +11,18 @@ Conventions
   naming how many rows and which).
 * Labels are compared as Python dictionary keys do, by value *and* type:
   ``1``, ``1.0`` and ``np.int64(1)`` are the same client, ``"1"`` is
-  another one.  A label at prediction time that is not a fitted client but
-  looks like one (``"1"`` when ``1`` was fitted, ``"A "`` or ``"a"`` when
-  ``"A"`` was) gets the population prediction *and* a
-  :class:`ClientLabelWarning` naming both labels.
+  another one.  Booleans are the exception: ``True == 1`` in Python, but a
+  bool label is never the same client as a number.  A label at prediction
+  time that is not a fitted client but looks like one (``"1"`` or ``True``
+  when ``1`` was fitted, ``"A "`` or ``"a"`` when ``"A"`` was) gets the
+  population prediction *and* a :class:`ClientLabelWarning` naming both
+  labels.
+* In fit, labels of different types that look alike (``1`` and ``"1"``,
+  ``True`` and ``1`` or ``"true"``, ``b"a"`` and ``"a"``) are refused
+  (``ValueError`` naming them): such a mix is almost always a column read
+  partly as text, and would make two clients of one site (or, for ``True``
+  and ``1``, one client of two).  Labels all of one type, bools included,
+  are fine.
 * ``client_column`` follows :class:`sklearn.compose.ColumnTransformer`: an
   int is a position (negative counts from the end), a string is a pandas
   column name.  The label column is taken out of ``X`` before the features
@@ -35,6 +43,8 @@ __all__ = [
     "unique_labels",
     "check_groups",
     "check_labels_present",
+    "check_label_types",
+    "match_labels",
     "check_not_strings",
     "split_client_column",
     "warn_unmatched_labels",
@@ -56,8 +66,9 @@ class ClientLabelWarning(UserWarning):
       fitted client's; or
     * a label was not seen in fit but matches a fitted client's label up to
       its type, surrounding white space or letter case (for example ``"1"``
-      when the integer ``1`` was fitted): its rows get the population
-      prediction, which is probably not what was meant.
+      or ``True`` when the integer ``1`` was fitted, ``1`` when ``True``
+      was): its rows get the population prediction, which is probably not
+      what was meant.
 
     Pass an explicit label that was never fitted (e.g. ``"new-site"``) to ask
     for the population prediction without this warning, or filter it with
@@ -304,8 +315,190 @@ def _loose_key(label):
         except ValueError:
             return ("text", text.casefold())
     if isinstance(label, numbers.Real):
-        return ("number", float(label))
+        try:
+            return ("number", float(label))
+        except (OverflowError, ValueError):  # an int beyond float range
+            return ("text", str(label))
     return ("other", str(label).strip().casefold())
+
+
+def _plain(label):
+    """A label as a plain Python value: unwrapped, ``np.int64(1)`` -> ``1``."""
+    if isinstance(label, _TypeMismatch):
+        label = label.label
+    return label.item() if isinstance(label, np.generic) else label
+
+
+def _is_bool(label):
+    return isinstance(label, (bool, np.bool_))
+
+
+def _type_kind(t):
+    """The family of a label type: 'bool', 'number', 'str', 'bytes', else the type name.
+
+    Labels of one family never look alike by accident (``'1'`` and ``'01'``
+    are two names); labels of two families that look alike are a type mix-up.
+    """
+    if issubclass(t, (bool, np.bool_)):
+        return "bool"
+    if issubclass(t, numbers.Number):
+        return "number"
+    if issubclass(t, str):
+        return "str"
+    if issubclass(t, (bytes, np.bytes_)):
+        return "bytes"
+    return t.__name__
+
+
+def _loose_keys(label):
+    """Every loose key of a label: a bool looks like ``1`` and like ``'true'``."""
+    label = _plain(label)
+    if isinstance(label, bool):
+        return (("number", float(label)), ("text", str(label).casefold()))
+    key = _loose_key(label)
+    if key[0] == "other":  # its string form, as a label read as text would be
+        return (("text", key[1]),)
+    return (key,)
+
+
+def _described(label):
+    """``1 (int)``, ``'1' (str)`` for messages."""
+    label = _plain(label)
+    return f"{label!r} ({type(label).__name__})"
+
+
+def check_label_types(labels, source):
+    """Raise if labels of different types look alike (``1`` and ``'1'``, ``True`` and ``1``).
+
+    Labels are compared by value and type, so ``1`` and ``'1'`` would make
+    two clients and ``True`` and ``1`` (equal in Python) one. A mix like
+    that almost always comes from a label column read partly as text (a CSV
+    column, an object column built from several sources), so ``fit``
+    refuses it instead of guessing. Labels all of one type (bools included),
+    and mixed types that do not look alike (``0``, ``1``, ``'new'``), pass.
+
+    Parameters
+    ----------
+    labels : array-like of shape (n,)
+        Non-missing client labels (see :func:`check_labels_present`).
+    source : str
+        What the labels are, for the message (``"groups passed to fit"``,
+        ``"client_column='station'"``).
+
+    Raises
+    ------
+    ValueError
+        Naming each set of look-alike labels with their types, and how to
+        fix it (cast the labels to one type).
+    """
+    if not isinstance(labels, np.ndarray):
+        labels = np.asarray(list(labels) + [None], dtype=object)[:-1]
+    if labels.dtype != object:
+        return  # one NumPy dtype, one type
+    labels = labels.ravel()
+    kind_of = {t: _type_kind(t) for t in set(map(type, labels))}
+    if len(set(kind_of.values())) < 2:
+        return
+    row_kind = np.array([kind_of[type(v)] for v in labels])
+    alike = {}
+    for kind in dict.fromkeys(row_kind.tolist()):  # in first-seen order
+        uniq, _ = unique_labels(labels[row_kind == kind])
+        for lab in uniq:
+            for key in _loose_keys(lab):
+                alike.setdefault(key, []).append(lab)
+    clashes = {}
+    for labs in alike.values():
+        if len({_type_kind(type(lab)) for lab in labs}) > 1:
+            text = " vs ".join(_described(lab) for lab in labs)
+            clashes.setdefault(text, None)
+    if not clashes:
+        return
+    described = "; ".join(list(clashes)[:_MAX_LISTED])
+    if len(clashes) > _MAX_LISTED:
+        described += f"; ... ({len(clashes)} such sets)"
+    raise ValueError(
+        f"{source} mixes client labels of different types that look alike: {described}. "
+        "Labels are compared by value and type, so 1 and '1' would be fitted as two "
+        "different clients and True and 1 (equal in Python) as one; a mix like this "
+        "usually comes from a label column read partly as text. Cast the labels to one "
+        "type before fit (e.g. groups.astype(str), or df[column].astype(str) for "
+        "client_column)."
+    )
+
+
+class _TypeMismatch:
+    """A prediction label equal to a fitted client's label but of another type.
+
+    ``True == 1`` (and ``hash(True) == hash(1)``), so Python would find the
+    bool ``True`` among the fitted clients ``{1: ...}``. Wrapped, the label
+    matches no fitted client: its rows get the population prediction, as a
+    ``'1'`` does, and :func:`warn_unmatched_labels` names it.
+    """
+
+    __slots__ = ("label",)
+
+    def __init__(self, label):
+        self.label = label
+
+    def __repr__(self):
+        return repr(self.label)
+
+
+def match_labels(groups, fitted, where, stacklevel=2):
+    """Distinct labels of ``groups`` at prediction and their fitted clients.
+
+    As :func:`unique_labels`, but a bool label is never a numeric fitted
+    client nor a number a bool one (``True`` is not client ``1``, though
+    ``True == 1``): such a label is returned wrapped so that it matches no
+    fitted client, and a :class:`ClientLabelWarning` names it, as for the
+    other look-alikes of :func:`warn_unmatched_labels`.
+
+    Parameters
+    ----------
+    groups : ndarray of shape (n,)
+        Non-missing labels (from :func:`check_groups` or the client column).
+    fitted : collection
+        Labels of the fitted clients.
+    where : str
+        Method name for the message.
+    stacklevel : int, default=2
+
+    Returns
+    -------
+    labels : list of length n_labels
+        Distinct labels; each is a fitted client's label or one that
+        matches none (never fitted, or of the wrong type).
+    inv : ndarray of shape (n,), int
+        ``labels[inv[r]]`` is the label of row ``r``.
+
+    Warns
+    -----
+    ClientLabelWarning
+        For labels that are not fitted clients but look like one.
+    """
+    if not isinstance(groups, np.ndarray):
+        groups = np.asarray(list(groups) + [None], dtype=object)[:-1]
+    groups = groups.ravel()
+    is_bool = None
+    if groups.dtype == object:
+        is_bool = np.fromiter(map(_is_bool, groups), dtype=bool, count=groups.size)
+    if is_bool is not None and is_bool.any() and not is_bool.all():
+        # bools apart from numbers: True and 1 are two labels here
+        rest, inv_rest = unique_labels(groups[~is_bool])
+        bools, inv_bools = unique_labels(groups[is_bool])
+        labels = rest + bools
+        inv = np.empty(groups.size, dtype=int)
+        inv[~is_bool] = inv_rest
+        inv[is_bool] = inv_bools + len(rest)
+    else:
+        labels, inv = unique_labels(groups)
+    own = {lab: lab for lab in fitted}  # a lookup gives the fitted label itself
+    labels = [
+        _TypeMismatch(lab) if lab in own and _is_bool(lab) != _is_bool(own[lab]) else lab
+        for lab in labels
+    ]
+    warn_unmatched_labels(labels, fitted, where, stacklevel=stacklevel + 1)
+    return labels, inv
 
 
 def warn_unmatched_labels(labels, fitted, where, stacklevel=2):
@@ -314,7 +507,8 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2):
     Parameters
     ----------
     labels : list
-        Distinct labels passed to ``where``.
+        Distinct labels passed to ``where`` (as :func:`match_labels` returns
+        them: a bool label of a number-labelled model counts as not fitted).
     fitted : collection
         Labels of the fitted clients.
     where : str
@@ -331,22 +525,26 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2):
         return
     keys = {}
     for lab in fitted:
-        keys.setdefault(_loose_key(lab), lab)
-    pairs = [(lab, keys[_loose_key(lab)]) for lab in unseen if _loose_key(lab) in keys]
+        for key in _loose_keys(lab):
+            keys.setdefault(key, lab)
+    pairs = []
+    for lab in unseen:
+        found = [keys[key] for key in _loose_keys(lab) if key in keys]
+        if found:
+            pairs.append((lab, found[0]))
     if not pairs:
         return
     described = "; ".join(
-        f"{new!r} ({type(new).__name__}) is not a fitted client, but {old!r} "
-        f"({type(old).__name__}) is"
+        f"{_described(new)} is not a fitted client, but {_described(old)} is"
         for new, old in pairs[:_MAX_LISTED]
     )
     if len(pairs) > _MAX_LISTED:
         described += f"; ... ({len(pairs)} such labels)"
     warnings.warn(
         f"{where}: {described}. Client labels must match the labels given to fit in value "
-        "and type (1 and '1' are different clients), so these rows get the population "
-        "prediction (global part plus the prior of the client parts), not that client's. "
-        "Convert the labels to the type used in fit.",
+        "and type (1, '1' and True are three different clients), so these rows get the "
+        "population prediction (global part plus the prior of the client parts), not that "
+        "client's. Convert the labels to the type used in fit.",
         ClientLabelWarning,
         stacklevel=stacklevel + 1,
     )

@@ -45,10 +45,11 @@ from ._linalg import single_threaded_blas
 from ._validation import (
     ClientLabelWarning,
     check_groups,
+    check_label_types,
     check_labels_present,
     split_client_column,
+    match_labels,
     unique_labels,
-    warn_unmatched_labels,
 )
 from .federated import input_scaling
 from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
@@ -636,6 +637,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         X, Y, y_ndim, groups = self._validate_fit_data(X, y, groups)
         if groups is None:
             groups = np.zeros(X.shape[0], dtype=int)
+        check_label_types(groups, "groups passed to fit" if self.client_column is None
+                          else f"client_column={self.client_column!r}")
         labels, inv = unique_labels(groups)
         counts = np.bincount(inv, minlength=len(labels))
         for lab, c in zip(labels, counts):
@@ -784,9 +787,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
                     "(average loadings and channel means), not any client's posterior. Pass "
                     "groups= to predict for fitted clients.", ClientLabelWarning, stacklevel=2)
                 groups = np.array([_UNSEEN] * n, dtype=object)
-        labels, inv = unique_labels(groups)
-        warn_unmatched_labels([lab for lab in labels if lab is not _UNSEEN], self.clients_,
-                              "predict", stacklevel=2)
+        labels, inv = match_labels(groups, self.clients_, "predict", stacklevel=2)
         Xs = (X - self.x_offset_) / self.x_scale_
         mean = np.zeros((n, Q))
         blocks = np.zeros((n, Q, Q))

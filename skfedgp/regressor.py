@@ -39,12 +39,13 @@ from ._structured import (
 from ._validation import (
     ClientLabelWarning,
     check_groups,
+    check_label_types,
     check_labels_present,
     check_not_strings,
+    match_labels,
     split_client_column,
     unique_labels,
     warn_groups_missing,
-    warn_unmatched_labels,
 )
 from .federated import (
     _default_lengthscale,
@@ -946,7 +947,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             output. One-column targets must be finite.
         groups : array-like of shape (n_samples,), default=None
             Client label of each row (any hashable, not None/NaN). None (and
-            no ``client_column``) means a single client.
+            no ``client_column``) means a single client. Labels are compared
+            by value and type, and a bool is never a number: labels of
+            different types that look alike (``1`` and ``'1'``, ``True``
+            and ``1`` or ``'true'``, ``b'a'`` and ``'a'``) raise a
+            ``ValueError`` naming them, as such a mix is almost always a
+            column read partly as text; cast the labels to one type. Labels
+            all of one type (all bool included) are fine. The same holds for
+            the labels of a ``client_column``.
 
         Returns
         -------
@@ -1008,6 +1016,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Xf, y, groups = self._validate_fit_data(X, y, groups)
         if groups is None:
             groups = np.zeros(Xf.shape[0], dtype=int)
+        check_label_types(groups, "groups passed to fit" if self.client_column is None
+                          else f"client_column={self.client_column!r}")
         labels, inv = unique_labels(groups)
         counts = np.bincount(inv, minlength=len(labels))
         small = [(lab, c) for lab, c in zip(labels, counts) if c < MIN_SAMPLES_PER_CLIENT]
@@ -1215,9 +1225,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 warn_groups_missing(list(self.clients_), where, stacklevel=stacklevel)
                 groups = np.array([_Population] * Xf.shape[0], dtype=object)
             labels, inv = unique_labels(groups)
-        else:
-            labels, inv = unique_labels(groups)
-            warn_unmatched_labels(labels, self.clients_, where, stacklevel=stacklevel)
+        else:  # True is not client 1 (nor 1 client True), though True == 1
+            labels, inv = match_labels(groups, self.clients_, where, stacklevel=stacklevel)
         T = len(self.clients_)
         if T < MIN_CLIENTS_FOR_NEW and any(lab not in self.clients_ for lab in labels):
             warnings.warn(

@@ -348,3 +348,206 @@ def test_pipeline_routes_groups_with_metadata_routing():
         pop = ref.predict(Xs)
     assert not np.allclose(m, pop)
 
+
+
+# --------------------------------------------------------------------------
+# label types: look-alikes of different types refused in fit, bools never
+# numeric clients at predict
+# --------------------------------------------------------------------------
+
+FAST1 = dict(FAST, n_rounds=1)
+_MIXED = r"mixes client labels of different types that look alike: "
+_CAST = r"Cast the labels to one type before fit"
+
+
+@pytest.fixture(scope="module")
+def small():
+    """30 rows, two features, a target that depends on the client (of 3)."""
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0.0, 5.0, (30, 2))
+    y = np.sin(X[:, 0]) + np.repeat([0.0, 1.0, -1.0], 10) + 0.05 * rng.standard_normal(30)
+    return X, y
+
+
+def _obj(*labels):
+    """An object array of 30 labels: ``labels`` repeated in blocks of equal size."""
+    return np.repeat(np.asarray(labels + (None,), dtype=object)[:-1], 30 // len(labels))
+
+
+@pytest.mark.parametrize(
+    "groups, named",
+    [
+        (lambda: [1] * 15 + ["1"] * 15, r"1 \(int\) vs '1' \(str\)"),               # list
+        (lambda: _obj(1, "1", 2), r"1 \(int\) vs '1' \(str\)"),                     # object array
+        (lambda: pd.Series(_obj(1, "1", 2)), r"1 \(int\) vs '1' \(str\)"),          # pandas object
+        (lambda: pd.Series(_obj(1, "1", 2)).astype("category"),                    # categorical
+         r"1 \(int\) vs '1' \(str\)"),
+        (lambda: _obj(np.int64(7), "07", 8), r"7 \(int\) vs '07' \(str\)"),
+        (lambda: _obj(1.5, "1.5", 2.0), r"1.5 \(float\) vs '1.5' \(str\)"),
+        (lambda: _obj(True, 1, False), r"True \(bool\) vs 1 \(int\)"),             # True == 1
+        (lambda: _obj(np.bool_(False), 0, 2), r"False \(bool\) vs 0 \(int\)"),
+        (lambda: _obj(True, "true", False), r"True \(bool\) vs 'true' \(str\)"),
+        (lambda: _obj(b"a", "a", "b"), r"b'a' \(bytes\) vs 'a' \(str\)"),
+        (lambda: _obj(1, "1", 2, "2", 3), r"1 \(int\) vs '1' \(str\); 2 \(int\) vs '2' \(str\)"),
+    ],
+    ids=["list", "object-array", "series", "categorical", "np-int", "float", "bool-int",
+         "np-bool-int", "bool-text", "bytes-str", "two-sets"],
+)
+def test_fit_refuses_look_alike_labels_of_different_types(small, groups, named):
+    X, y = small
+    est = FederatedHierarchicalGPRegressor(**FAST1)
+    with pytest.raises(ValueError, match=r"groups passed to fit " + _MIXED + named + r"\. "
+                                         r"Labels are compared by value and type.*" + _CAST):
+        est.fit(X, y, groups())
+    assert not hasattr(est, "clients_")  # nothing half-fitted
+
+
+def test_fit_refuses_look_alike_labels_in_client_column(small):
+    """A station column read partly as text: 10 and '10' in one object column."""
+    X, y = small
+    df = pd.DataFrame({"station": _obj(10, "10", 20), "a": X[:, 0], "b": X[:, 1]})
+    with pytest.raises(ValueError, match=r"client_column='station' " + _MIXED
+                                         + r"10 \(int\) vs '10' \(str\)\..*" + _CAST):
+        FederatedHierarchicalGPRegressor(client_column="station", **FAST1).fit(df, y)
+    with pytest.raises(ValueError, match=r"client_column=0 " + _MIXED + r"10 \(int\) vs '10'"):
+        FederatedHierarchicalGPRegressor(client_column=0, **FAST1).fit(df.to_numpy(object), y)
+    # cast to one type, as the message says: 10 and '10' are one client
+    est = FederatedHierarchicalGPRegressor(client_column="station", **FAST1).fit(
+        df.astype({"station": str}), y)
+    assert sorted(est.clients_) == ["10", "20"]
+
+
+@pytest.mark.parametrize(
+    "groups, clients",
+    [
+        (lambda: np.repeat([1, 2, 3], 10), [1, 2, 3]),
+        (lambda: list(np.repeat([1, 2, 3], 10).tolist()), [1, 2, 3]),
+        (lambda: np.repeat([1.0, 2.0, 3.5], 10), [1.0, 2.0, 3.5]),
+        (lambda: _obj(1, 2.0, np.int64(3)), [1, 2.0, 3]),                # one family: numbers
+        (lambda: np.repeat(["a", "b", "c"], 10), ["a", "b", "c"]),
+        (lambda: pd.Series(np.repeat(["a", "b", "c"], 10), dtype="string"), ["a", "b", "c"]),
+        (lambda: pd.Series(np.repeat(["a", "b", "c"], 10)).astype("category"), ["a", "b", "c"]),
+        (lambda: pd.Series(np.repeat([3, 1, 2], 10)).astype("category"), [1, 2, 3]),
+        (lambda: _obj("1", "01", " 1"), [" 1", "01", "1"]),              # all str: three names
+        (lambda: np.repeat([True, False], 15), [False, True]),           # all bool: two clients
+        (lambda: [True] * 15 + [False] * 15, [False, True]),
+        (lambda: pd.Series(np.repeat([True, False], 15), dtype="boolean"), [False, True]),
+        (lambda: _obj(0, 1, "new"), [0, 1, "new"]),                      # mixed, not alike
+        (lambda: _obj(True, False, "yes"), [False, True, "yes"]),
+    ],
+    ids=["int", "int-list", "float", "numbers-object", "str", "string-dtype", "categorical",
+         "int-categorical", "str-look-alikes", "bool", "bool-list", "boolean-dtype",
+         "int-and-str", "bool-and-str"],
+)
+def test_ordinary_labels_still_fit(small, groups, clients):
+    X, y = small
+    ctx = _silent()
+    try:
+        est = FederatedHierarchicalGPRegressor(**FAST1).fit(X, y, groups())
+    finally:
+        ctx.__exit__(None, None, None)
+    assert sorted(est.clients_, key=repr) == sorted(clients, key=repr)
+    assert all(type(a) is type(b) for a, b in zip(sorted(est.clients_, key=repr),
+                                                  sorted(clients, key=repr)))
+
+
+@pytest.fixture(scope="module")
+def int_model(small):
+    X, y = small
+    return FederatedHierarchicalGPRegressor(**FAST1).fit(X, y, np.repeat([0, 1, 2], 10))
+
+
+@pytest.fixture(scope="module")
+def bool_model(small):
+    X, y = small
+    return FederatedHierarchicalGPRegressor(**FAST1).fit(
+        X, y, np.repeat([True, False, True], 10))
+
+
+def _predict_silently(est, X, groups):
+    """``est.predict`` with any warning an error, but that of a model of fewer than 3
+    clients predicting for a new one (the bool model has two clients)."""
+    ctx = _silent()
+    warnings.filterwarnings("ignore", message=".*rows of a client never seen in fit")
+    try:
+        return est.predict(X, groups)
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        lambda: [True, 1, False, 0],
+        lambda: np.array([True, 1, False, 0], dtype=object),
+        lambda: pd.Series([True, 1, False, 0], dtype=object),
+    ],
+    ids=["list", "object-array", "series"],
+)
+def test_bool_label_is_not_an_int_client_at_predict(small, int_model, groups):
+    """Fitted with 0, 1, 2: True and False get the population prediction, as '1' does."""
+    X, _ = small
+    est = int_model
+    with pytest.warns(ClientLabelWarning,
+                      match=r"predict: False \(bool\) is not a fitted client, but 0 \(int\) is; "
+                            r"True \(bool\) is not a fitted client, but 1 \(int\) is\. Client "
+                            r"labels must match the labels given to fit in value and type "
+                            r"\(1, '1' and True are three different clients\)"):
+        pred = est.predict(X[:4], groups())
+    population = _predict_silently(est, X[:4], ["new-site"] * 4)
+    fitted = _predict_silently(est, X[:4], [1, 1, 0, 0])
+    # (predicted in other row groups: equal up to round-off)
+    np.testing.assert_allclose(pred[[0, 2]], population[[0, 2]], rtol=1e-12)  # the bool rows
+    np.testing.assert_allclose(pred[[1, 3]], fitted[[1, 3]], rtol=1e-12)  # the int rows
+    assert not np.allclose(fitted[[0, 2]], population[[0, 2]])
+
+
+def test_bool_array_and_score_on_int_model(small, int_model):
+    X, y = small
+    est = int_model
+    with pytest.warns(ClientLabelWarning, match=r"predict: True \(bool\) is not a fitted "
+                                                r"client, but 1 \(int\) is\."):
+        pred = est.predict(X[:3], np.array([True, True, True]))
+    np.testing.assert_allclose(pred, _predict_silently(est, X[:3], ["new-site"] * 3),
+                               rtol=1e-12)
+    with pytest.warns(ClientLabelWarning, match=r"score: False \(bool\) is not a fitted client"):
+        est.score(X[:10], y[:10], np.zeros(10, dtype=bool))
+    with pytest.warns(ClientLabelWarning, match=r"predict_components: True \(bool\) is not"):
+        est.predict_components(X[:2], [True, True])
+    ctx = _silent()
+    try:  # the fitted labels themselves, and 1.0 / np.int64(1) (equal, same family): no warning
+        est.predict(X[:3], np.array([0, 1, 2]))
+        est.predict(X[:3], [0.0, np.int64(1), 2])
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+@pytest.mark.filterwarnings("ignore:predict. rows of a client never seen in fit")
+def test_int_label_is_not_a_bool_client_at_predict(small, bool_model):
+    X, _ = small
+    est = bool_model
+    assert sorted(est.clients_) == [False, True]
+    fitted = _predict_silently(est, X[:4], [True, True, False, False])
+    _predict_silently(est, X[:4], pd.Series([True, True, False, False], dtype="boolean"))
+    population = _predict_silently(est, X[:4], ["new-site"] * 4)
+    with pytest.warns(ClientLabelWarning,
+                      match=r"predict: 0 \(int\) is not a fitted client, but False \(bool\) is; "
+                            r"1 \(int\) is not a fitted client, but True \(bool\) is\."):
+        pred = est.predict(X[:4], [1, True, 0, False])
+    np.testing.assert_allclose(pred[[0, 2]], population[[0, 2]], rtol=1e-12)
+    np.testing.assert_allclose(pred[[1, 3]], fitted[[1, 3]], rtol=1e-12)
+    with pytest.warns(ClientLabelWarning, match=r"1.0 \(float\) is not a fitted client, but "
+                                                r"True \(bool\) is"):
+        est.predict(X[:2], np.array([1.0, 1.0]))
+    with pytest.warns(ClientLabelWarning, match=r"'True' \(str\) is not a fitted client, but "
+                                                r"True \(bool\) is"):
+        est.predict(X[:2], ["True", "True"])
+
+
+def test_bool_label_column_at_predict_on_int_column_model(small):
+    X, y = small
+    df = pd.DataFrame({"site": np.repeat([0, 1, 2], 10), "a": X[:, 0], "b": X[:, 1]})
+    est = FederatedHierarchicalGPRegressor(client_column="site", **FAST1).fit(df, y)
+    with pytest.warns(ClientLabelWarning, match=r"True \(bool\) is not a fitted client, but 1 "
+                                                r"\(int\) is"):
+        est.predict(df[:4].assign(site=True))
