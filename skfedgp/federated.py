@@ -1170,14 +1170,19 @@ class Server:
         box is filtered to that union, so the global inducing points follow
         where the clients' inputs are, not the single box around all of them
         (a client far from the others would otherwise leave them in a sliver
-        of it).
+        of it). When the union is too small a share of the box for the
+        filter to find the points needed (clients far apart: 2 clients in
+        ``[0, 1]^2`` and one at ``[1e4, 1e4 + 1]^2`` cover 4e-8 of it), the
+        points are drawn from the union itself instead
+        (:func:`union_design`).
 
         Returns
         -------
         points : ndarray of shape (k, d)
             In Sobol order (any prefix is spread over the union).
         fraction : float
-            Share of the box covered by the union (from the candidates).
+            Share of the box covered by the union (from the candidates; from
+            :func:`union_design` when the filter found too few of them).
         """
         d = self.d
         lo = np.array([(b[0] - self.x_offset) / self.x_scale for b in self.client_boxes])
@@ -1198,12 +1203,10 @@ class Server:
                 frac = max(float(inside.mean()), 1.0 / cand.shape[0])
                 if pts.shape[0] >= max(at_least, AUTO_MAX_INDUCING):
                     break
-        if pts.shape[0] < at_least:  # a vanishing union: centres of the boxes, then jitter
-            rng = np.random.default_rng(self.random_state)
-            centres = 0.5 * (lo + hi)
-            extra = centres[rng.integers(0, len(centres), at_least - pts.shape[0])]
-            extra = extra + rng.uniform(-0.5, 0.5, extra.shape) * pad
-            pts = np.vstack([pts, extra])
+        if pts.shape[0] < max(at_least, AUTO_MIN_INDUCING):
+            # a vanishing union: draw from it directly
+            lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+            pts, frac = union_design(lo, hi, max(at_least, AUTO_MAX_INDUCING), self.random_state)
         return pts, frac
 
     def lengthscale_range(self):
@@ -2069,6 +2072,60 @@ def start_lengthscale(lengthscale, span):
     span = np.broadcast_to(np.asarray(span, dtype=float), ell.shape[-1:])
     cap = np.where(span > 0, START_MAX_SPANS * span, np.inf)
     return np.minimum(ell, cap)
+
+
+def union_design(lo, hi, n, random_state):
+    """Points spread uniformly over a union of boxes, and the union's volume.
+
+    Quasi-random acceptance sampling from the union: a scrambled Sobol
+    sequence in ``d + 2`` dimensions picks a box with probability
+    proportional to its volume (first coordinate), a point in it (next
+    ``d``), and accepts the point with probability ``1 / c`` (last), ``c``
+    the number of boxes holding it, so overlaps are not counted twice. The
+    union's volume is estimated without bias by ``sum_b vol_b * mean(1 / c)``
+    over all draws, however small a share of the enclosing box it is.
+
+    Parameters
+    ----------
+    lo, hi : ndarray of shape (n_boxes, d)
+        Lower and upper corners of the boxes (``hi >= lo``; boxes of zero
+        volume are dropped unless all are).
+    n : int
+        Number of points wanted.
+    random_state : int or None
+        Seed of the scrambled Sobol sequence.
+
+    Returns
+    -------
+    points : ndarray of shape (n, d)
+        In draw order (any prefix is spread over the union).
+    volume : float
+        Estimated volume of the union.
+    """
+    lo, hi = np.atleast_2d(np.asarray(lo, float)), np.atleast_2d(np.asarray(hi, float))
+    vol = np.prod(hi - lo, axis=1)
+    if np.any(vol > 0):
+        lo, hi, vol = lo[vol > 0], hi[vol > 0], vol[vol > 0]
+    else:
+        vol = np.ones(len(lo))
+    cdf = np.cumsum(vol) / vol.sum()
+    d = lo.shape[1]
+    sob = qmc.Sobol(d + 2, scramble=True, seed=random_state)
+    pts, inv_count = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        while sum(p.shape[0] for p in pts) < n:
+            u = sob.random(max(2 * n, 256))
+            b = np.minimum(np.searchsorted(cdf, u[:, 0], side="right"), len(vol) - 1)
+            x = lo[b] + u[:, 1:d + 1] * (hi[b] - lo[b])
+            count = np.zeros(x.shape[0])
+            for a, c in zip(lo, hi):
+                count += np.all((x >= a) & (x <= c), axis=1)
+            count = np.maximum(count, 1.0)
+            inv_count.append(1.0 / count)
+            pts.append(x[u[:, d + 1] < 1.0 / count])
+    volume = float(vol.sum() * np.mean(np.concatenate(inv_count)))
+    return np.vstack(pts)[:n], volume
 
 
 def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum, fraction=1.0):

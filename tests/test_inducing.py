@@ -397,3 +397,29 @@ def test_a_client_learns_its_local_design_once_its_lengthscale_shrinks():
     assert all(c.learn_local_inducing for c in est.clients_.values())
     Zl0, Zl = _Z(start)[1], _Z(est)[1]
     assert all(not np.allclose(Zl[k], Zl0[k]) for k in Zl)
+
+
+def test_union_design_spreads_points_over_the_union_and_measures_it():
+    """Boxes overlapping, disjoint and tiny: the volume matches inclusion-
+    exclusion, every point lies in the union, overlaps are not counted
+    twice, and each disjoint piece gets points in proportion to its area."""
+    lo = np.array([[0.0, 0.0], [0.5, 0.5], [0.9, 0.9]])
+    hi = np.array([[0.6, 0.6], [0.8, 0.8], [0.9 + 1e-4, 0.9 + 1e-4]])
+    want = 0.36 + 0.09 - 0.01 + 1e-8
+    pts, vol = fed.union_design(lo, hi, 2000, 0)
+    assert pts.shape == (2000, 2)
+    assert vol == pytest.approx(want, rel=0.02)
+    inside = np.zeros(len(pts), dtype=bool)
+    for a, b in zip(lo, hi):
+        inside |= np.all((pts >= a) & (pts <= b), axis=1)
+    assert inside.all()
+    # uniform over the union: the overlap [0.5, 0.6]^2 holds 0.01 / 0.44 of it
+    overlap = np.all((pts >= 0.5) & (pts <= 0.6), axis=1).mean()
+    assert overlap == pytest.approx(0.01 / 0.44, abs=0.01)
+    # two far, tiny boxes of areas 1 : 4 (in 1e-8 units)
+    lo2 = np.array([[0.0, 0.0], [1 - 2e-4, 1 - 2e-4]])
+    hi2 = np.array([[1e-4, 1e-4], [1.0, 1.0]])
+    pts2, vol2 = fed.union_design(lo2, hi2, 500, 1)
+    assert vol2 == pytest.approx(5e-8, rel=1e-9)
+    assert np.mean(pts2[:, 0] < 0.5) == pytest.approx(0.2, abs=0.03)
+    np.testing.assert_array_equal(pts2, fed.union_design(lo2, hi2, 500, 1)[0])
