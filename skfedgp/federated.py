@@ -715,10 +715,10 @@ class Client:
     def initialise(self, init, config, random_state):
         """Set up the local block from the server's :class:`InitBroadcast`.
 
-        Local inducing points are k-means centres of the client's own inputs
-        (``sklearn.cluster.KMeans``), or a scrambled Sobol design over its own
-        bounding box when it has fewer distinct inputs than ``M_i``; the
-        variational factors start at the prior (``m = 0``, ``C = I``).
+        Local inducing points are a scrambled Sobol design over the client's
+        own bounding box (:func:`_local_inducing`: never its inputs, so the
+        fitted model holds no training row); the variational factors start at
+        the prior (``m = 0``, ``C = I``).
 
         Parameters
         ----------
@@ -727,8 +727,6 @@ class Client:
         random_state : int
             Seed of this client's initialisation.
         """
-        from sklearn.cluster import KMeans
-
         offset, scale = self.prepare(init)
         d = self._X.shape[1]
         M, Ml = config.n_inducing, config.n_inducing_local
@@ -737,18 +735,7 @@ class Client:
         if "deviation" in config.components:
             values.update(m_d=np.zeros(M), C_d=np.eye(M))
         if "local" in config.components:
-            n_unique = np.unique(self._Xs, axis=0).shape[0]
-            if n_unique >= Ml:
-                km = KMeans(n_clusters=Ml, n_init=1, random_state=random_state)
-                Zl = km.fit(self._Xs).cluster_centers_
-            else:
-                lo, hi = self._Xs.min(axis=0), self._Xs.max(axis=0)
-                hi = np.where(hi > lo, hi, lo + 1.0)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    Zl = qmc.scale(
-                        qmc.Sobol(d, scramble=True, seed=random_state).random(Ml), lo, hi
-                    )
+            Zl = _local_inducing(self._Xs, Ml, random_state)
             ranges = scale
             values.update(
                 m_u=np.zeros(Ml),
@@ -928,6 +915,7 @@ class Server:
         InitBroadcast
         """
         init = self.standardise(summaries)
+        self.client_boxes = None  # the mean-field set-up places Z_g in the joint box
         ranges = self.x_scale
         values = {}
         gp = self.global_pack
@@ -2271,15 +2259,67 @@ def budget_inducing(sizes, components, budget=None, n_latent=1):
     return lo
 
 
-def _local_inducing(Xs, M_local, random_state):
-    """A client's own local inducing inputs: its inputs if few, else k-means centres."""
-    from sklearn.cluster import KMeans
+def _local_design(Xs, M_local, lengthscale, variance, noise_variance, jitter, random_state,
+                  grow=True):
+    """A client's local inducing inputs: a Sobol design (:func:`_local_inducing`)
+    sized so that it explains the local prior at the client's inputs.
 
-    uniq = np.unique(Xs, axis=0)
-    if uniq.shape[0] <= M_local:
-        return uniq.copy()
-    km = KMeans(n_clusters=M_local, n_init=1, random_state=random_state)
-    return km.fit(Xs).cluster_centers_
+    Starting from ``M_local`` points, the design grows by half (up to
+    :data:`AUTO_MAX_LOCAL` points, more than the client's rows if need be)
+    while the trace term of the collapsed bound at the starting values,
+    ``tr(K_ff - Q_ff) / (2 s2)`` (Titsias, AISTATS 2009, eq. 9), is above
+    :data:`AUTO_LEARN_NATS` nats per observation: with little noise a few
+    points per lengthscale are not enough (a client of 10 rows of ``30 sin(6
+    x)`` and noise sd 0.05 needs about 4 per lengthscale). Inducing inputs at
+    the client's own rows would make the local part exact at once, but the
+    fitted model keeps every client's local block, so they would put the
+    client's inputs into it.
+
+    Parameters
+    ----------
+    Xs : ndarray of shape (n, d)
+        The client's scaled inputs.
+    M_local : int
+        Starting number of points.
+    lengthscale : ndarray of shape (d,)
+    variance, noise_variance : float
+        Starting local signal and noise variances (standardised units).
+    jitter : float
+    random_state : int
+    grow : bool, default=True
+        False keeps ``M_local`` points (a given ``n_inducing_local``).
+
+    Returns
+    -------
+    Z : ndarray of shape (M, d)
+    """
+    n = Xs.shape[0]
+    M = int(M_local)
+    while True:
+        Z = _local_inducing(Xs, M, random_state)
+        if not grow or M >= AUTO_MAX_LOCAL:
+            return Z
+        res, _ = design_residual(Xs, Z, lengthscale, variance, jitter)
+        if res / (2.0 * max(noise_variance, 1e-300)) <= AUTO_LEARN_NATS * n:
+            return Z
+        M = min(AUTO_MAX_LOCAL, int(np.ceil(1.5 * M)))
+
+
+def _local_inducing(Xs, M_local, random_state):
+    """A client's own local inducing inputs: a scrambled Sobol design over its box.
+
+    Not its inputs and not k-means centres of them, so the fitted model (which
+    keeps every client's local block for personalised prediction) holds no
+    training row; whether the design explains the local prior well enough is
+    checked by the client afterwards (``learn_inducing_locations="auto"``).
+    """
+    Xs = np.asarray(Xs, float)
+    lo, hi = Xs.min(axis=0), Xs.max(axis=0)
+    d = Xs.shape[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Sobol balance for non powers of 2
+        u = qmc.Sobol(d, scramble=True, seed=random_state).random(int(M_local))
+    return lo + u * (hi - lo)
 
 
 class StructuredClient:
@@ -2431,12 +2471,12 @@ class StructuredClient:
     def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
         """Initial local vector.
 
-        Local inducing inputs: the client's own distinct inputs when there are
-        at most ``M_local`` of them (the local part is then exact), else k-means
-        centres of its inputs. Local lengthscales: its own pilot's (or the
-        population median if it ran none, or if its pilot explained its
-        targets as more noise than signal); local variance: 0.1 x the same
-        pilot's signal variance; noise: its pilot noise variance (floored).
+        Local inducing inputs: a scrambled Sobol design over the client's own
+        box (:func:`_local_inducing`; never its inputs). Local lengthscales:
+        its own pilot's (or the population median if it ran none, or if its
+        pilot explained its targets as more noise than signal); local
+        variance: 0.1 x the same pilot's signal variance; noise: its pilot
+        noise variance (floored).
         """
         d = self._Xs.shape[1]
         p = own if own is not None else population
@@ -2460,14 +2500,12 @@ class StructuredClient:
                 M_local = auto_inducing(pl.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),
                                         maximum=min(AUTO_MAX_LOCAL, self.n_samples))
-            Zl = _local_inducing(self._Xs, M_local, random_state)
             ell = (start_lengthscale(pl.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
             var = (0.1 * pl.variance * ratio_l if config.local_variance is None
                    else float(config.local_variance))
             values.update(
-                Z_l=Zl,
                 lengthscale_l=check_in_bounds("lengthscale_l", ell,
                                               config.local_lengthscale is not None,
                                               self.value_range("lengthscale_l")),
@@ -2498,6 +2536,11 @@ class StructuredClient:
             check_in_bounds("noise_variance", s2, True, (lo, hi))  # raises: above the range
         values["noise_variance"] = float(np.clip(max(s2, 2.0 * self.noise_floor),
                                                  self.noise_floor * 1.01, hi * 0.99))
+        if "local" in config.components:
+            values["Z_l"] = _local_design(
+                self._Xs, M_local, values["lengthscale_l"], values["variance_l"],
+                values["noise_variance"], config.jitter, random_state,
+                grow=config.n_inducing_local == "auto")
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
         self.theta = self.pack.pack(values)
@@ -4303,19 +4346,24 @@ class ILMMStructuredClient(StructuredClient):
                 M_local = auto_inducing(p.lengthscale, span, per_lengthscale=AUTO_PER_LENGTHSCALE,
                                         minimum=min(AUTO_MIN_INDUCING, self.n_samples),
                                         maximum=min(AUTO_MAX_LOCAL, self.n_samples))
-            Zl = _local_inducing(self._Xs, M_local, random_state)
-            M_l = Zl.shape[0]
             ell = (start_lengthscale(p.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
             ell = check_in_bounds("lengthscale_l", ell, config.local_lengthscale is not None,
                                   self.value_range("lengthscale_l"))
-            values.update(Z_l=Zl, lengthscale_l=np.tile(ell, (R_l, 1)),
+            values.update(lengthscale_l=np.tile(ell, (R_l, 1)),
                           B_l=np.sqrt(0.1) * initial_loadings(cov, R_l, random_state))
         if "deviation" in config.components:
             values["B_d"] = initial_loadings(cov, R_d, random_state + 1)
         self._noise_mode = config.noise
         values["noise_variance"] = self._initial_noise(config, cov, population, Q)
+        if "local" in config.components:
+            # the local signal per latent: the loadings' share of the channels' variance
+            var_l = float(np.sum(values["B_l"] ** 2)) / (Q * R_l)
+            values["Z_l"] = _local_design(
+                self._Xs, M_local, ell, var_l, float(np.median(values["noise_variance"])),
+                config.jitter, random_state, grow=config.n_inducing_local == "auto")
+            M_l = values["Z_l"].shape[0]
         values["offset"] = np.asarray(mean, dtype=float)
         self.pack = ilmm_local_spec(config.components, M_l, d, Q, R_d, R_l, noise=config.noise)
         self.theta = self.pack.pack(values)

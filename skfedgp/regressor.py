@@ -345,8 +345,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         GPyTorch's ``VariationalStrategy``). False holds them where the
         set-up placed them: a scrambled Sobol design in the region the
         clients' inputs cover (global; sized to the lengthscales by
-        ``n_inducing="auto"``) and the client's own distinct inputs or
-        k-means centres of them (local). "auto" (structured family):
+        ``n_inducing="auto"``) and a scrambled Sobol design over the
+        client's own box (local; never its inputs, so the fitted model holds
+        no training row). "auto" (structured family):
         a held set starts learning when it leaves more than 1 % of the prior
         variance at the inputs unexplained (``1 - tr Q_ff / tr K_ff``: the
         trace term of the collapsed bound, Titsias 2009, without its noise
@@ -491,8 +492,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Number of parallel jobs for the clients (:class:`joblib.Parallel`,
         threads by default; any joblib backend, e.g. dask, applies).
     random_state : int, RandomState instance or None, default=None
-        Seeds the pilot subsets, the initial inducing points (Sobol design,
-        k-means) and nothing else.
+        Seeds the pilot subsets, the initial inducing points (Sobol designs)
+        and nothing else.
     verbose : int, default=0
         If > 0, print one line per round (ELBO, time, bytes exchanged).
     client_fraction : float in (0, 1], default=1.0

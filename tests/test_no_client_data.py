@@ -1,0 +1,102 @@
+"""No client's training data in a fitted model (issue 6, item 7).
+
+A pickled estimator must not contain any training input or target, neither
+as raw values nor in the scaled coordinates the model works in (the scaling
+is kept in the model, so scaled inputs would give the raw rows back), and no
+local inducing input may sit on a training row. The only values allowed
+through are the per-feature extremes of all inputs together: the joint
+bounding box the set-up sends back to every client (``InitBroadcast``).
+"""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+
+from skfedgp import FederatedHierarchicalGPRegressor
+
+CASES = {
+    "structured": dict(n_rounds=2),
+    "structured-partial-warm": dict(n_rounds=2, client_fraction=0.5, warm_start=True),
+    "structured-learned-Z": dict(n_rounds=2, learn_inducing_locations=True),
+    "mean-field": dict(variational_family="mean_field", optimizer="adam", n_rounds=2,
+                       n_inducing=8, n_inducing_local=6),
+    "multi-output": dict(n_rounds=2),
+}
+
+
+def _data(case, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(size=(60, 2))
+    g = np.repeat([0, 1, 2], 20)
+    f = np.sin(3 * X[:, 0]) + 0.3 * X[:, 1]
+    if case == "multi-output":
+        y = np.c_[f, np.cos(2 * X[:, 1]) + 0.5 * f] + 0.1 * rng.normal(size=(60, 2))
+    else:
+        y = f + 0.1 * rng.normal(size=60)
+    return X, y, g
+
+
+def _fit(case):
+    X, y, g = _data(case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(random_state=0, **CASES[case]).fit(X, y, g)
+        if CASES[case].get("warm_start"):
+            est.fit(X, y, g)
+    return X, y, g, est
+
+
+def _float_bytes(values):
+    return {np.float64(v).tobytes() for v in np.ravel(values)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_pickle_holds_no_training_value_raw_or_scaled(case):
+    X, y, g, est = _fit(case)
+    blob = pickle.dumps(est)
+    srv = est.server_
+    box = _float_bytes(np.r_[X.min(axis=0), X.max(axis=0)])
+    Xs = (X - srv.x_offset) / srv.x_scale
+    box |= _float_bytes(np.r_[Xs.min(axis=0), Xs.max(axis=0)])
+    found = [v for v in (_float_bytes(X) | _float_bytes(Xs) | _float_bytes(y)) - box
+             if v in blob]
+    assert not found, f"{len(found)} training values found in the pickled model"
+    for c in est.clients_.values():
+        for name in ("_X", "_Xs", "_y", "_Y"):
+            assert getattr(c, name, None) is None, name
+    assert getattr(srv, "client_boxes", None) is None
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_no_local_inducing_input_on_a_training_row(case):
+    X, y, g, est = _fit(case)
+    srv = est.server_
+    Xs = (X - srv.x_offset) / srv.x_scale
+    for lab, c in est.clients_.items():
+        Zl = c.local_values()["Z_l"]
+        dist = np.abs(Zl[:, None, :] - Xs[None, g == lab, :]).max(axis=-1)
+        assert dist.min() > 1e-6, f"client {lab}: a local inducing input is a training row"
+
+
+def test_local_design_covers_the_client_box():
+    """The local design lies in the client's own box, spread over it."""
+    from skfedgp.federated import _local_inducing
+
+    rng = np.random.default_rng(1)
+    Xs = rng.uniform([0.2, -1.0], [0.5, 3.0], size=(40, 2))
+    Z = _local_inducing(Xs, 16, 0)
+    assert Z.shape == (16, 2)
+    lo, hi = Xs.min(axis=0), Xs.max(axis=0)
+    assert np.all(Z >= lo) and np.all(Z <= hi)
+    # spread: every quarter of each side's range holds a point
+    for j in range(2):
+        q = np.floor(4 * (Z[:, j] - lo[j]) / (hi[j] - lo[j])).clip(0, 3)
+        assert set(q.astype(int)) == {0, 1, 2, 3}
+    # a dimension without spread keeps its one value
+    Xc = np.c_[Xs[:, 0], np.full(40, 0.7)]
+    assert np.all(_local_inducing(Xc, 8, 0)[:, 1] == 0.7)
+    # reproducible
+    np.testing.assert_array_equal(_local_inducing(Xs, 16, 3), _local_inducing(Xs, 16, 3))
