@@ -310,7 +310,7 @@ class ClientState:
 #: :mod:`skfedgp.kernels` (whose row-group scheduling costs tens of
 #: microseconds per call, which dominates for the many small clients of a
 #: federation; same values to round-off).
-SMALL_KERNEL = 1 << 16
+SMALL_KERNEL = 1 << 12
 
 
 def _se(X, Z, ell, var):

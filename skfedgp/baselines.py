@@ -476,6 +476,13 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
     average noise variance (all in target units). No data of any client is
     used for it.
 
+    Unlike :class:`~skfedgp.FederatedHierarchicalGPRegressor`, this baseline
+    is an exact GP per client: each fitted client keeps its own training
+    inputs (scaled) and targets (standardised) and their Cholesky factor,
+    which its predictions need, so a pickled model holds every client's
+    training data. Use it as a comparison, not where the fitted object must
+    be free of client data.
+
     References
     ----------
     I. Achituve, A. Shamsian, A. Navon, G. Chechik and E. Fetaya,

@@ -217,9 +217,9 @@ def test_bad_hyperparameters(data, params, match):
 def _coincident_client_data():
     """Client "a" spread over [0, 10]; client "b" squeezed into a 1e-10 interval.
 
-    Client b's local inducing points (k-means centres of its inputs) are
-    then numerically identical for any sensible lengthscale, so its local
-    ``K_zz`` is numerically the rank-one matrix ``var * 11^T``.
+    Client b's local inducing points (a design over its own box) are then
+    numerically identical for any sensible lengthscale, so its local ``K_zz`` is
+    numerically the rank-one matrix ``var * 11^T``.
     """
     rng = np.random.default_rng(1)
     X = np.vstack([rng.uniform(0.0, 10.0, (30, 1)), 5.0 + 1e-10 * rng.uniform(size=(30, 1))])

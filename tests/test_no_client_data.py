@@ -82,21 +82,50 @@ def test_no_local_inducing_input_on_a_training_row(case):
 
 
 def test_local_design_covers_the_client_box():
-    """The local design lies in the client's own box, spread over it."""
+    """The local design lies in the client's own box, spread over it; ``pad``
+    applies only to a dimension without spread."""
     from skfedgp.federated import _local_inducing
 
     rng = np.random.default_rng(1)
     Xs = rng.uniform([0.2, -1.0], [0.5, 3.0], size=(40, 2))
-    Z = _local_inducing(Xs, 16, 0)
+    pad = np.array([0.01, 0.1])
+    Z = _local_inducing(Xs, 16, 0, pad=pad)
     assert Z.shape == (16, 2)
+    np.testing.assert_array_equal(Z, _local_inducing(Xs, 16, 0))
     lo, hi = Xs.min(axis=0), Xs.max(axis=0)
     assert np.all(Z >= lo) and np.all(Z <= hi)
     # spread: every quarter of each side's range holds a point
     for j in range(2):
         q = np.floor(4 * (Z[:, j] - lo[j]) / (hi[j] - lo[j])).clip(0, 3)
         assert set(q.astype(int)) == {0, 1, 2, 3}
-    # a dimension without spread keeps its one value
+    # a dimension without spread does not copy its one value into the design
     Xc = np.c_[Xs[:, 0], np.full(40, 0.7)]
-    assert np.all(_local_inducing(Xc, 8, 0)[:, 1] == 0.7)
+    Zc = _local_inducing(Xc, 8, 0, pad=pad)
+    assert not np.any(Zc[:, 1] == 0.7) and np.ptp(Zc[:, 1]) > 0.1
+    assert np.all(np.abs(Zc[:, 1] - 0.7) <= 0.1)
     # reproducible
     np.testing.assert_array_equal(_local_inducing(Xs, 16, 3), _local_inducing(Xs, 16, 3))
+
+
+@pytest.mark.parametrize("family", ["structured", "mean_field"])
+def test_constant_inputs_are_not_copied_into_the_model(family):
+    """A client whose inputs do not vary in one dimension (a per-site
+    covariate), and one whose rows are all the same input: their values must
+    not reach the pickled model through the local design (they did, as
+    every point's coordinate in that dimension)."""
+    rng = np.random.default_rng(2)
+    X = rng.uniform(size=(60, 2))
+    X[20:40, 1] = 0.4372458913  # client 1: constant second input
+    X[40:60] = [0.2718281828, 0.5772156649]  # client 2: one input, repeated
+    y = np.sin(3 * X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.normal(size=60)
+    g = np.repeat([0, 1, 2], 20)
+    kw = (dict(variational_family="mean_field", optimizer="adam", n_inducing=8,
+               n_inducing_local=6) if family == "mean_field" else {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2, **kw).fit(X, y, g)
+    blob = pickle.dumps(est)
+    srv = est.server_
+    Xs = (X - srv.x_offset) / srv.x_scale
+    for v in (0.4372458913, 0.2718281828, 0.5772156649, *Xs[20, 1:], *Xs[40]):
+        assert np.float64(v).tobytes() not in blob, v
