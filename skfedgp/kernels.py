@@ -205,7 +205,7 @@ class _SEPlan:
     backend : {"numba", "numpy"}
     """
 
-    __slots__ = ("backend", "inv_ell", "variance", "ZsT", "Zs", "centre", "zz", "m")
+    __slots__ = ("backend", "inv_ell", "variance", "ZsT", "Zs", "m")
 
     def __init__(self, Z, ell, variance, backend):
         self.backend = backend
@@ -216,10 +216,7 @@ class _SEPlan:
         if backend == "numba":
             self.ZsT = np.ascontiguousarray(Zs.T)
         else:
-            # centre to limit the cancellation of the expanded square
-            self.centre = Zs.mean(axis=0) if Zs.shape[0] else np.zeros(Z.shape[1])
-            self.Zs = Zs - self.centre
-            self.zz = np.einsum("ij,ij->i", self.Zs, self.Zs)
+            self.Zs = Zs
 
     def fill(self, X, out):
         """Write ``K(X, Z)`` into ``out`` (shape ``(len(X), m)``, C-contiguous)."""
@@ -227,11 +224,12 @@ class _SEPlan:
         if self.backend == "numba":
             _neg_half_sqdist_numba(Xs, self.ZsT, out)
         else:
-            Xs -= self.centre
-            np.matmul(Xs, self.Zs.T, out=out)
-            out -= 0.5 * self.zz
-            out -= 0.5 * np.einsum("ij,ij->i", Xs, Xs)[:, None]
-            np.minimum(out, 0.0, out=out)
+            # the differences themselves, never |x|^2 + |z|^2 - 2 x.z, which
+            # cancels catastrophically for inputs far apart (a client at 0 and
+            # one at 1e4: seven digits of K lost)
+            D = Xs[:, None, :] - self.Zs[None, :, :]
+            np.einsum("nmd,nmd->nm", D, D, out=out)
+            out *= -0.5
         np.exp(out, out=out)
         out *= self.variance
         return out
@@ -248,7 +246,7 @@ class _GradAccumulator:
     saves a pass over an ``n x M`` array.
     """
 
-    __slots__ = ("backend", "Z", "ZT", "centre", "Zc", "gz", "glv", "gl", "gs")
+    __slots__ = ("backend", "Z", "ZT", "gz", "glv", "gl", "gs")
 
     def __init__(self, Z, backend):
         m, d = Z.shape
@@ -259,8 +257,7 @@ class _GradAccumulator:
             self.gz = np.zeros((d, m))
             self.glv = np.zeros((d, m))
         else:
-            self.centre = Z.mean(axis=0) if m else np.zeros(d)
-            self.Zc = Z - self.centre
+            self.Z = Z
             self.gz = np.zeros((m, d))
             self.gl = np.zeros(d)
 
@@ -278,14 +275,10 @@ class _GradAccumulator:
             A = np.multiply.outer(u, v)
             A += B
             A *= K
-        Xc = X - self.centre
-        AX = A.T @ Xc  # (m, d)
-        col = A.sum(axis=0)
-        row = A.sum(axis=1)
-        self.gz += AX - col[:, None] * self.Zc
-        self.gl += row @ (Xc * Xc) - 2.0 * np.einsum("md,md->d", AX, self.Zc)
-        self.gl += col @ (self.Zc * self.Zc)
-        self.gs += col
+        D = X[:, None, :] - self.Z[None, :, :]  # differences, as in _SEPlan.fill
+        self.gz += np.einsum("nm,nmd->md", A, D)
+        self.gl += np.einsum("nm,nmd->d", A, D * D)
+        self.gs += A.sum(axis=0)
 
     def merge(self, other):
         """Add another accumulator's sums (callers merge in a fixed order)."""

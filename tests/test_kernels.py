@@ -178,8 +178,8 @@ def test_bad_shapes_and_backend_raise():
 
 def test_small_kernel_path_keeps_precision_for_far_apart_inputs():
     """Inputs at both ends of a wide box and a short lengthscale: the
-    clients' small-size NumPy path (``_structured._se``, ``_se_grad``) must
-    be as exact as the fused kernel. Expanding ``|x - z|^2`` lost seven
+    clients' small-size NumPy path (``_structured._se``, ``_se_grad``) and
+    both back ends of :mod:`skfedgp.kernels` must be exact. Expanding ``|x - z|^2`` lost seven
     digits here (inducing points at 0 and at 1, inputs of width 1e-4 near 0,
     lengthscale 4e-5): the bound was noisy in the lengthscales."""
     from skfedgp._structured import _se, _se_grad
@@ -191,9 +191,12 @@ def test_small_kernel_path_keeps_precision_for_far_apart_inputs():
     D = (X[:, None, :].astype(np.longdouble) - Z[None, :, :]) / ell
     want = np.asarray(1.7 * np.exp(-0.5 * np.sum(D * D, axis=-1)), dtype=float)
     np.testing.assert_allclose(_se(X, Z, ell, 1.7), want, rtol=1e-12, atol=1e-300)
-    np.testing.assert_allclose(se_ard(X, Z, ell, 1.7), want, rtol=1e-12, atol=1e-300)
+    for backend in ("numba", "numpy"):
+        np.testing.assert_allclose(se_ard(X, Z, ell, 1.7, backend=backend), want, rtol=1e-12,
+                                   atol=1e-300)
     Kbar = rng.normal(size=want.shape)
     mine = _se_grad(X, Z, want, Kbar, ell, 1.7)
-    fused = se_ard_grad(X, Z, want, Kbar, ell, 1.7)
-    for a, b in zip(mine, fused):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * np.max(np.abs(b)))
+    for backend in ("numba", "numpy"):
+        fused = se_ard_grad(X, Z, want, Kbar, ell, 1.7, backend=backend)
+        for a, b in zip(mine, fused):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * np.max(np.abs(b)))
