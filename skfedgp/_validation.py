@@ -31,6 +31,7 @@ Conventions
 
 from __future__ import annotations
 
+import decimal
 import numbers
 import warnings
 
@@ -314,7 +315,7 @@ def _loose_key(label):
             return ("number", float(text))
         except ValueError:
             return ("text", text.casefold())
-    if isinstance(label, numbers.Real):
+    if isinstance(label, (numbers.Real, decimal.Decimal)):  # Decimal is not a Real
         try:
             return ("number", float(label))
         except (OverflowError, ValueError):  # an int beyond float range

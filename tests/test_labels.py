@@ -5,6 +5,7 @@ silent population prediction when ``groups`` is left out or its labels have
 another type than in ``fit``."""
 
 import warnings
+from decimal import Decimal
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -389,9 +390,10 @@ def _obj(*labels):
         (lambda: _obj(True, "true", False), r"True \(bool\) vs 'true' \(str\)"),
         (lambda: _obj(b"a", "a", "b"), r"b'a' \(bytes\) vs 'a' \(str\)"),
         (lambda: _obj(1, "1", 2, "2", 3), r"1 \(int\) vs '1' \(str\); 2 \(int\) vs '2' \(str\)"),
+        (lambda: _obj(Decimal(1), "1", 2), r"Decimal\('1'\) \(Decimal\) vs '1' \(str\)"),
     ],
     ids=["list", "object-array", "series", "categorical", "np-int", "float", "bool-int",
-         "np-bool-int", "bool-text", "bytes-str", "two-sets"],
+         "np-bool-int", "bool-text", "bytes-str", "two-sets", "decimal-str"],
 )
 def test_fit_refuses_look_alike_labels_of_different_types(small, groups, named):
     X, y = small
