@@ -2091,11 +2091,14 @@ def union_design(lo, hi, n, random_state):
         Estimated volume of the union.
     """
     lo, hi = np.atleast_2d(np.asarray(lo, float)), np.atleast_2d(np.asarray(hi, float))
+    if n <= 0:
+        return np.zeros((0, lo.shape[1])), 0.0
     vol = np.prod(hi - lo, axis=1)
-    if np.any(vol > 0):
-        lo, hi, vol = lo[vol > 0], hi[vol > 0], vol[vol > 0]
-    else:
+    flat = not np.any(vol > 0)  # boxes of zero volume only: points on them, volume 0
+    if flat:
         vol = np.ones(len(lo))
+    else:
+        lo, hi, vol = lo[vol > 0], hi[vol > 0], vol[vol > 0]
     cdf = np.cumsum(vol) / vol.sum()
     d = lo.shape[1]
     sob = qmc.Sobol(d + 2, scramble=True, seed=random_state)
@@ -2112,7 +2115,7 @@ def union_design(lo, hi, n, random_state):
             count = np.maximum(count, 1.0)
             inv_count.append(1.0 / count)
             pts.append(x[u[:, d + 1] < 1.0 / count])
-    volume = float(vol.sum() * np.mean(np.concatenate(inv_count)))
+    volume = 0.0 if flat else float(vol.sum() * np.mean(np.concatenate(inv_count)))
     return np.vstack(pts)[:n], volume
 
 

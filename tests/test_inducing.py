@@ -423,3 +423,7 @@ def test_union_design_spreads_points_over_the_union_and_measures_it():
     assert vol2 == pytest.approx(5e-8, rel=1e-9)
     assert np.mean(pts2[:, 0] < 0.5) == pytest.approx(0.2, abs=0.03)
     np.testing.assert_array_equal(pts2, fed.union_design(lo2, hi2, 500, 1)[0])
+    # edges: no points asked for; boxes of zero volume only
+    assert fed.union_design(lo2, hi2, 0, 1)[0].shape == (0, 2)
+    pts3, vol3 = fed.union_design(np.zeros((2, 2)), np.array([[1.0, 0.0], [0.0, 1.0]]), 50, 0)
+    assert vol3 == 0.0 and pts3.shape == (50, 2) and np.all(pts3.min(axis=1) == 0.0)
