@@ -2062,6 +2062,56 @@ def start_lengthscale(lengthscale, span):
     return np.minimum(ell, cap)
 
 
+#: A client whose targets' within-client standard deviation is below this
+#: share of the median over clients is named in a warning at set-up
+#: (:func:`warn_flat_clients`).
+FLAT_CLIENT_RATIO = 0.05
+
+
+def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
+    """Warn about clients whose targets vary far less than the others'.
+
+    The shared function ``g``, its kernel and the deviation scale ``phi``
+    are the same for every client, in the same units: a client whose
+    targets vary, say, 1e4 times less than the others' (another unit, or a
+    nearly constant series) can only be fitted by cancelling ``g`` with its
+    own parts, which pulls the shared hyperparameters towards it and can
+    make the other clients' fits worse (a client of 20 rows of ``1e-4
+    sin``, beside two of ``sin``, made one of them 2.5 times less accurate
+    in 2-D; ``benchmarks/bench_one_client_harm.py``). A per-client scale on
+    the shared parts would remove this; the model does not have one yet.
+
+    Parameters
+    ----------
+    summaries : dict
+        Client id to :class:`ClientSummary` (1-D targets; multi-output
+        summaries are skipped).
+    ratio : float, default=FLAT_CLIENT_RATIO
+
+    Warns
+    -----
+    UserWarning
+        Naming each such client, its within-client standard deviation and
+        the median over clients (target units).
+    """
+    sds = {c: np.sqrt(s.y_centred_sumsq / s.n_samples) for c, s in summaries.items()
+           if getattr(s, "y_count", None) is None and s.n_samples >= 2}
+    if len(sds) < 2:
+        return
+    med = float(np.median(list(sds.values())))
+    flat = [(c, sd) for c, sd in sds.items() if sd < ratio * med]
+    if not flat or med <= 0:
+        return
+    named = ", ".join(f"{c!r} (sd {sd:.3g})" for c, sd in flat[:10])
+    warnings.warn(
+        f"client(s) {named} have targets that vary far less than the others' (median "
+        f"within-client sd {med:.3g}, target units): the shared function and the deviation "
+        "scale phi are common to all clients, so such a client pulls them towards its own "
+        "flat function and can make the other clients' fits worse. If a client measures "
+        "in another unit, convert its targets first; a client whose targets are truly "
+        "flat is better fitted on its own.", UserWarning, stacklevel=2)
+
+
 def union_design(lo, hi, n, random_state):
     """Points spread uniformly over a union of boxes, and the union's volume.
 
@@ -3594,6 +3644,7 @@ class _StructuredRun:
         server, cfg = self.server, self.config
         summaries, _ = self.setup_all("summary", ())
         init = server.standardise(list(summaries.values()))
+        warn_flat_clients(summaries)
         T = len(summaries)
         comm = {"round": 0, "bytes_up": int(sum(message_nbytes(s) for s in summaries.values())),
                 "bytes_down": T * message_nbytes(init), "n_messages": T}
