@@ -656,6 +656,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         mode = "concatenate" if nc == 1 else self.channel_mode
 
         if mode == "multioutput":
+            if self.estimator is None:
+                # multi-output signal variances live in the loadings: the scalar
+                # defaults of default_curve_regressor do not apply
+                reg.set_params(variance=None, local_variance=None)
             if not hasattr(reg, "predict_joint"):
                 raise ValueError(
                     "channel_mode='multioutput' needs a multi-output (ILMM) regressor with "

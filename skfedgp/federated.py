@@ -2067,6 +2067,10 @@ def start_lengthscale(lengthscale, span):
 #: (:func:`warn_flat_clients`).
 FLAT_CLIENT_RATIO = 0.05
 
+#: Clients with fewer rows are not named by :func:`warn_flat_clients` (the
+#: spread of two or three noisy values is small by chance too often).
+FLAT_CLIENT_MIN_SAMPLES = 5
+
 
 def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
     """Warn about clients whose targets vary far less than the others'.
@@ -2099,17 +2103,19 @@ def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
     if len(sds) < 2:
         return
     med = float(np.median(list(sds.values())))
-    flat = [(c, sd) for c, sd in sds.items() if sd < ratio * med]
+    flat = [(c, sd) for c, sd in sds.items()
+            if sd < ratio * med and summaries[c].n_samples >= FLAT_CLIENT_MIN_SAMPLES]
     if not flat or med <= 0:
         return
     named = ", ".join(f"{c!r} (sd {sd:.3g})" for c, sd in flat[:10])
     warnings.warn(
         f"client(s) {named} have targets that vary far less than the others' (median "
         f"within-client sd {med:.3g}, target units): the shared function and the deviation "
-        "scale phi are common to all clients, so such a client pulls them towards its own "
-        "flat function and can make the other clients' fits worse. If a client measures "
-        "in another unit, convert its targets first; a client whose targets are truly "
-        "flat is better fitted on its own.", UserWarning, stacklevel=2)
+        "scale phi have one scale for all clients, so a client whose function is much "
+        "flatter than the shared one pulls them towards it and can make the other clients' "
+        "fits worse. If a client measures in another unit, convert its targets first; if "
+        "its targets are flat because its inputs cover a flat part of the shared function, "
+        "this warning can be ignored.", UserWarning, stacklevel=2)
 
 
 def union_design(lo, hi, n, random_state):
@@ -3644,7 +3650,8 @@ class _StructuredRun:
         server, cfg = self.server, self.config
         summaries, _ = self.setup_all("summary", ())
         init = server.standardise(list(summaries.values()))
-        warn_flat_clients(summaries)
+        if "global" in cfg.components:
+            warn_flat_clients(summaries)
         T = len(summaries)
         comm = {"round": 0, "bytes_up": int(sum(message_nbytes(s) for s in summaries.values())),
                 "bytes_down": T * message_nbytes(init), "n_messages": T}

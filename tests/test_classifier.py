@@ -1,5 +1,7 @@
 """Tests of :class:`skfedgp.MaxEvidenceClassifier`."""
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.special import softmax
@@ -463,3 +465,24 @@ def test_multioutput_scores_nan_points_on_the_observed_subset(fitted):
     with pytest.raises(ValueError, match="does not accept NaN"):
         MaxEvidenceClassifier(_reg(), grid=t, n_channels=2, channel_mode="multioutput",
                               curve_variation="none").fit(Xbad, y)
+
+
+def test_multioutput_channel_mode_works_with_the_default_estimator():
+    """``channel_mode="multioutput"`` with ``estimator=None`` used to fail:
+    the default curve regressor fixes the scalar signal variances, which a
+    multi-output model does not take (its variances are in the loadings)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(30)
+
+    def curve(c):
+        return np.r_[np.sin(t / 5.0 + c), np.cos(t / 7.0 - c)] + 0.05 * rng.normal(size=60)
+
+    X = np.array([curve(c) for c in (0, 0, 0, 0, 1, 1, 1, 1)])
+    y = np.repeat([0, 1], 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = MaxEvidenceClassifier(n_channels=2, channel_mode="multioutput",
+                                    random_state=0).fit(X, y)
+    assert clf.channel_mode_ == "multioutput"
+    np.testing.assert_array_equal(clf.predict(np.array([curve(c) for c in (0, 1, 0, 1)])),
+                                  [0, 1, 0, 1])

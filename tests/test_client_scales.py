@@ -334,3 +334,18 @@ def test_a_client_in_another_unit_is_named_in_a_warning(ab):
         warnings.simplefilter("error", UserWarning)
         warnings.simplefilter("ignore", ConvergenceWarning)
         _fit(X, y, g, n_rounds=1)
+
+
+def test_flat_client_warning_spares_tiny_clients_and_models_without_shared_parts(ab):
+    """Two noisy rows can look flat by chance; a model without a global part
+    has no shared scale to drag: neither is named."""
+    X, y, g = ab
+    xb = np.array([[0.25], [0.27]])
+    yb = np.sin(6 * xb[:, 0]) + np.array([0.001, -0.001])
+    xc = np.random.default_rng(2).uniform(size=(20, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        _fit(np.r_[X, xb], np.r_[y, yb], np.r_[g, ["b2"] * 2], n_rounds=1)
+        _fit(np.r_[X, xc], np.r_[y, 1e-4 * np.sin(6 * xc[:, 0])], np.r_[g, ["C"] * 20],
+             n_rounds=1, components=("local",))
