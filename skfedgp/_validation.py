@@ -45,6 +45,7 @@ __all__ = [
     "check_groups",
     "check_labels_present",
     "check_label_types",
+    "label_source",
     "match_labels",
     "check_not_strings",
     "split_client_column",
@@ -109,6 +110,20 @@ def check_not_strings(y):
             f"{a.dtype} with strings; for class labels use a classifier")
 
 
+def _object_array(labels):
+    """A sequence of labels as a 1-D object array, each element kept as given
+    (``np.asarray`` would turn ``[0, 1, "new"]`` into strings, and a list of
+    tuples into a 2-D array)."""
+    return np.asarray(list(labels) + [None], dtype=object)[:-1]
+
+
+def label_source(client_column):
+    """How ``fit``'s labels are named in messages: ``"groups passed to fit"``
+    or ``"client_column='station'"``."""
+    return ("groups passed to fit" if client_column is None
+            else f"client_column={client_column!r}")
+
+
 def unique_labels(labels):
     """Sorted unique labels and the inverse index (first-seen order if unorderable).
 
@@ -127,7 +142,7 @@ def unique_labels(labels):
         ``uniq[inv[r]]`` is the label of row ``r``.
     """
     if not isinstance(labels, np.ndarray):
-        labels = np.asarray(list(labels) + [None], dtype=object)[:-1]
+        labels = _object_array(labels)
     try:
         uniq, inv = np.unique(labels, return_inverse=True)
         # plain Python labels (``0``, ``'a'``, not ``np.int64(0)``) in clients_ and messages
@@ -393,7 +408,7 @@ def check_label_types(labels, source):
         fix it (cast the labels to one type).
     """
     if not isinstance(labels, np.ndarray):
-        labels = np.asarray(list(labels) + [None], dtype=object)[:-1]
+        labels = _object_array(labels)
     if labels.dtype != object:
         return  # one NumPy dtype, one type
     labels = labels.ravel()
@@ -478,7 +493,7 @@ def match_labels(groups, fitted, where, stacklevel=2):
         For labels that are not fitted clients but look like one.
     """
     if not isinstance(groups, np.ndarray):
-        groups = np.asarray(list(groups) + [None], dtype=object)[:-1]
+        groups = _object_array(groups)
     groups = groups.ravel()
     is_bool = None
     if groups.dtype == object:

@@ -47,8 +47,9 @@ from ._validation import (
     check_groups,
     check_label_types,
     check_labels_present,
-    split_client_column,
+    label_source,
     match_labels,
+    split_client_column,
     unique_labels,
 )
 from .federated import input_scaling
@@ -644,8 +645,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         X, Y, y_ndim, groups = self._validate_fit_data(X, y, groups)
         if groups is None:
             groups = np.zeros(X.shape[0], dtype=int)
-        check_label_types(groups, "groups passed to fit" if self.client_column is None
-                          else f"client_column={self.client_column!r}")
+        check_label_types(groups, label_source(self.client_column))
         labels, inv = unique_labels(groups)
         counts = np.bincount(inv, minlength=len(labels))
         for lab, c in zip(labels, counts):

@@ -42,6 +42,7 @@ from ._validation import (
     check_label_types,
     check_labels_present,
     check_not_strings,
+    label_source,
     match_labels,
     split_client_column,
     unique_labels,
@@ -1017,8 +1018,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Xf, y, groups = self._validate_fit_data(X, y, groups)
         if groups is None:
             groups = np.zeros(Xf.shape[0], dtype=int)
-        check_label_types(groups, "groups passed to fit" if self.client_column is None
-                          else f"client_column={self.client_column!r}")
+        check_label_types(groups, label_source(self.client_column))
         labels, inv = unique_labels(groups)
         counts = np.bincount(inv, minlength=len(labels))
         small = [(lab, c) for lab, c in zip(labels, counts) if c < MIN_SAMPLES_PER_CLIENT]
