@@ -2097,6 +2097,11 @@ def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
     UserWarning
         Naming each such client, its within-client standard deviation and
         the median over clients (target units).
+
+    Notes
+    -----
+    A diagnostic beyond the pFedHGP paper, whose model has one scale for
+    the shared parts; docs/maths.md, section 10.
     """
     sds = {c: np.sqrt(s.y_centred_sumsq / s.n_samples) for c, s in summaries.items()
            if getattr(s, "y_count", None) is None and s.n_samples >= 2}
@@ -2144,7 +2149,13 @@ def union_design(lo, hi, n, random_state):
     points : ndarray of shape (n, d)
         In draw order (any prefix is spread over the union).
     volume : float
-        Estimated volume of the union.
+        Estimated volume of the union (scaled units, a share of the unit
+        box when the boxes lie in it).
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (which places the global inducing points in
+    one bounding box); docs/maths.md, section 11, "Inducing points".
     """
     lo, hi = np.atleast_2d(np.asarray(lo, float)), np.atleast_2d(np.asarray(hi, float))
     if n <= 0:
