@@ -24,7 +24,8 @@ client's own rows, which one inducing variable represents exactly.
 ``F = [W_g, W_l, W_c]`` (``n x M_f``).  The client's latent function on its
 data is ``f = F z`` with ``z = E u``, ``u = (v_g, c)``, ``c = (w, v, a)``
 and ``E`` the ``M_f x N_u`` map ``z_g = v_g + sqrt(phi) w``, ``z_l = v``,
-``z_c = a``.  With ``W_f = F^T F``,
+``z_c = a`` (with the client's scale ``s`` on the shared parts,
+``z_g = s (v_g + sqrt(phi) w)``; docs/maths.md, section 10).  With ``W_f = F^T F``,
 ``w_f = F^T y``, ``E_g``/``E_c`` the columns of ``E`` for ``v_g``/``c``::
 
     P   = I + E_c^T W_f E_c / s2            (client only)
@@ -105,6 +106,9 @@ class _Layout:
     has_dev: bool
     has_local: bool
     has_level: bool = False
+    #: The client's scale ``s_i`` on the shared parts: its function is
+    #: ``level + s_i (g + d_i) + l_i`` (docs/maths.md, section 10).
+    scale: float = 1.0
 
     @property
     def Mc(self):
@@ -130,10 +134,10 @@ class _Layout:
         col = 0
         ig = np.arange(self.Mg)
         if self.has_global:
-            E[ig, col + ig] = 1.0
+            E[ig, col + ig] = self.scale
             col += self.Mg
         if self.has_dev:
-            E[ig, col + ig] = np.sqrt(phi)
+            E[ig, col + ig] = self.scale * np.sqrt(phi)
             col += self.Mg
         if self.has_local:
             il = np.arange(self.Ml)
@@ -148,10 +152,10 @@ class _Layout:
         out = np.zeros((self.Mf,) + U.shape[1:])
         row = 0
         if self.has_global:
-            out[: self.Mg] += U[row:row + self.Mg]
+            out[: self.Mg] += self.scale * U[row:row + self.Mg]
             row += self.Mg
         if self.has_dev:
-            out[: self.Mg] += np.sqrt(phi) * U[row:row + self.Mg]
+            out[: self.Mg] += self.scale * np.sqrt(phi) * U[row:row + self.Mg]
             row += self.Mg
         if self.has_local:
             out[self.Mg:self.Mg + self.Ml] = U[row:row + self.Ml]
@@ -161,15 +165,15 @@ class _Layout:
         return out
 
     def EgT(self, U):
-        """``E_g^T @ U``: the global-feature rows of ``U`` (empty without ``v_g``)."""
-        return U[: self.Mg] if self.has_global else U[:0]
+        """``E_g^T @ U``: ``scale`` times the global-feature rows of ``U`` (empty without ``v_g``)."""
+        return self.scale * U[: self.Mg] if self.has_global else U[:0]
 
     def EcT(self, phi, U):
-        """``E_c^T @ U``: ``sqrt(phi)`` times the global-feature rows (for ``w``), then
-        the local-feature rows (for ``v``), then the level's row (for ``a``)."""
+        """``E_c^T @ U``: ``scale sqrt(phi)`` times the global-feature rows (for ``w``),
+        then the local-feature rows (for ``v``), then the level's row (for ``a``)."""
         parts = []
         if self.has_dev:
-            parts.append(np.sqrt(phi) * U[: self.Mg])
+            parts.append(self.scale * np.sqrt(phi) * U[: self.Mg])
         if self.has_local:
             parts.append(U[self.Mg:self.Mg + self.Ml])
         if self.has_level:
@@ -186,14 +190,9 @@ class _Layout:
         """Index of the level's variable ``a`` in ``u`` (None without a level)."""
         return self.n_vg + self.n_c - 1 if self.has_level else None
 
-    def dE_dsqrtphi(self):
-        """Derivative of ``E`` with respect to ``sqrt(phi)``."""
-        Nu = self.n_vg + self.n_c
-        D = np.zeros((self.Mf, Nu))
-        if self.has_dev:
-            ig = np.arange(self.Mg)
-            D[ig, self.n_vg + ig] = 1.0
-        return D
+    def vg_rows(self):
+        """Slice of ``u`` holding the global variables ``v_g``."""
+        return slice(0, self.n_vg)
 
     def residual_coef(self, phi):
         """``gamma`` per feature: multiplier of ``(n var - ||W||_F^2)`` in ``tr_R``.
@@ -202,7 +201,8 @@ class _Layout:
         single feature represents it exactly.
         """
         gam = np.zeros(self.Mf)
-        gam[: self.Mg] = (1.0 if self.has_global else 0.0) + (phi if self.has_dev else 0.0)
+        gam[: self.Mg] = self.scale**2 * ((1.0 if self.has_global else 0.0)
+                                          + (phi if self.has_dev else 0.0))
         gam[self.Mg:self.Mg + self.Ml] = 1.0 if self.has_local else 0.0
         return gam
 
@@ -243,12 +243,12 @@ def feature_blocks(G, B, components, *, jitter=DEFAULT_JITTER):
     return out
 
 
-def _layout(blocks, components):
+def _layout(blocks, components, scale=1.0):
     sizes = {name: Z.shape[0] for name, Z, *_ in blocks}
     return _Layout(
         Mg=sizes.get("g", 0), Ml=sizes.get("l", 0),
         has_global="global" in components, has_dev="deviation" in components,
-        has_local="local" in components, has_level="c" in sizes,
+        has_local="local" in components, has_level="c" in sizes, scale=float(scale),
     )
 
 
@@ -374,7 +374,7 @@ def _kernel_rows(Xc, blocks):
 
 
 def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=0.0,
-                   client=None):
+                   scale=1.0, client=None):
     """Statistics of one client for the structured posterior (its upload).
 
     Parameters
@@ -396,6 +396,11 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
         centres its targets at its own mean ``m`` passes ``y - m`` and
         ``level_mean = -m / sqrt(level_variance)``: the same bound, without
         quadratic forms of size ``m^2`` (docs/maths.md, section 10).
+    scale : float, default=1.0
+        The client's scale ``s_i > 0`` on the shared parts: its latent
+        function is ``level + s_i (g + d_i) + l_i``, i.e. the global and
+        deviation columns of ``E`` are multiplied by ``s_i`` (docs/maths.md,
+        section 10).
     client : hashable, optional
         Label used in error messages.
 
@@ -414,7 +419,7 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
     y = np.asarray(y, dtype=float)
     n = X.shape[0]
     s2 = float(noise_variance)
-    lay = _layout(blocks, components)
+    lay = _layout(blocks, components, scale)
     Kzz, Ls, eps = [], [], []
     for name, Z, ell, var, jit in blocks:
         K = _block_kernel(name, Z, Z, ell, var)
@@ -639,7 +644,9 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     grads : dict
         Keys among ``Z_g``, ``lengthscale_g``, ``variance_g``, ``phi``
         (global) and ``Z_l``, ``lengthscale_l``, ``variance_l``,
-        ``noise_variance`` (local), gradients with respect to the
+        ``noise_variance`` and, with a global feature block,
+        ``client_scale`` (the client's scale on the shared parts, whichever
+        of ``want_global``/``want_local``), gradients with respect to the
         constrained values.
     """
     lay = state.layout
@@ -656,16 +663,28 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     grads = {}
     if want_local:
         grads["noise_variance"] = -0.5 * n / s2 + quad / (2.0 * s2**2)
-    if want_global and lay.has_dev:
-        Mg = lay.Mg
+    Mg, sc = lay.Mg, lay.scale
+    if Mg and ((want_global and lay.has_dev) or want_local):
         var_g = state.blocks[0][3]
-        # E' = dE/dsqrt(phi) maps w onto the global features (identity block)
-        w = lay.w_rows()
         resid = wf - Wf @ mu_z
-        # tr(W_f E Sigma_u E'^T) = sum_k (W_f[:Mg] @ ES[:, w])_kk
-        d_sqrt = (float(mu_u[w] @ resid[:Mg])
-                  - float(np.sum(Wf[:Mg] * ES[:, w].T))) / s2
-        grads["phi"] = d_sqrt / (2.0 * np.sqrt(phi)) - (n * var_g - np.trace(Wf[:Mg, :Mg])) / (2.0 * s2)
+        # dl/dE = (resid mu_u^T - W_f E Sigma_u) / s2; summed over the entries of
+        # E that map a block of u (v_g or w) onto the global features:
+        # sum_k (dl/dE)[k, u_k] = (mu_u[rows] . resid[:Mg] - tr(W_f[:Mg] ES[:, rows])) / s2
+        def on_global(rows):
+            return (float(mu_u[rows] @ resid[:Mg])
+                    - float(np.sum(Wf[:Mg] * ES[:, rows].T))) / s2
+        t_w = on_global(lay.w_rows()) if lay.has_dev else 0.0
+        unexplained = n * var_g - float(np.trace(Wf[:Mg, :Mg]))  # tr_R's global part / gamma
+        if want_global and lay.has_dev:
+            # E[k, w_k] = scale sqrt(phi); gamma_g = scale^2 (1 + phi)
+            grads["phi"] = sc * t_w / (2.0 * np.sqrt(phi)) - sc**2 * unexplained / (2.0 * s2)
+        if want_local or want_global:
+            # E[k, v_k] = scale, E[k, w_k] = scale sqrt(phi): linear in the scale
+            # (a caller whose scale depends on a global value chains it there)
+            t_v = on_global(lay.vg_rows()) if lay.has_global else 0.0
+            g_share = (1.0 if lay.has_global else 0.0) + (phi if lay.has_dev else 0.0)
+            grads["client_scale"] = (t_v + np.sqrt(phi) * t_w
+                                     - sc * g_share * unexplained / s2)
     # adjoints of the whitened statistics
     Wbar = -(Xi - np.diag(gam)) / (2.0 * s2)
     wbar = mu_z / s2
@@ -731,7 +750,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
 # ---------------------------------------------------------------------------
 
 
-def layout_map(blocks, components, phi):
+def layout_map(blocks, components, phi, scale=1.0):
     """``(E, n_vg)``: the map from ``u = (v_g, w, v, a)`` to feature coefficients.
 
     Parameters
@@ -740,6 +759,8 @@ def layout_map(blocks, components, phi):
         From :func:`feature_blocks`.
     components : tuple of str
     phi : float
+    scale : float, default=1.0
+        The client's scale on the shared parts (:func:`client_forward`).
 
     Returns
     -------
@@ -747,13 +768,14 @@ def layout_map(blocks, components, phi):
     n_vg : int
         Number of leading coordinates of ``u`` that are ``v_g``.
     """
-    lay = _layout(blocks, components)
+    lay = _layout(blocks, components, scale)
     return lay.E(phi), lay.n_vg
 
 
-def residual_coefficients(blocks, components, phi):
-    """``gamma_b`` of each block (multiplier of ``K_b - W_b W_b^T``)."""
-    lay = _layout(blocks, components)
+def residual_coefficients(blocks, components, phi, scale=1.0):
+    """``gamma_b`` of each block (multiplier of ``K_b - W_b W_b^T``; ``scale`` as in
+    :func:`layout_map`)."""
+    lay = _layout(blocks, components, scale)
     gam = lay.residual_coef(phi)
     out, off = [], 0
     for _, Z, *_ in blocks:
@@ -794,7 +816,7 @@ def _test_features(Xs, blocks, client=None):
 
 
 def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
-                       full_cov=False, per_component=False, client=None):
+                       full_cov=False, per_component=False, scale=1.0, client=None):
     """Latent predictive mean and (co)variance of one client.
 
     Parameters
@@ -815,7 +837,11 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
         Return ``{name: (mean, var)}`` per component (``"global"``,
         ``"deviation"``, ``"local"`` and, with a random client level,
         ``"level"``).
+    scale : float, default=1.0
+        The client's scale on the shared parts (:func:`client_forward`);
+        ``layout_E`` must be the map at the same scale.
     client : hashable, optional
+
     Returns
     -------
     mean : ndarray of shape (n*,)
@@ -824,7 +850,7 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
         ``F* Sigma_z F*^T + gamma_g (K_g** - W_g* W_g*^T) + (K_l** - W_l* W_l*^T)``
         (the level's feature is exact: no residual term).
     """
-    lay = _layout(blocks, components)
+    lay = _layout(blocks, components, scale)
     Ws = _test_features(Xs, blocks, client)
     Fs = np.hstack(Ws) if Ws else np.zeros((Xs.shape[0], 0))
     nst = Xs.shape[0]
@@ -833,10 +859,10 @@ def predict_structured(Xs, blocks, components, phi, mu_u, Sigma_u, layout_E, *,
         col = 0
         parts = []
         if lay.has_global:
-            parts.append(("global", slice(col, col + lay.Mg), 1.0, 0))
+            parts.append(("global", slice(col, col + lay.Mg), lay.scale**2, 0))
             col += lay.Mg
         if lay.has_dev:
-            parts.append(("deviation", slice(col, col + lay.Mg), phi, 0))
+            parts.append(("deviation", slice(col, col + lay.Mg), lay.scale**2 * phi, 0))
             col += lay.Mg
         index = {blk[0]: k for k, blk in enumerate(blocks)}
         if lay.has_local:

@@ -62,7 +62,9 @@ def _client_hyperparameters(estimator, label):
         ``variance_l`` (float) of the client's local kernel (the three
         local entries are None without a local component), and
         ``noise_variance`` (float). Inputs and lengthscales in input units,
-        variances in squared target units.
+        variances in squared target units. ``variance_g`` is the client's
+        own: the global variance times its squared scale on the shared
+        parts (``client_scales_``), the variance of ``s_i g``.
     """
     G = estimator.server_.global_values()
     B = estimator.clients_[label].local_values()
@@ -73,8 +75,9 @@ def _client_hyperparameters(estimator, label):
            "Z_l": None, "lengthscale_l": None, "variance_l": None,
            "noise_variance": float(B["noise_variance"]) * ys2}
     if "Z_g" in G:
+        s_i = float(getattr(estimator, "client_scales_", {}).get(label, 1.0))
         out.update(Z_g=G["Z_g"] * sc + off, lengthscale_g=G["lengthscale_g"] * sc,
-                   variance_g=float(G["variance_g"]) * ys2)
+                   variance_g=float(G["variance_g"]) * ys2 * s_i**2)
     if "Z_l" in B:
         out.update(Z_l=B["Z_l"] * sc + off, lengthscale_l=B["lengthscale_l"] * sc,
                    variance_l=float(B["variance_l"]) * ys2)

@@ -305,6 +305,11 @@ class ModelConfig:
     #: optimised with the hyperparameters: True, False (held where the set-up
     #: placed them) or "auto" (see :data:`AUTO_LEARN_RESIDUAL`)
     learn_inducing: object = True
+    #: structured family, 1-D targets: which clients learn their own scale
+    #: ``s_i`` on the shared parts, ``f_i = level_i + s_i (g + d_i) + l_i``
+    #: (docs/maths.md, section 10): False (none), True (all) or "auto" (those
+    #: whose spread is clearly another scale, :func:`learns_client_scale`)
+    client_scale: object = False
 
 
 #: ``learn_inducing="auto"`` (structured family): a set of inducing inputs
@@ -1557,7 +1562,16 @@ LOG_BOUNDS = {
     "phi": (1e-6, 1e4),
     "level_variance": (1e-8, 1e8),
     "noise_variance": (NOISE_FLOOR, 1e4),
+    "shared_amplitude": (1e-8, 1e8),
 }
+#: Standard deviation (natural-log units) of the prior on a client's amplitude
+#: on the shared parts, ``log a_i ~ N(log a_c, CLIENT_SCALE_PRIOR_SD^2)``
+#: (:meth:`StructuredClient.log_prior`).
+CLIENT_SCALE_PRIOR_SD = 1.0
+#: ``client_scale="auto"``: a client learns its scale when its variance ratio
+#: to the population has at most this chance on either side for a client of
+#: its size on the population's scale (:func:`learns_client_scale`).
+CLIENT_SCALE_CHANCE = 1e-3
 #: Penalised-complexity prior of a client's local standard deviation: rate
 #: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
 #: larger of the pilots' median signal std and the client's own target std.
@@ -1729,6 +1743,9 @@ class LocalHyperparameters:
     offset: float = 0.0
     coregionalisation: dict = None
     offset_observed: np.ndarray = None
+    #: the client's scale on the shared parts (structured family with
+    #: ``client_scale``; None: not learned, 1)
+    scale: float = None
 
 
 def structured_global_spec(components, M, d):
@@ -1760,7 +1777,7 @@ def structured_global_spec(components, M, d):
     return Packer(spec)
 
 
-def structured_local_spec(components, M_local, d):
+def structured_local_spec(components, M_local, d, client_scale=False):
     """Packer of one client's structured local vector (log-parametrised).
 
     Parameters
@@ -1768,12 +1785,19 @@ def structured_local_spec(components, M_local, d):
     components : tuple of str
     M_local : int
     d : int
+    client_scale : bool, default=False
+        Whether the client learns its scale ``s_i`` on the shared parts (only
+        with the global or the deviation component), parametrised by its
+        amplitude ``a_i = s_i sqrt(variance_g)`` (the standard deviation of
+        its shared global part, standardised units), which the global
+        variance does not move.
 
     Returns
     -------
     Packer
-        ``Z_l`` (free), ``lengthscale_l``, ``variance_l`` (log) and
-        ``noise_variance`` (log). The client's level is a latent variable
+        ``Z_l`` (free), ``lengthscale_l``, ``variance_l`` (log),
+        ``noise_variance`` (log) and, with ``client_scale``,
+        ``shared_amplitude`` (log). The client's level is a latent variable
         (its variance ``level_variance`` is global), not a hyperparameter.
     """
     from ._hierarchy import Packer
@@ -1783,6 +1807,8 @@ def structured_local_spec(components, M_local, d):
         spec += [("Z_l", (M_local, d), "free"), ("lengthscale_l", (d,), "log"),
                  ("variance_l", (), "log")]
     spec.append(("noise_variance", (), "log"))
+    if client_scale and ("global" in components or "deviation" in components):
+        spec.append(("shared_amplitude", (), "log"))
     return Packer(spec)
 
 
@@ -1913,6 +1939,98 @@ def scale_ratio(own_variance, population):
     total = population.variance + population.noise_variance
     ratio = own_variance / total if own_variance > 0 and total > 0 else 1.0
     return ratio if (ratio > 10.0 or ratio < 0.1) else 1.0
+
+
+def client_scale_ratio(own_variance):
+    """A client's within-client variance over the clients' typical one, when clearly another scale.
+
+    Parameters
+    ----------
+    own_variance : float
+        The client's target variance in standardised units, whose unit is
+        the median over clients of the within-client standard deviations
+        (:meth:`Server.standardise`), so a typical client has about 1.
+
+    Returns
+    -------
+    float
+        ``own_variance`` when it is more than 10 or less than 0.1 (and
+        positive), else 1. Unlike :func:`scale_ratio` this does not compare
+        with the pilots' kernel variance, which long pilot lengthscales can
+        make many times the data's spread (a 5-D trend: 9 against a spread
+        of about 1, so a client of that same function looked 13 times
+        flatter).
+    """
+    v = float(own_variance)
+    return v if v > 0 and (v > 10.0 or v < 0.1) else 1.0
+
+
+def shared_scale(local, global_values):
+    """A client's scale ``s_i`` on the shared parts from its local and the global values.
+
+    Parameters
+    ----------
+    local : dict
+        The client's constrained local values; ``shared_amplitude`` ``a_i``
+        when it learns its scale.
+    global_values : dict
+        The constrained global values (``variance_g``).
+
+    Returns
+    -------
+    float
+        ``a_i / sqrt(variance_g)``, or 1 for a client that learns none.
+    """
+    a = local.get("shared_amplitude")
+    if a is None:
+        return 1.0
+    return float(a) / float(np.sqrt(global_values["variance_g"]))
+
+
+def learns_client_scale(config, ratio, n_samples):
+    """Whether a client learns its scale ``s_i`` on the shared parts.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        ``client_scale``: False (no client), True (every client) or
+        ``"auto"``; only with the global or the deviation component.
+    ratio : float
+        The client's :func:`client_scale_ratio`.
+    n_samples : int
+        The client's number of rows.
+
+    Returns
+    -------
+    bool
+        With ``"auto"``: True when the client is clearly on another scale
+        (another unit, or a nearly flat series): ``ratio != 1`` and, since
+        the variance of a few rows is itself uncertain, ``ratio`` outside
+        the central ``1 - 2 CLIENT_SCALE_CHANCE`` interval of
+        ``chi2(n - 1) / (n - 1)``, the ratio a client of ``n`` rows on the
+        population's scale shows by chance (for 3 rows: below 1e-3; three
+        noisy rows of a data-poor client often vary 10 times less than the
+        population by chance, and a scale learned from them put 21 % of the
+        data-poor case's test points beyond 3 std, against 8 % without).
+        Clients on the population's scale keep ``s_i = 1``: learning it for
+        every client adds a direction along which only the priors separate
+        ``s_i`` from the global variance, and on data of one scale it led
+        the optimiser to worse optima (the five-client exact-GP check of
+        docs/maths.md, section 10: ELBO 25 against 40).
+    """
+    mode = getattr(config, "client_scale", False)
+    if mode is False or not ("global" in config.components
+                             or "deviation" in config.components):
+        return False
+    if mode is True:
+        return True
+    if ratio == 1.0 or n_samples < 2:
+        return False
+    from scipy.stats import chi2
+
+    k = n_samples - 1
+    lo, hi = chi2.ppf([CLIENT_SCALE_CHANCE, 1.0 - CLIENT_SCALE_CHANCE], k) / k
+    return bool(ratio < lo or ratio > hi)
 
 
 def prior_scale(own_variance, population, pilot_noise=None):
@@ -2082,8 +2200,9 @@ def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
     own parts, which pulls the shared hyperparameters towards it and can
     make the other clients' fits worse (a client of 20 rows of ``1e-4
     sin``, beside two of ``sin``, made one of them 2.5 times less accurate
-    in 2-D; ``benchmarks/bench_one_client_harm.py``). A per-client scale on
-    the shared parts would remove this; the model does not have one yet.
+    in 2-D; ``benchmarks/bench_one_client_harm.py``). Called only for models
+    without per-client scales on the shared parts (``client_scale=False``
+    or the multi-output family), which remove this.
 
     Parameters
     ----------
@@ -2116,9 +2235,10 @@ def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
     warnings.warn(
         f"client(s) {named} have targets that vary far less than the others' (median "
         f"within-client sd {med:.3g}, target units): the shared function and the deviation "
-        "scale phi have one scale for all clients, so a client whose function is much "
-        "flatter than the shared one pulls them towards it and can make the other clients' "
-        "fits worse. If a client measures in another unit, convert its targets first; if "
+        "scale phi have one scale for all clients (client_scale=False), so a client whose "
+        "function is much flatter than the shared one pulls them towards it and can make the "
+        "other clients' fits worse. Set client_scale=True (the default), or if a client "
+        "measures in another unit, convert its targets first; if "
         "its targets are flat because its inputs cover a flat part of the shared function, "
         "this warning can be ignored.", UserWarning, stacklevel=2)
 
@@ -2635,8 +2755,27 @@ class StructuredClient:
                 self._Xs, M_local, values["lengthscale_l"], values["variance_l"],
                 values["noise_variance"], config.jitter, random_state,
                 grow=config.n_inducing_local == "auto")
+        s_ratio = client_scale_ratio(own_var)
+        learn_scale = learns_client_scale(config, s_ratio, self.n_samples)
+        if learn_scale:
+            # the client's scale on the shared parts starts at, and its prior is
+            # centred on, its own spread over the clients' typical one when that
+            # is clearly another scale (beyond 10x either way in variance), else
+            # 1 (docs/maths.md, section 10)
+            # parametrised by its amplitude a = s sqrt(variance_g), which the
+            # server's steps on variance_g leave alone (else the two drift
+            # along a ridge, s up and variance_g down, one round at a time)
+            centre = float(np.clip(np.sqrt(s_ratio), 1e-6, 1e6))
+            G0 = gpack.unpack(theta_g)
+            amp = centre * float(np.sqrt(G0["variance_g"]))
+            amp = float(np.clip(amp, *(1.01 * LOG_BOUNDS["shared_amplitude"][0],
+                                       0.99 * LOG_BOUNDS["shared_amplitude"][1])))
+            self.prior_local = {**(getattr(self, "prior_local", None) or {}),
+                                "log_amplitude_centre": float(np.log(amp))}
+            values["shared_amplitude"] = amp
         self.pack = structured_local_spec(
-            config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d)
+            config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d,
+            client_scale=learn_scale)
         self.theta = self.pack.pack(values)
         self._decide_local_inducing(config)
 
@@ -2735,15 +2874,26 @@ class StructuredClient:
         mu0 = -m / float(np.sqrt(G["level_variance"])) if m else 0.0
         return client_forward(self._Xs, self._y - m, blocks, config.components,
                               B["noise_variance"], G.get("phi", 1.0), level_mean=mu0,
-                              client=self.client_id)
+                              scale=shared_scale(B, G), client=self.client_id)
 
     def _backward(self, state, mu, A_inv, *, want_global, want_local):
         """Gradient dict of the client's surrogate at ``state`` (:meth:`_forward`)."""
         from ._structured import client_backward
 
         y = self._y - self._centre(state.layout.has_level)
-        return client_backward(state, self._Xs, y, mu, A_inv,
-                               want_global=want_global, want_local=want_local)
+        grads = client_backward(state, self._Xs, y, mu, A_inv,
+                                want_global=want_global, want_local=want_local)
+        g_s = grads.pop("client_scale", None)
+        if g_s is not None and "shared_amplitude" in self.pack.slices:
+            # s = a / sqrt(variance_g): ds/da = 1 / sqrt(variance_g),
+            # ds/dvariance_g = -s / (2 variance_g)
+            var_g = float(next(v for nm, _, _, v, _ in state.blocks if nm == "g"))
+            if want_local:
+                grads["shared_amplitude"] = g_s / np.sqrt(var_g)
+            if want_global:
+                grads["variance_g"] = (grads.get("variance_g", 0.0)
+                                       - g_s * state.layout.scale / (2.0 * var_g))
+        return grads
 
     @single_threaded_blas()
     def statistics(self, theta_g, gpack, config, round_):
@@ -2796,7 +2946,11 @@ class StructuredClient:
         0.05), used without the log-scale Jacobian so that the
         local part can still be switched off. A client with a handful of
         points cannot then turn its local part into a second, freely scaled
-        level. ``noise_prior_scale=None`` switches both priors off.
+        level. A client that learns its scale ``s_i`` on the shared parts
+        has ``log s_i ~ N(log s_c, CLIENT_SCALE_PRIOR_SD^2)``, ``s_c`` its set-up
+        start (1 unless its spread is clearly another scale); the prior
+        breaks the symmetry between the clients' scales and the global
+        variance. ``noise_prior_scale=None`` switches all three priors off.
         Constant terms are dropped.
 
         Returns
@@ -2818,6 +2972,11 @@ class StructuredClient:
             sd = float(np.exp(0.5 * theta[k]))
             value -= prior["sd_rate"] * sd
             grad[k] = -0.5 * prior["sd_rate"] * sd
+        if "shared_amplitude" in self.pack.slices and "log_amplitude_centre" in prior:
+            k = self.pack.slices["shared_amplitude"].start
+            delta = float(theta[k]) - prior["log_amplitude_centre"]
+            value -= 0.5 * (delta / CLIENT_SCALE_PRIOR_SD) ** 2
+            grad[k] = -delta / CLIENT_SCALE_PRIOR_SD**2
         return value, grad
 
     @single_threaded_blas()
@@ -2845,10 +3004,19 @@ class StructuredClient:
             v, g = self._surrogate(t, theta_g, gpack, config, mu, A_inv)
             return -v / n, -g / n
 
+        def fun_trial(t):
+            # a trial point where the bound cannot be evaluated in floating
+            # point (e.g. an extreme step of a nearly noise-free client) is
+            # rejected, and the line search backs off, as in the server's phase
+            try:
+                return fun(t)
+            except (np.linalg.LinAlgError, FloatingPointError):
+                return np.inf, np.zeros_like(t)
+
         theta0 = self.theta.copy()
         if config.optimizer == "lbfgs":
             try:
-                res = minimize(fun, theta0, jac=True, method="L-BFGS-B", bounds=bounds,
+                res = minimize(fun_trial, theta0, jac=True, method="L-BFGS-B", bounds=bounds,
                                options={"maxiter": config.local_steps, "ftol": 1e-12,
                                         "gtol": 1e-9})
                 f0 = fun(theta0)[0]
@@ -2932,8 +3100,12 @@ class StructuredClient:
         if a is not None:  # the level's posterior mean: sqrt(level_variance) E[a]
             level = float(np.sqrt(gpack.unpack(theta_g)["level_variance"]) * mu_u[a])
             self.posterior["level"] = level
+        # with client scales on (any client may learn one) every client sends
+        # its own, 1 when it learned none, for the never-seen clients' median
+        scale = (shared_scale(B, gpack.unpack(theta_g))
+                 if getattr(config, "client_scale", False) is not False else None)
         return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
-                                    B["noise_variance"], level)
+                                    B["noise_variance"], level, scale=scale)
 
     def local_values(self):
         """Constrained local values (scaled inputs, standardised units)."""
@@ -3319,6 +3491,11 @@ def _population_from(hypers, components, noise="isotropic"):
            "offset": float(off_mean[0]),
            "offset_variance": float(off_cov[0, 0]),
            "offset_mean_variance": float(mean_cov[0, 0])}
+    scales = [h.scale for h in hypers if getattr(h, "scale", None) is not None]
+    if scales:
+        # a never-seen client's scale on the shared parts: the clients' median
+        # (robust to a client in other units; its spread is not propagated)
+        pop["client_scale"] = float(np.median(scales))
     if "local" in components:
         pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers], axis=0))
         pop["variance_l"] = float(np.exp(np.mean([np.log(h.variance) for h in hypers])))
@@ -3661,7 +3838,8 @@ class _StructuredRun:
         server, cfg = self.server, self.config
         summaries, _ = self.setup_all("summary", ())
         init = server.standardise(list(summaries.values()))
-        if "global" in cfg.components:
+        if "global" in cfg.components and not getattr(cfg, "client_scale", False):
+            # with client scales each such client uses the shared parts at its own scale
             warn_flat_clients(summaries)
         T = len(summaries)
         comm = {"round": 0, "bytes_up": int(sum(message_nbytes(s) for s in summaries.values())),

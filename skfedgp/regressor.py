@@ -60,6 +60,7 @@ from .federated import (
     learns_inducing,
     run_federated_training,
     run_structured_training,
+    shared_scale,
     warm_start_state,
 )
 from .kernels import se_ard
@@ -439,7 +440,28 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         (Simpson et al., *Statistical Science* 32(1), 2017), so a client
         with a handful of points cannot turn its local part into a second,
         freely scaled level, while a local part not needed can still switch
-        off. None: no priors (maximum likelihood).
+        off. None: no priors (maximum likelihood; also none on
+        ``client_scale``).
+    client_scale : {"auto", True, False}, default="auto"
+        Structured family, 1-D targets: clients that learn their own scale
+        ``s_i`` on the shared parts, so client ``i``'s function is
+        ``level_i + s_i (g + d_i) + l_i`` (beyond the paper;
+        docs/maths.md, section 10). A client measured in other units, or
+        whose series is nearly flat, then uses the shared function at its
+        own scale instead of pulling the shared hyperparameters towards
+        it. ``"auto"``: the clients whose within-client target variance is
+        more than 10 times off the clients' typical one (the median
+        within-client standard deviation, squared) either way, and beyond
+        what chance gives a client of their number of rows; the others keep
+        ``s_i = 1``. True: every client. A learned ``s_i`` starts at the
+        square root of that ratio (1 for a client within it) and is
+        parametrised by the client's amplitude ``s_i sqrt(variance_g)``
+        with a log-normal prior (sd 1, natural log) centred at its start
+        (``noise_prior_scale=None`` removes it). A never-seen client takes
+        the clients' median scale
+        (``client_scales_``). False: every ``s_i = 1`` (the paper's model).
+        Ignored for multi-output targets, whose clients' loadings carry
+        their scales, and for the mean-field family.
     n_latent : int or tuple of 3 ints, default=2
         Multi-output (ILMM) targets only: the numbers ``(R_g, R_d, R_l)`` of
         latent functions of the global, deviation and local parts (an int
@@ -570,6 +592,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     client_offsets_ : dict
         Structured family: each client's constant mean in target units (with
         a 1-D ``y``, the posterior mean of its random level).
+    client_scales_ : dict
+        Structured family, 1-D ``y``: each client's fitted scale ``s_i`` on
+        the shared parts (dimensionless; 1 for a client that learned none).
+        A never-seen client takes their median.
     level_variance_ : float
         Structured family, 1-D ``y``: fitted variance of the clients' random
         levels around ``y_offset_`` (target units squared).
@@ -694,6 +720,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         global_steps=None,
         tol=1e-4,
         noise_prior_scale=1.0,
+        client_scale="auto",
         n_latent=2,
         noise="isotropic",
         learning_rate=0.1,
@@ -729,6 +756,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.global_steps = global_steps
         self.tol = tol
         self.noise_prior_scale = noise_prior_scale
+        self.client_scale = client_scale
         self.n_latent = n_latent
         self.noise = noise
         self.learning_rate = learning_rate
@@ -826,11 +854,20 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             n_latent=self._check_n_latent(comps),
             noise=self._check_noise(),
             learn_inducing=self._check_learn_inducing(),
+            client_scale=self._check_client_scale() if structured else False,
         )
         if config.learning_rate is None or config.global_learning_rate is None:
             raise ValueError("learning_rate and global_learning_rate must be positive numbers")
         n_rounds = _int("n_rounds", 0, default=100 if lbfgs else 20)
         return config, n_rounds
+
+    def _check_client_scale(self):
+        v = self.client_scale
+        if isinstance(v, str) and v == "auto":
+            return "auto"
+        if not isinstance(v, (bool, np.bool_)):
+            raise ValueError(f"client_scale must be True, False or 'auto', got {v!r}")
+        return bool(v)
 
     def _check_learn_inducing(self):
         v = self.learn_inducing_locations
@@ -1113,7 +1150,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(
                 f"{', '.join(given)} must be None with multi-output targets: the latent "
                 "functions have unit variance and the loadings carry the scale")
-        return dataclasses.replace(config, n_outputs=int(n_outputs))
+        # the multi-output clients' own loadings B_d, B_l already carry their
+        # scales; a per-client scale on B_g is not implemented
+        return dataclasses.replace(config, n_outputs=int(n_outputs), client_scale=False)
 
     def _fit_structured(self, clients, server, config, n_rounds, seeds, participation_seed):
         """Structured family: collapsed bound, exact q, L-BFGS-B or Adam."""
@@ -1171,6 +1210,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 "offset", c.posterior.get("level", 0.0))
             for lab, c in self.clients_.items()}
         self.n_outputs_ = config.n_outputs or 1
+        if config.n_outputs:
+            self.__dict__.pop("client_scales_", None)  # from an earlier 1-D fit
+        else:  # each client's scale on the shared parts (1: not learned)
+            G = server.global_pack.unpack(server.theta_global)
+            self.client_scales_ = {lab: shared_scale(c.local_values(), G)
+                                   for lab, c in self.clients_.items()}
         G = server.global_pack.unpack(server.theta_global)
         if "phi" in G:
             self.phi_ = float(G["phi"])
@@ -1597,7 +1642,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if c is not None:
             B = c.local_values()
             blocks = feature_blocks(G, B, comps)
-            E, n_vg = layout_map(blocks, comps, phi)
+            E, n_vg = layout_map(blocks, comps, phi, self._client_scale(lab))
             P = c.posterior
             return blocks, P["mu_u"], P["Sigma_u"], P["H"], E, B["noise_variance"]
         pop = self._population_local
@@ -1607,13 +1652,25 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             B.update(Z_l=np.full((1, d), 0.5), lengthscale_l=pop["lengthscale_l"],
                      variance_l=pop["variance_l"])
         blocks = feature_blocks(G, B, comps)
-        E, n_vg = layout_map(blocks, comps, phi)
+        E, n_vg = layout_map(blocks, comps, phi, self._client_scale(lab))
         n_c = E.shape[1] - n_vg
         mu_u = np.concatenate([mu_g, np.zeros(n_c)])
         Sigma_u = np.zeros((E.shape[1],) * 2)
         Sigma_u[:n_vg, :n_vg] = A_inv
         Sigma_u[n_vg:, n_vg:] = np.eye(n_c)
         return blocks, mu_u, Sigma_u, E[:, :n_vg], E, B["noise_variance"]
+
+    def _client_scale(self, lab):
+        """Scale ``s_i`` of a label on the shared parts (structured family, 1-D targets).
+
+        A fitted client's own (1 when it learned none); a label not seen in
+        fit: the clients' median (``client_scale`` in the population block).
+        """
+        c = self.clients_.get(lab)
+        if c is not None:
+            G = self.server_.global_pack.unpack(self.server_.theta_global)
+            return shared_scale(c.local_values(), G)
+        return float(self._population_local.get("client_scale", 1.0))
 
     def _offset_estimate(self, lab):
         """Estimation uncertainty of a fitted multi-output client's constant means, or None.
@@ -1644,11 +1701,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         # never-seen client shares (the estimated mean)
         common = float(self._population_local.get("offset_mean_variance", 0.0))
         unseen_rows = []
+        s_row = np.ones(n)  # each row's client scale on the shared parts
         for k, lab in enumerate(labels):
             idx = np.flatnonzero(inv == k)
             cid = None if lab is _Population else lab
             blocks, mu_u, Sigma_u, H, E, s2 = self._structured_client(
                 _Population if cid is None else cid)
+            sc = self._client_scale(_Population if cid is None else cid)
+            s_row[idx] = sc
             v_off = float(self._offset_variance(lab))  # a never-seen client's level
             v_common = 0.0 if lab in self.clients_ else common
             if v_common:
@@ -1656,7 +1716,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             if not return_cov:
                 for rows in _chunks(idx):
                     m, v = predict_structured(Xf[rows], blocks, comps, phi, mu_u, Sigma_u, E,
-                                              client=cid)
+                                              scale=sc, client=cid)
                     mean[rows] = m
                     var[rows] = v + s2 + v_off
                 continue
@@ -1665,9 +1725,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             mean[idx] = Fs @ (E @ mu_u)
             Sz = E @ Sigma_u @ E.T - H @ A_inv @ H.T
             within = Fs @ Sz @ Fs.T + s2 * np.eye(idx.size) + (v_off - v_common)
-            gam = residual_coefficients(blocks, comps, phi)
+            gam = residual_coefficients(blocks, comps, phi, sc)
             for (name, Z, ell, v_, _), W, g in zip(blocks, Ws, gam):
-                g_eff = g - (1.0 if (name == "g" and "global" in comps) else 0.0)
+                # the shared function's residual (s_i s_j R_g) is added below for all rows
+                g_eff = g - (sc**2 if (name == "g" and "global" in comps) else 0.0)
                 if g_eff:
                     within += g_eff * (se_ard(Xf[idx], Xf[idx], ell, v_) - W @ W.T)
             cov[np.ix_(idx, idx)] += within
@@ -1682,7 +1743,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             if "global" in comps:
                 gb = feature_blocks(G, {}, ("global",))
                 Wg = test_features(Xf, gb)[0]
-                cov += se_ard(Xf, Xf, G["lengthscale_g"], G["variance_g"]) - Wg @ Wg.T
+                cov += np.outer(s_row, s_row) * (
+                    se_ard(Xf, Xf, G["lengthscale_g"], G["variance_g"]) - Wg @ Wg.T)
             cov = 0.5 * (cov + cov.T)
         return mean, var, cov
 
@@ -1752,7 +1814,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 for rows in _chunks(idx):
                     parts = predict_structured(Xf[rows], blocks, self.components_,
                                                G.get("phi", 1.0), mu_u, Sigma_u, E,
-                                               per_component=True)
+                                               per_component=True,
+                                               scale=self._client_scale(lab))
                     for name, (m, v) in parts.items():
                         if name == "level":  # the client's random level: its constant mean
                             out["offset"][0][rows] += self.y_scale_ * m

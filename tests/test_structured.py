@@ -55,7 +55,7 @@ def _params(Xs, Zg, Zls, seed=1):
 
 def _elbo(Xs, ys, G, Bs, comps=ALL, jitter=1e-6):
     sts = [client_forward(X, y, feature_blocks(G, B, comps, jitter=jitter), comps,
-                          B["noise_variance"], G["phi"])
+                          B["noise_variance"], G["phi"], scale=B.get("client_scale", 1.0))
            for X, y, B in zip(Xs, ys, Bs)]
     M = G["Z_g"].shape[0] if "global" in comps else 0
     return combine([s.S for s in sts], [s.b for s in sts], [s.e for s in sts], M), sts
@@ -67,12 +67,15 @@ def _dense_cov(Xs, G, Bs, comps=ALL):
     N = Xall.shape[0]
     off = np.cumsum([0] + [len(X) for X in Xs])
     C = np.zeros((N, N))
+    # client i's function is level_i + s_i (g + d_i) + l_i
+    s = np.concatenate([np.full(len(X), B.get("client_scale", 1.0)) for X, B in zip(Xs, Bs)])
     if "global" in comps:
-        C += se(Xall, Xall, G["lengthscale_g"], G["variance_g"])
+        C += np.outer(s, s) * se(Xall, Xall, G["lengthscale_g"], G["variance_g"])
     for k, (X, B) in enumerate(zip(Xs, Bs)):
         sl = slice(off[k], off[k + 1])
         if "deviation" in comps:
-            C[sl, sl] += G["phi"] * se(X, X, G["lengthscale_g"], G["variance_g"])
+            C[sl, sl] += (B.get("client_scale", 1.0) ** 2 * G["phi"]
+                          * se(X, X, G["lengthscale_g"], G["variance_g"]))
         if "local" in comps:
             C[sl, sl] += se(X, X, B["lengthscale_l"], B["variance_l"])
         C[sl, sl] += G.get("level_variance", 0.0)  # the client's random level
@@ -85,15 +88,21 @@ def _dense_cov(Xs, G, Bs, comps=ALL):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.parametrize("level", [True, False])
 @pytest.mark.parametrize("sizes", [(12, 9), (12, 9, 7)])
-@pytest.mark.parametrize("comps", [ALL, ("global", "local"), ("global", "deviation")])
-def test_elbo_equals_exact_log_marginal_likelihood(sizes, comps, level):
+@pytest.mark.parametrize("comps", [ALL, ("global", "local"), ("global", "deviation"),
+                                   ("deviation", "local")])
+def test_elbo_equals_exact_log_marginal_likelihood(sizes, comps, level, scaled):
     """M = n, Z = X: the collapsed bound is the exact log marginal likelihood of
     the hierarchical GP (shared function, deviation, local part, the clients'
-    random levels ``N(0, level_variance)`` and noise)."""
+    random levels ``N(0, level_variance)`` and noise; ``scaled``: client
+    scales ``s_i`` on the shared parts, cross-covariance ``s_i s_j k_g``)."""
     Xs, ys = _clients(sizes)
     G, Bs = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
+    if scaled:
+        for k, B in enumerate(Bs):
+            B["client_scale"] = (0.3, 1.7, 0.01)[k]
     if not level:
         del G["level_variance"]
     post, _ = _elbo(Xs, ys, G, Bs, comps, jitter=1e-10)
@@ -105,9 +114,13 @@ def test_elbo_equals_exact_log_marginal_likelihood(sizes, comps, level):
     assert abs(post.elbo - lml) < 1e-6
 
 
-def test_predictive_mean_and_covariance_equal_exact_posterior():
+@pytest.mark.parametrize("scaled", [False, True])
+def test_predictive_mean_and_covariance_equal_exact_posterior(scaled):
     Xs, ys = _clients((12, 9, 7))
     G, Bs = _params(Xs, np.vstack(Xs), [X.copy() for X in Xs])
+    sc = (0.3, 1.7, 0.01) if scaled else (1.0, 1.0, 1.0)
+    for B, s_ in zip(Bs, sc):
+        B["client_scale"] = s_
     post, sts = _elbo(Xs, ys, G, Bs, jitter=1e-10)
     rng = np.random.default_rng(5)
     Xt = rng.uniform(size=(6, 2))
@@ -116,22 +129,27 @@ def test_predictive_mean_and_covariance_equal_exact_posterior():
     off = np.cumsum([0] + [len(X) for X in Xs])
     for i, (X, B, st) in enumerate(zip(Xs, Bs, sts)):
         # exact: cross covariance of client i's latent f at Xt with all targets
-        Kx = se(Xt, Xall, G["lengthscale_g"], G["variance_g"])
+        s_all = np.concatenate([np.full(len(X_), s_) for X_, s_ in zip(Xs, sc)])
+        Kx = sc[i] * s_all * se(Xt, Xall, G["lengthscale_g"], G["variance_g"])
         sl = slice(off[i], off[i + 1])
-        Kx[:, sl] += G["phi"] * se(Xt, X, G["lengthscale_g"], G["variance_g"])
+        Kx[:, sl] += sc[i] ** 2 * G["phi"] * se(Xt, X, G["lengthscale_g"], G["variance_g"])
         Kx[:, sl] += se(Xt, X, B["lengthscale_l"], B["variance_l"]) + G["level_variance"]
-        Kss = ((1 + G["phi"]) * se(Xt, Xt, G["lengthscale_g"], G["variance_g"])
+        Kss = (sc[i] ** 2 * (1 + G["phi"]) * se(Xt, Xt, G["lengthscale_g"], G["variance_g"])
                + se(Xt, Xt, B["lengthscale_l"], B["variance_l"]) + G["level_variance"])
         m_exact = Kx @ np.linalg.solve(C, y)
         c_exact = Kss - Kx @ np.linalg.solve(C, Kx.T)
         mu_u, Sigma_u, _ = client_posterior(st, post.mu, post.A_inv)
         blocks = feature_blocks(G, B, ALL, jitter=1e-10)
-        E, _ = layout_map(blocks, ALL, G["phi"])
-        m, c = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E, full_cov=True)
+        E, _ = layout_map(blocks, ALL, G["phi"], sc[i])
+        m, c = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E, full_cov=True,
+                                  scale=sc[i])
         assert_allclose(m, m_exact, atol=1e-6)
         assert_allclose(c, c_exact, atol=1e-6)
-        _, v = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E)
+        _, v = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E, scale=sc[i])
         assert_allclose(v, np.diag(c), atol=1e-10)
+        parts = predict_structured(Xt, blocks, ALL, G["phi"], mu_u, Sigma_u, E,
+                                   full_cov=True, per_component=True, scale=sc[i])
+        assert_allclose(sum(m_ for m_, _ in parts.values()), m_exact, atol=1e-6)
 
 
 # --------------------------------------------------------------------------
@@ -150,11 +168,15 @@ def _fd(f, v, h=1e-6):
     return out
 
 
+@pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.parametrize("comps", SUBSETS, ids=["+".join(c) for c in SUBSETS])
-def test_gradients_match_finite_differences(comps):
+def test_gradients_match_finite_differences(comps, scaled):
     Xs, ys = _clients((12, 9, 7))
     rng = np.random.default_rng(3)
     G, Bs = _params(Xs, rng.uniform(size=(6, 2)), [rng.uniform(size=(4, 2)) for _ in Xs])
+    if scaled:
+        for k, B in enumerate(Bs):
+            B["client_scale"] = (0.6, 1.4, 0.2)[k]
     post, sts = _elbo(Xs, ys, G, Bs, comps)
     grads = [client_backward(s, X, y, post.mu, post.A_inv) for s, X, y in zip(sts, Xs, ys)]
 
@@ -170,6 +192,7 @@ def test_gradients_match_finite_differences(comps):
         numeric = _fd(lambda v: F({**G, key: v}, Bs), G[key])
         assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
     keys_l = (["Z_l", "lengthscale_l", "variance_l"] if "local" in comps else [])
+    keys_l += ["client_scale"] if scaled and shared else []
     for key in keys_l + ["noise_variance"]:
         k = 1
 
@@ -238,6 +261,27 @@ def two_clients():
     return X, y, g, est
 
 
+@pytest.fixture(scope="module", params=["two clients", "with a client in other units"])
+def fitted(request, two_clients):
+    """``two_clients``, or the same plus a client "C" of 20 rows of ``1e-3 sin 6x``
+    (another unit), every client learning its scale on the shared parts
+    (``client_scale=True``)."""
+    if request.param == "two clients":
+        return two_clients
+    X, y, g, _ = two_clients
+    rng = np.random.default_rng(4)
+    xc = rng.uniform(size=20)
+    X = np.r_[X, xc[:, None]]
+    y = np.r_[y, 1e-3 * (np.sin(6 * xc) + 0.05 * rng.normal(size=20))]
+    g = np.r_[g, ["C"] * 20]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(client_scale=True, **SMALL).fit(X, y, g)
+    assert all("shared_amplitude" in c.local_values() for c in est.clients_.values())
+    assert est.client_scales_["C"] < 0.01
+    return X, y, g, est
+
+
 def _recompute(est, X, y, g):
     """Fresh statistics at the fitted hyperparameters, from the data (held by the test)."""
     srv = est.server_
@@ -249,7 +293,8 @@ def _recompute(est, X, y, g):
         ys = (y[rows] - est.y_offset_) / est.y_scale_
         B = c.local_values()
         sts[lab] = (client_forward(Xs, ys, feature_blocks(G, B, est.components_),
-                                   est.components_, B["noise_variance"], G.get("phi", 1.0)),
+                                   est.components_, B["noise_variance"], G.get("phi", 1.0),
+                                   scale=est.client_scales_[lab]),
                     Xs, ys)
     Mg = est.global_posterior_["mean"].shape[0]
     post = combine([s.S for s, _, _ in sts.values()], [s.b for s, _, _ in sts.values()],
@@ -257,8 +302,8 @@ def _recompute(est, X, y, g):
     return G, sts, post
 
 
-def test_fitted_state_is_consistent(two_clients):
-    X, y, g, est = two_clients
+def test_fitted_state_is_consistent(fitted):
+    X, y, g, est = fitted
     G, sts, post = _recompute(est, X, y, g)
     # the last ELBO reported is that of the returned model
     # rtol 3e-8 (1e-6 nats here): the held 1-D design has cond(K_zz) ~ 1e11, and
@@ -284,24 +329,34 @@ def test_fitted_state_is_consistent(two_clients):
         delta = np.log(B["noise_variance"]) - np.log(c.prior_noise)
         lp += -0.5 * (delta / est.noise_prior_scale) ** 2
         lp += -c.prior_local["sd_rate"] * np.sqrt(B["variance_l"])
+        if "shared_amplitude" in B:  # log a_i ~ N(log a_c, 1), s_i = a_i / sqrt(variance_g)
+            a = B["shared_amplitude"]
+            lp += -0.5 * (np.log(a) - c.prior_local["log_amplitude_centre"]) ** 2
+            assert_allclose(est.client_scales_[c.client_id], a / np.sqrt(G["variance_g"]),
+                            rtol=1e-14)
+        else:
+            assert est.client_scales_[c.client_id] == 1.0
     assert_allclose(obj[-1], est.elbo_history_[-1] + lp, rtol=1e-10)
 
 
-def test_joint_covariance_across_clients_matches_dense_joint_posterior(two_clients):
-    """Cross-client covariance through v_g, against the dense arrow-shaped joint precision."""
-    X, y, g, est = two_clients
+def test_joint_covariance_across_clients_matches_dense_joint_posterior(fitted):
+    """Cross-client covariance through v_g, against the dense arrow-shaped joint precision
+    (with a client scale: ``s_A s_C`` times the shared parts' covariance)."""
+    X, y, g, est = fitted
     G, sts, post = _recompute(est, X, y, g)
     Xt = np.array([[0.1], [0.5], [0.9]])
-    labs = ["A", "B"]
-    _, cov = est.predict(np.vstack([Xt, Xt]), ["A"] * 3 + ["B"] * 3, return_cov=True)
-    # dense joint posterior of (v_g, c_A, c_B): precision built from P_i, G_i and S_i
-    st = {lab: sts[lab][0] for lab in labs}
+    labs = ["A", "B" if "C" not in est.clients_ else "C"]
+    _, cov = est.predict(np.vstack([Xt, Xt]), [labs[0]] * 3 + [labs[1]] * 3, return_cov=True)
+    # dense joint posterior of (v_g, c_1, ..., c_T) over every client: precision
+    # built from P_i, G_i and S_i
+    everyone = list(est.clients_)
+    st = {lab: sts[lab][0] for lab in everyone}
     Mg = post.mu.shape[0]
-    sizes = [Mg] + [st[lab].Lp.shape[0] for lab in labs]
+    sizes = [Mg] + [st[lab].Lp.shape[0] for lab in everyone]
     off = np.cumsum([0] + sizes)
     Lam = np.zeros((off[-1], off[-1]))
     Lam[:Mg, :Mg] = np.eye(Mg)
-    for j, lab in enumerate(labs, start=1):
+    for j, lab in enumerate(everyone, start=1):
         s = st[lab]
         P = s.Lp @ s.Lp.T
         GT = P @ s.PiGt  # G^T = P (P^{-1} G^T), shape (M_c, M)
@@ -314,10 +369,12 @@ def test_joint_covariance_across_clients_matches_dense_joint_posterior(two_clien
     srv = est.server_
     Xts = (Xt - srv.x_offset) / srv.x_scale
     feats = {}
-    for j, lab in enumerate(labs, start=1):
+    for j, lab in enumerate(everyone, start=1):
+        if lab not in labs:
+            continue
         B = est.clients_[lab].local_values()
         blocks = feature_blocks(G, B, est.components_)
-        E, n_vg = layout_map(blocks, est.components_, G["phi"])
+        E, n_vg = layout_map(blocks, est.components_, G["phi"], est.client_scales_[lab])
         Ws = []
         for name, Z, ell, var, jit in blocks:
             if name == "c":  # the client's random level: one feature sqrt(level_variance)
@@ -328,19 +385,21 @@ def test_joint_covariance_across_clients_matches_dense_joint_posterior(two_clien
         Fs = np.hstack(Ws)
         idx = np.r_[np.arange(Mg), off[j] + np.arange(sizes[j])]
         feats[lab] = (Fs @ E, idx)
-    FA, iA = feats["A"]
-    FB, iB = feats["B"]
-    Wg = FA[:, :Mg]  # the global features (E's v_g columns are the identity)
-    resid_g = se(Xts, Xts, G["lengthscale_g"], G["variance_g"]) - Wg @ Wg.T
+    FA, iA = feats[labs[0]]
+    FB, iB = feats[labs[1]]
+    sA, sB = (est.client_scales_[lab] for lab in labs)
+    Wg = FA[:, :Mg] / sA  # the global features (E's v_g columns are s_A times the identity)
+    resid_g = sA * sB * (se(Xts, Xts, G["lengthscale_g"], G["variance_g"]) - Wg @ Wg.T)
     cross = FA @ Sigma[np.ix_(iA, iB)] @ FB.T + resid_g
     assert_allclose(cov[:3, 3:] / est.y_scale_**2, cross, atol=1e-8)
 
 
-def test_unseen_client_variance_pinned(two_clients):
+def test_unseen_client_variance_pinned(fitted):
     """Global posterior + deviation prior phi*k_g + population local prior + noise
     + a new draw of the client level, ``level_variance (T + 1) / (T - 1)`` (the
-    level variance and the pooled mean being estimates from T clients)."""
-    X, y, g, est = two_clients
+    level variance and the pooled mean being estimates from T clients); the
+    shared parts at the clients' median scale ``s``."""
+    X, y, g, est = fitted
     srv = est.server_
     G = srv.global_pack.unpack(srv.theta_global)
     pop = est._population_local
@@ -351,14 +410,17 @@ def test_unseen_client_variance_pinned(two_clients):
     W = np.linalg.solve(L, se(Xts, Z, ell, var).T).T
     Ainv = est.global_posterior_["covariance"]
     T = len(est.clients_)
-    assert T == 2
+    assert T in (2, 3)
+    s_new = float(np.median(list(est.client_scales_.values())))
+    assert (s_new != 1.0) == (T == 3)  # learned scales: the median is one of them
     spread = G["level_variance"] * (T + 1) / (T - 1)
-    expected = (np.einsum("ij,jk,ik->i", W, Ainv, W) + var - np.sum(W**2, axis=1)
-                + G["phi"] * var + pop["variance_l"] + pop["noise_variance"] + spread)
+    expected = (s_new**2 * (np.einsum("ij,jk,ik->i", W, Ainv, W) + var - np.sum(W**2, axis=1)
+                            + G["phi"] * var)
+                + pop["variance_l"] + pop["noise_variance"] + spread)
     mean, std = est.predict(Xt, ["never-seen"] * 3, return_std=True)
     assert_allclose(std**2, est.y_scale_**2 * expected, rtol=1e-8)
     # a new client's level is centred at the pooled mean
-    assert_allclose(mean, est.y_offset_ + est.y_scale_ * (W @ est.global_posterior_["mean"]),
+    assert_allclose(mean, est.y_offset_ + est.y_scale_ * s_new * (W @ est.global_posterior_["mean"]),
                     rtol=1e-10)
 
 
