@@ -1987,7 +1987,8 @@ def shared_scale(local, global_values):
     return float(a) / float(np.sqrt(global_values["variance_g"]))
 
 
-def learns_client_scale(config, ratio, n_samples):
+def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise=None,
+                        population_noise=None):
     """Whether a client learns its scale ``s_i`` on the shared parts.
 
     Parameters
@@ -1999,19 +2000,40 @@ def learns_client_scale(config, ratio, n_samples):
         The client's :func:`client_scale_ratio`.
     n_samples : int
         The client's number of rows.
+    own_variance : float, optional
+        The client's target variance (standardised units).
+    pilot_noise : float, optional
+        The noise variance of the client's own pilot fit (None: it ran none).
+    population_noise : float, optional
+        The pilots' median noise variance (standardised units).
 
     Returns
     -------
     bool
-        With ``"auto"``: True when the client is clearly on another scale
-        (another unit, or a nearly flat series): ``ratio != 1`` and, since
-        the variance of a few rows is itself uncertain, ``ratio`` outside
-        the central ``1 - 2 CLIENT_SCALE_CHANCE`` interval of
-        ``chi2(n - 1) / (n - 1)``, the ratio a client of ``n`` rows on the
-        population's scale shows by chance (for 3 rows: below 1e-3; three
-        noisy rows of a data-poor client often vary 10 times less than the
-        population by chance, and a scale learned from them put 21 % of the
-        data-poor case's test points beyond 3 std, against 8 % without).
+        With ``"auto"``: True when the client is clearly *in another unit*
+        (or a nearly flat, noise-free series), which needs two things.
+
+        1. Its spread is clearly another scale: ``ratio != 1`` and, since the
+           variance of a few rows is itself uncertain, ``ratio`` outside the
+           central ``1 - 2 CLIENT_SCALE_CHANCE`` interval of
+           ``chi2(n - 1) / (n - 1)``, the ratio a client of ``n`` rows on the
+           typical scale shows by chance (for 3 rows: below 1e-3; three noisy
+           rows of a data-poor client often vary 10 times less by chance, and
+           a scale learned from them put 21 % of the data-poor case's test
+           points beyond 3 std, against 8 % without).
+        2. Its noise is not the population's either: its own pilot's noise
+           variance is more than 10 times off ``population_noise`` either
+           way, or, without a pilot (fewer than :data:`PILOT_MIN_POINTS`
+           rows), its whole spread is below a tenth of ``population_noise``
+           (a client with more spread and no pilot keeps ``s_i = 1``).
+           Spread alone does not tell another unit from a flat or steep part
+           of the same function seen through the same sensor: a client of
+           12 points on a flat stretch of the main job's function (seed 1,
+           a tenth of the others' variance, the population's noise) learned
+           ``s_i = 0.25`` and its held-out NLL went from 1.3 to 4.1 (the
+           point estimate of ``s_i`` shrank the shared function where it
+           was not flat).
+
         Clients on the population's scale keep ``s_i = 1``: learning it for
         every client adds a direction along which only the priors separate
         ``s_i`` from the global variance, and on data of one scale it led
@@ -2030,7 +2052,14 @@ def learns_client_scale(config, ratio, n_samples):
 
     k = n_samples - 1
     lo, hi = chi2.ppf([CLIENT_SCALE_CHANCE, 1.0 - CLIENT_SCALE_CHANCE], k) / k
-    return bool(ratio < lo or ratio > hi)
+    if not (ratio < lo or ratio > hi):
+        return False
+    if population_noise is None or not population_noise > 0:
+        return True
+    if pilot_noise is not None:
+        r_noise = float(pilot_noise) / float(population_noise)
+        return bool(r_noise > 10.0 or r_noise < 0.1)
+    return bool(own_variance is not None and own_variance < 0.1 * float(population_noise))
 
 
 def prior_scale(own_variance, population, pilot_noise=None):
@@ -2756,7 +2785,9 @@ class StructuredClient:
                 values["noise_variance"], config.jitter, random_state,
                 grow=config.n_inducing_local == "auto")
         s_ratio = client_scale_ratio(own_var)
-        learn_scale = learns_client_scale(config, s_ratio, self.n_samples)
+        learn_scale = learns_client_scale(
+            config, s_ratio, self.n_samples, own_var,
+            None if own is None else own.noise_variance, population.noise_variance)
         if learn_scale:
             # the client's scale on the shared parts starts at, and its prior is
             # centred on, its own spread over the clients' typical one when that

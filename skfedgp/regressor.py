@@ -451,9 +451,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         own scale instead of pulling the shared hyperparameters towards
         it. ``"auto"``: the clients whose within-client target variance is
         more than 10 times off the clients' typical one (the median
-        within-client standard deviation, squared) either way, and beyond
-        what chance gives a client of their number of rows; the others keep
-        ``s_i = 1``. True: every client. A learned ``s_i`` starts at the
+        within-client standard deviation, squared) either way, beyond what
+        chance gives a client of their number of rows, and whose noise is
+        not the population's either (another unit, not a flat or steep
+        stretch of the same function; ``federated.learns_client_scale``);
+        the others keep ``s_i = 1``. True: every client. A learned ``s_i`` starts at the
         square root of that ratio (1 for a client within it) and is
         parametrised by the client's amplitude ``s_i sqrt(variance_g)``
         with a log-normal prior (sd 1, natural log) centred at its start
