@@ -664,7 +664,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     if want_local:
         grads["noise_variance"] = -0.5 * n / s2 + quad / (2.0 * s2**2)
     Mg, sc = lay.Mg, lay.scale
-    if Mg and ((want_global and lay.has_dev) or want_local):
+    if Mg and (want_global or want_local):
         var_g = state.blocks[0][3]
         resid = wf - Wf @ mu_z
         # dl/dE = (resid mu_u^T - W_f E Sigma_u) / s2; summed over the entries of

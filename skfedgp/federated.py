@@ -1562,12 +1562,12 @@ LOG_BOUNDS = {
     "phi": (1e-6, 1e4),
     "level_variance": (1e-8, 1e8),
     "noise_variance": (NOISE_FLOOR, 1e4),
-    "shared_amplitude": (1e-8, 1e8),
+    "shared_amplitude": (1e-12, 1e12),
 }
 #: Standard deviation (natural-log units) of the prior on a client's amplitude
 #: on the shared parts, ``log a_i ~ N(log a_c, CLIENT_SCALE_PRIOR_SD^2)``
 #: (:meth:`StructuredClient.log_prior`).
-CLIENT_SCALE_PRIOR_SD = 1.0
+CLIENT_SCALE_PRIOR_SD = 3.0
 #: ``client_scale="auto"``: a client learns its scale when its variance ratio
 #: to the population has at most this chance on either side for a client of
 #: its size on the population's scale (:func:`learns_client_scale`).
@@ -2052,6 +2052,7 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
 
     k = n_samples - 1
     lo, hi = chi2.ppf([CLIENT_SCALE_CHANCE, 1.0 - CLIENT_SCALE_CHANCE], k) / k
+    ratio = ratio * n_samples / k  # own_variance is np.var (ddof=0); chi2 is for ddof=1
     if not (ratio < lo or ratio > hi):
         return False
     if population_noise is None or not population_noise > 0:
@@ -2266,7 +2267,7 @@ def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
         f"within-client sd {med:.3g}, target units): the shared function and the deviation "
         "scale phi have one scale for all clients (client_scale=False), so a client whose "
         "function is much flatter than the shared one pulls them towards it and can make the "
-        "other clients' fits worse. Set client_scale=True (the default), or if a client "
+        "other clients' fits worse. Use client_scale='auto' (the default), or if a client "
         "measures in another unit, convert its targets first; if "
         "its targets are flat because its inputs cover a flat part of the shared function, "
         "this warning can be ignored.", UserWarning, stacklevel=2)
@@ -2796,7 +2797,7 @@ class StructuredClient:
             # parametrised by its amplitude a = s sqrt(variance_g), which the
             # server's steps on variance_g leave alone (else the two drift
             # along a ridge, s up and variance_g down, one round at a time)
-            centre = float(np.clip(np.sqrt(s_ratio), 1e-6, 1e6))
+            centre = float(np.clip(np.sqrt(s_ratio), 1e-10, 1e10))
             G0 = gpack.unpack(theta_g)
             amp = centre * float(np.sqrt(G0["variance_g"]))
             amp = float(np.clip(amp, *(1.01 * LOG_BOUNDS["shared_amplitude"][0],
@@ -2978,10 +2979,10 @@ class StructuredClient:
         local part can still be switched off. A client with a handful of
         points cannot then turn its local part into a second, freely scaled
         level. A client that learns its scale ``s_i`` on the shared parts
-        has ``log s_i ~ N(log s_c, CLIENT_SCALE_PRIOR_SD^2)``, ``s_c`` its set-up
-        start (1 unless its spread is clearly another scale); the prior
-        breaks the symmetry between the clients' scales and the global
-        variance. ``noise_prior_scale=None`` switches all three priors off.
+        has, on its amplitude ``a_i = s_i sqrt(variance_g)``,
+        ``log a_i ~ N(log a_start, CLIENT_SCALE_PRIOR_SD^2)``, ``a_start`` its
+        set-up value (a weak prior: the data decide). ``noise_prior_scale=None``
+        switches all three priors off.
         Constant terms are dropped.
 
         Returns
@@ -3524,9 +3525,11 @@ def _population_from(hypers, components, noise="isotropic"):
            "offset_mean_variance": float(mean_cov[0, 0])}
     scales = [h.scale for h in hypers if getattr(h, "scale", None) is not None]
     if scales:
-        # a never-seen client's scale on the shared parts: the clients' median
-        # (robust to a client in other units; its spread is not propagated)
-        pop["client_scale"] = float(np.median(scales))
+        # a never-seen client's scale on the shared parts: the median of the
+        # clients' log scales (robust to a client in other units; with an even
+        # number the geometric mean of the middle two; the spread of the
+        # scales is not propagated)
+        pop["client_scale"] = float(np.exp(np.median(np.log(scales))))
     if "local" in components:
         pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers], axis=0))
         pop["variance_l"] = float(np.exp(np.mean([np.log(h.variance) for h in hypers])))

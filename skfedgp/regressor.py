@@ -458,9 +458,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         the others keep ``s_i = 1``. True: every client. A learned ``s_i`` starts at the
         square root of that ratio (1 for a client within it) and is
         parametrised by the client's amplitude ``s_i sqrt(variance_g)``
-        with a log-normal prior (sd 1, natural log) centred at its start
+        with a weak log-normal prior (sd 3, natural log) centred at its start
         (``noise_prior_scale=None`` removes it). A never-seen client takes
-        the clients' median scale
+        the median of the clients' log scales
         (``client_scales_``). False: every ``s_i = 1`` (the paper's model).
         Ignored for multi-output targets, whose clients' loadings carry
         their scales, and for the mean-field family.
@@ -826,6 +826,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return float(v)
 
         lbfgs = optimizer == "lbfgs"
+        client_scale = self._check_client_scale()  # validated for every family
         n_inducing = _int("n_inducing", auto=True)
         n_inducing_local = _int("n_inducing_local", auto=True)
         if not structured:
@@ -856,7 +857,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             n_latent=self._check_n_latent(comps),
             noise=self._check_noise(),
             learn_inducing=self._check_learn_inducing(),
-            client_scale=self._check_client_scale() if structured else False,
+            client_scale=client_scale if structured else False,
         )
         if config.learning_rate is None or config.global_learning_rate is None:
             raise ValueError("learning_rate and global_learning_rate must be positive numbers")
@@ -1114,6 +1115,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.communication_ = comm
         self.n_iter_ = len(history)
         self.n_outputs_ = 1
+        self.__dict__.pop("client_scales_", None)  # from an earlier structured fit
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = config.n_inducing
@@ -1168,6 +1170,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             if self.components_ != config.components:
                 raise ValueError(f"warm_start: components {config.components} differ from the "
                                  f"fitted {self.components_}")
+            fitted_cs = getattr(self.server_.config, "client_scale", False)
+            if fitted_cs != config.client_scale:
+                # which clients carry a scale was decided at set-up; a change
+                # would leave the fitted clients half one model, half the other
+                raise ValueError(
+                    f"warm_start: client_scale={self.client_scale!r} differs from the fitted "
+                    f"model's {fitted_cs!r}; refit with warm_start=False")
             state = warm_start_state(self.server_, self.clients_, self.elbo_history_,
                                      self.objective_history_, self.communication_,
                                      self.n_evaluations_, self.failed_clients_)
@@ -1781,7 +1790,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             with those parts, which the per-component stds leave out), and
             the predictive mean of :meth:`predict` equals the sum of all the
             means; with the mean-field family it equals ``y_offset_`` plus
-            the sum.
+            the sum. For a client with a scale ``s_i`` on the shared parts
+            (``client_scales_``) ``"global"`` and ``"deviation"`` are
+            ``s_i g`` and ``s_i d_i``, in that client's units.
         """
         Xf, labels, inv = self._prepare_predict(X, groups, "predict_components", stacklevel=4)
         n = Xf.shape[0]

@@ -403,7 +403,9 @@ def test_flat_or_rescaled_client_does_not_harm_the_others_2d(ab2, kind):
         assert 0.5 * ratio <= s_rel <= 2 * ratio
 
 
-def test_client_scale_chain_rule_matches_finite_differences(ab):
+@pytest.mark.parametrize("components", [("global", "deviation", "local"), ("global", "local"),
+                                        ("global",), ("deviation", "local")])
+def test_client_scale_chain_rule_matches_finite_differences(ab, components):
     """A client that learns its scale carries it as its amplitude ``a = s sqrt(variance_g)``:
     its local gradient in ``log a`` and the clients' summed global gradient in
     ``log variance_g`` (which moves ``s = a / sqrt(variance_g)``) match central
@@ -418,7 +420,8 @@ def test_client_scale_chain_rule_matches_finite_differences(ab):
     y = np.r_[y, 1e-3 * (np.sin(6 * xc[:, 0]) + 0.05 * rng.normal(size=20))]
     g = np.r_[g, ["C"] * 20]
     states = {}
-    est = _fit(X, y, g, n_rounds=2, checkpoint=lambda r, s: states.__setitem__(r, s))
+    est = _fit(X, y, g, n_rounds=2, components=components,
+               checkpoint=lambda r, s: states.__setitem__(r, s))
     assert "shared_amplitude" in est.clients_["C"].local_values()
     st = states[max(states)]
     cfg = est.server_.config
@@ -429,7 +432,7 @@ def test_client_scale_chain_rule_matches_finite_differences(ab):
         c.set_state(st.client_states[lab])
         clients[lab] = c
     tg, gpack = st.theta_global, st.global_pack
-    M = gpack.unpack(tg)["Z_g"].shape[0]
+    M = gpack.unpack(tg)["Z_g"].shape[0] if "global" in components else 0  # size of v_g
 
     def elbo(theta_g):
         sts = [c._forward(theta_g, gpack, cfg) for c in clients.values()]
@@ -455,7 +458,7 @@ def test_client_scale_chain_rule_matches_finite_differences(ab):
     tp[j] += h
     tm[j] -= h
     fd = (elbo(tp).elbo - elbo(tm).elbo) / (2 * h)
-    np.testing.assert_allclose(total[j], fd, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(total[j], fd, rtol=1e-5, atol=1e-6)
 
 
 def test_client_on_a_flat_stretch_of_the_shared_function_keeps_scale_one():
@@ -478,3 +481,45 @@ def test_client_on_a_flat_stretch_of_the_shared_function_keeps_scale_one():
     m, s = est.predict(Xt[gt == 4], gt[gt == 4], return_std=True)
     nll = np.mean(0.5 * np.log(2 * np.pi * s**2) + 0.5 * ((yt[gt == 4] - m) / s) ** 2)
     assert nll < 2.0
+
+
+def test_warm_start_refuses_a_change_of_client_scale(ab):
+    """Which clients carry a scale is decided at set-up: a warm start with another
+    ``client_scale`` would leave the fitted clients half one model, half the other."""
+    X, y, g = ab
+    est = _fit(X, y, g, n_rounds=1, warm_start=True)
+    est.set_params(client_scale=False)
+    with pytest.raises(ValueError, match="warm_start: client_scale=False differs"):
+        est.fit(X, y, g)
+
+
+def test_client_scale_is_validated_and_cleared_for_the_mean_field_family(ab):
+    X, y, g = ab
+    with pytest.raises(ValueError, match="client_scale must be True, False or 'auto'"):
+        _fit(X, y, g, variational_family="mean_field", optimizer="adam", client_scale="yes")
+    est = _fit(X, y, g, n_rounds=1)
+    assert hasattr(est, "client_scales_")
+    est.set_params(variational_family="mean_field", optimizer="adam", n_rounds=1).fit(X, y, g)
+    assert not hasattr(est, "client_scales_")
+
+
+def test_precise_sensor_on_a_short_window_keeps_the_shared_function():
+    """A client of the others' units with a 25 times more precise sensor on a
+    short window is taken for another unit (its spread and its noise are both
+    far below the others'), but its data bring its scale back to 1: with a
+    prior of sd 1 on the log scale it stayed near its start, 0.01-0.03, and
+    its RMSE over [0, 1] was 0.57-0.66 against about 0.01 without scales."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(120, 1))
+    g = np.repeat(["A", "B", "C"], 40)
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=120)
+    xe = rng.uniform(0.2, 0.32, 15)
+    ye = np.sin(6 * xe) + 0.002 * rng.normal(size=15)
+    est = _fit(np.r_[X, xe[:, None]], np.r_[y, ye], np.r_[g, ["E"] * 15])
+    assert "shared_amplitude" in est.clients_["E"].local_values()
+    assert 0.5 < est.client_scales_["E"] < 2.0
+    xt = np.linspace(0, 1, 100)[:, None]
+    m, s = est.predict(xt, ["E"] * 100, return_std=True)
+    err = m - np.sin(6 * xt[:, 0])
+    assert np.sqrt(np.mean(err**2)) < 0.05
+    assert np.mean(np.abs(err) > 3 * s) <= 0.01

@@ -329,9 +329,10 @@ def test_fitted_state_is_consistent(fitted):
         delta = np.log(B["noise_variance"]) - np.log(c.prior_noise)
         lp += -0.5 * (delta / est.noise_prior_scale) ** 2
         lp += -c.prior_local["sd_rate"] * np.sqrt(B["variance_l"])
-        if "shared_amplitude" in B:  # log a_i ~ N(log a_c, 1), s_i = a_i / sqrt(variance_g)
+        if "shared_amplitude" in B:  # log a_i ~ N(log a_c, sd^2), s_i = a_i / sqrt(variance_g)
             a = B["shared_amplitude"]
-            lp += -0.5 * (np.log(a) - c.prior_local["log_amplitude_centre"]) ** 2
+            lp += -0.5 * ((np.log(a) - c.prior_local["log_amplitude_centre"])
+                          / fed.CLIENT_SCALE_PRIOR_SD) ** 2
             assert_allclose(est.client_scales_[c.client_id], a / np.sqrt(G["variance_g"]),
                             rtol=1e-14)
         else:
