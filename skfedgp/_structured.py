@@ -678,13 +678,12 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         if want_global and lay.has_dev:
             # E[k, w_k] = scale sqrt(phi); gamma_g = scale^2 (1 + phi)
             grads["phi"] = sc * t_w / (2.0 * np.sqrt(phi)) - sc**2 * unexplained / (2.0 * s2)
-        if want_local or want_global:
-            # E[k, v_k] = scale, E[k, w_k] = scale sqrt(phi): linear in the scale
-            # (a caller whose scale depends on a global value chains it there)
-            t_v = on_global(lay.vg_rows()) if lay.has_global else 0.0
-            g_share = (1.0 if lay.has_global else 0.0) + (phi if lay.has_dev else 0.0)
-            grads["client_scale"] = (t_v + np.sqrt(phi) * t_w
-                                     - sc * g_share * unexplained / s2)
+        # E[k, v_k] = scale, E[k, w_k] = scale sqrt(phi): linear in the scale
+        # (a caller whose scale depends on a global value chains it there)
+        t_v = on_global(lay.vg_rows()) if lay.has_global else 0.0
+        g_share = (1.0 if lay.has_global else 0.0) + (phi if lay.has_dev else 0.0)
+        grads["client_scale"] = (t_v + np.sqrt(phi) * t_w
+                                 - sc * g_share * unexplained / s2)
     # adjoints of the whitened statistics
     Wbar = -(Xi - np.diag(gam)) / (2.0 * s2)
     wbar = mu_z / s2

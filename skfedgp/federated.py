@@ -1959,7 +1959,12 @@ def client_scale_ratio(own_variance):
         with the pilots' kernel variance, which long pilot lengthscales can
         make many times the data's spread (a 5-D trend: 9 against a spread
         of about 1, so a client of that same function looked 13 times
-        flatter).
+        flatter). Dimensionless.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (whose shared parts have one scale for all
+    clients); docs/maths.md, section 10, "The scale of the shared parts".
     """
     v = float(own_variance)
     return v if v > 0 and (v > 10.0 or v < 0.1) else 1.0
@@ -1979,7 +1984,19 @@ def shared_scale(local, global_values):
     Returns
     -------
     float
-        ``a_i / sqrt(variance_g)``, or 1 for a client that learns none.
+        ``a_i / sqrt(variance_g)`` (dimensionless), or 1 for a client that
+        learns none.
+
+    Raises
+    ------
+    KeyError
+        If the client has an amplitude but ``global_values`` holds no
+        ``variance_g``.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper; docs/maths.md, section 10: client ``i``'s
+    function is ``level_i + s_i (g + d_i) + l_i``.
     """
     a = local.get("shared_amplitude")
     if a is None:
@@ -2039,6 +2056,11 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
         ``s_i`` from the global variance, and on data of one scale it led
         the optimiser to worse optima (the five-client exact-GP check of
         docs/maths.md, section 10: ELBO 25 against 40).
+
+    Notes
+    -----
+    Beyond the pFedHGP paper; docs/maths.md, section 10, "The scale of the
+    shared parts".
     """
     mode = getattr(config, "client_scale", False)
     if mode is False or not ("global" in config.components
@@ -2791,12 +2813,11 @@ class StructuredClient:
             None if own is None else own.noise_variance, population.noise_variance)
         if learn_scale:
             # the client's scale on the shared parts starts at, and its prior is
-            # centred on, its own spread over the clients' typical one when that
-            # is clearly another scale (beyond 10x either way in variance), else
-            # 1 (docs/maths.md, section 10)
-            # parametrised by its amplitude a = s sqrt(variance_g), which the
-            # server's steps on variance_g leave alone (else the two drift
-            # along a ridge, s up and variance_g down, one round at a time)
+            # centred on, the square root of its spread over the clients'
+            # typical one (docs/maths.md, section 10); it is parametrised by
+            # its amplitude a = s sqrt(variance_g), which the server's steps on
+            # variance_g leave alone (else the two drift along a ridge, s up
+            # and variance_g down, one round at a time)
             centre = float(np.clip(np.sqrt(s_ratio), 1e-10, 1e10))
             G0 = gpack.unpack(theta_g)
             amp = centre * float(np.sqrt(G0["variance_g"]))

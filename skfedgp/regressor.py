@@ -1221,13 +1221,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 "offset", c.posterior.get("level", 0.0))
             for lab, c in self.clients_.items()}
         self.n_outputs_ = config.n_outputs or 1
+        G = server.global_pack.unpack(server.theta_global)
         if config.n_outputs:
             self.__dict__.pop("client_scales_", None)  # from an earlier 1-D fit
         else:  # each client's scale on the shared parts (1: not learned)
-            G = server.global_pack.unpack(server.theta_global)
             self.client_scales_ = {lab: shared_scale(c.local_values(), G)
                                    for lab, c in self.clients_.items()}
-        G = server.global_pack.unpack(server.theta_global)
         if "phi" in G:
             self.phi_ = float(G["phi"])
         if "level_variance" in G:
@@ -1822,13 +1821,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 blocks, mu_u, Sigma_u, _, E, _ = self._structured_client(lab)
                 idx = np.flatnonzero(inv == k)
                 v_c = float(self._offset_variance(lab))  # a never-seen client's extra share
+                sc = self._client_scale(lab)
                 out["offset"][0][idx] = self.y_offset_
                 out["offset"][1][idx] = self.y_scale_ * np.sqrt(v_c)
                 for rows in _chunks(idx):
                     parts = predict_structured(Xf[rows], blocks, self.components_,
                                                G.get("phi", 1.0), mu_u, Sigma_u, E,
-                                               per_component=True,
-                                               scale=self._client_scale(lab))
+                                               per_component=True, scale=sc)
                     for name, (m, v) in parts.items():
                         if name == "level":  # the client's random level: its constant mean
                             out["offset"][0][rows] += self.y_scale_ * m
