@@ -51,10 +51,12 @@ everything else is ``M_f``-sized.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cho_factor, cho_solve, lapack
 
 from ._linalg import (
     DEFAULT_JITTER,
@@ -303,6 +305,9 @@ class ClientState:
     e: float
     tr_R: float
     level_mean: float = 0.0
+    #: ``P^{-1}`` when the forward pass formed it (data-space elimination),
+    #: else None (then taken from ``Lp``).
+    Pinv: np.ndarray = None
 
 
 #: Below this many kernel entries, the structured family's kernel matrices and
@@ -311,6 +316,12 @@ class ClientState:
 #: microseconds per call, which dominates for the many small clients of a
 #: federation; same values to round-off).
 SMALL_KERNEL = 1 << 12
+
+#: Largest ``||B_j||^2 / s2`` (prior variance of a client variable's share of
+#: one observation over the noise variance) for which a client with fewer
+#: observations than variables eliminates them in data space
+#: (:func:`_eliminate_in_data_space`); above it, in ``N_c`` space.
+DATA_SPACE_MAX_RATIO = 1e8
 
 
 def _se(X, Z, ell, var):
@@ -373,6 +384,43 @@ def _kernel_rows(Xc, blocks):
     return np.hstack([_block_kernel(name, Xc, Z, ell, var) for name, Z, ell, var, _ in blocks])
 
 
+#: Recently factorised ``K_zz`` (key: block name and exact parameter bytes).
+#: Simulated clients in one process evaluate the same broadcast global
+#: kernel, and a client's local phase keeps the global values fixed, so the
+#: global ``K_zz`` and its factor are computed once per global vector rather
+#: than once per client and evaluation. A pure function of its key: results
+#: are bitwise those of computing it each time.
+_FACTOR_CACHE = OrderedDict()
+_FACTOR_CACHE_SIZE = 16
+_FACTOR_LOCK = threading.Lock()
+
+
+def _inducing_factor(name, Z, ell, var, jit, client):
+    """``(K_zz, L, absolute jitter)`` of one block, from the cache when possible."""
+    if name == "c":  # 1 x 1, cheaper than a key
+        K = _block_kernel(name, Z, Z, ell, var)
+        L, e_ = jittered_cholesky(K, scale=var, jitter=jit, name="K_zz (client level)",
+                                  client=client)
+        return K, L, e_
+    key = (name, Z.shape, Z.tobytes(), np.asarray(ell, float).tobytes(), float(var), float(jit))
+    with _FACTOR_LOCK:
+        hit = _FACTOR_CACHE.get(key)
+        if hit is not None:
+            _FACTOR_CACHE.move_to_end(key)
+            return hit
+    K = _block_kernel(name, Z, Z, ell, var)
+    L, e_ = jittered_cholesky(K, scale=var, jitter=jit, name=f"K_zz ({_BLOCK_NAMES[name]})",
+                              client=client)
+    # the cached arrays are shared: callers must not modify them in place
+    K.flags.writeable = False
+    L.flags.writeable = False
+    with _FACTOR_LOCK:
+        _FACTOR_CACHE[key] = (K, L, e_)
+        while len(_FACTOR_CACHE) > _FACTOR_CACHE_SIZE:
+            _FACTOR_CACHE.popitem(last=False)
+    return K, L, e_
+
+
 def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=0.0,
                    scale=1.0, client=None):
     """Statistics of one client for the structured posterior (its upload).
@@ -422,9 +470,7 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
     lay = _layout(blocks, components, scale)
     Kzz, Ls, eps = [], [], []
     for name, Z, ell, var, jit in blocks:
-        K = _block_kernel(name, Z, Z, ell, var)
-        L, e_ = jittered_cholesky(K, scale=var, jitter=jit, name=f"K_zz ({_BLOCK_NAMES[name]})",
-                                  client=client)
+        K, L, e_ = _inducing_factor(name, Z, ell, var, jit, client)
         Kzz.append(K)
         Ls.append(L)
         eps.append(e_)
@@ -435,37 +481,127 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
         m = L.shape[0]
         Lam[off:off + m, off:off + m] = L
         off += m
-    Wf, wf = _whitened_statistics(X, y, blocks, Lam)
     yy = float(y @ y)
     E = lay.E(phi)
-    # E_g^T and E_c^T select (and scale) rows: slicing, never dense products
-    WEc = lay.EcT(phi, Wf).T  # W_f E_c
-    P = np.eye(lay.n_c) + lay.EcT(phi, WEc) / s2
-    Lp = _chol(P, "P (client posterior precision)", client)
-    Gm = lay.EgT(WEc) / s2
-    r = lay.EcT(phi, wf) / s2
     mu0 = float(level_mean) if lay.has_level else 0.0
-    if mu0:  # the level's prior N(mu0, 1): its natural shift, and mu0^2 in e
-        r[lay.n_c - 1] += mu0
-    PiGt = _chol_solve(Lp, Gm.T)
-    Pir = _chol_solve(Lp, r)
-    S = lay.EgT(lay.EgT(Wf).T) / s2 - Gm @ PiGt
-    S = 0.5 * (S + S.T)
-    b = lay.EgT(wf) / s2 - Gm @ Pir
+    small = None
+    if 0 < n < lay.n_c:
+        # fewer observations than client variables: eliminate in data space
+        # (None when that is not accurate here: then in N_c space)
+        small = _eliminate_in_data_space(X, y, blocks, Lam, lay, phi, s2, mu0, client)
+    if small is not None:
+        Wf, wf, Lp, PiGt, Pir, S, b, logdetP, Pinv, quad = small
+    else:
+        Wf, wf = _whitened_statistics(X, y, blocks, Lam)
+        # E_g^T and E_c^T select (and scale) rows: slicing, never dense products
+        WEc = lay.EcT(phi, Wf).T  # W_f E_c
+        P = np.eye(lay.n_c) + lay.EcT(phi, WEc) / s2
+        Lp = _chol(P, "P (client posterior precision)", client)
+        Gm = lay.EgT(WEc) / s2
+        r = _r_vector(lay, phi, wf, s2, mu0)
+        PiGt = _chol_solve(Lp, Gm.T)
+        Pir = _chol_solve(Lp, r)
+        S = lay.EgT(lay.EgT(Wf).T) / s2 - Gm @ PiGt
+        S = 0.5 * (S + S.T)
+        b = lay.EgT(wf) / s2 - Gm @ Pir
+        logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp)))) if lay.n_c else 0.0
+        quad = yy / s2 - float(r @ Pir) + mu0**2
+        Pinv = None
     gam = lay.residual_coef(phi)
     var_f = np.concatenate([np.full(Z.shape[0], var) for _, Z, _, var, _ in blocks]) \
         if blocks else np.zeros(0)
     # tr_R = sum over feature blocks of gamma_b (n var_b - tr(W_b^T W_b))
     tr_R = float(np.sum(gam * (n * var_f / np.maximum(_block_sizes(lay), 1) - np.diag(Wf))))
-    logdetP = 2.0 * float(np.sum(np.log(np.diag(Lp)))) if lay.n_c else 0.0
-    e = (n * (_LOG_2PI + np.log(s2)) + logdetP + yy / s2 - float(r @ Pir) + tr_R / s2
-         + mu0**2)
+    e = n * (_LOG_2PI + np.log(s2)) + logdetP + quad + tr_R / s2
     if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the structured statistics{where} are not finite")
     return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi), E,
-                       Lp, PiGt, Pir, S, b, float(e), tr_R, mu0)
+                       Lp, PiGt, Pir, S, b, float(e), tr_R, mu0, Pinv)
 
+
+def _r_vector(lay, phi, wf, s2, mu0):
+    """``r = E_c^T w_f / s2``, plus the level prior's natural shift ``mu0``."""
+    r = lay.EcT(phi, wf) / s2
+    if mu0:  # the level's prior N(mu0, 1): its natural shift, and mu0^2 in e
+        r[lay.n_c - 1] += mu0
+    return r
+
+
+def _eliminate_in_data_space(X, y, blocks, Lam, lay, phi, s2, mu0, client):
+    """The client's elimination through its ``n x n`` data covariance (``n < N_c``).
+
+    With ``F`` the whitened features (``n x M_f``), ``F_g = F E_g``,
+    ``B = F E_c`` and ``C = s2 I + B B^T`` (the covariance of the client's
+    targets given ``v_g``), ``P = I + B^T B / s2``, and the Woodbury identity
+    gives, with ``y~ = y - mu0 B_a`` (``B_a`` the level's column) and
+    ``alpha = C^{-1} y~``::
+
+        P^{-1} G^T = B^T C^{-1} F_g
+        S_i        = F_g^T C^{-1} F_g
+        b_i        = F_g^T alpha
+        P^{-1} r   = B^T alpha + mu0 e_a
+        log|P|     = log|C| - n log s2
+        y^T y / s2 - r^T P^{-1} r + mu0^2 = y~^T alpha
+        P^{-1}     = I - B^T C^{-1} B
+
+    the same quantities as the ``N_c``-space elimination, in ``O(n M_f^2)``
+    rather than ``O(N_c^3 + N_c^2 M)`` operations, so that the cost of a
+    client with a few observations follows its data. No term of the bound
+    is a difference of two ``1/s2``-sized ones (the ``N_c``-space form's
+    ``y^T y / s2 - r^T P^{-1} r`` is); ``P^{-1}`` has the absolute accuracy
+    of the ``N_c``-space inverse.
+
+    A prior variance far above the noise variance (``||B_j||^2 / s2`` above
+    :data:`DATA_SPACE_MAX_RATIO` for a row ``j``, e.g. a huge level variance)
+    makes ``C`` a nearly singular rank-one spread over every entry, while
+    ``P`` keeps it on one coordinate: the caller then eliminates in
+    ``N_c`` space.
+
+    Returns
+    -------
+    tuple or None
+        ``(Wf, wf, Lp, PiGt, Pir, S, b, logdetP, Pinv, quad)``: ``Lp`` is
+        None (``P`` is never formed); ``quad`` is the data-fit term
+        ``y~^T C^{-1} y~`` of ``e``. None when the data-space form is not
+        accurate here (see above).
+    """
+    if not (np.isfinite(s2) and s2 > 0):
+        raise FloatingPointError(f"the noise variance of client {client!r} is not positive")
+    n = X.shape[0]
+    Kc = _kernel_rows(X, blocks)
+    F = solve_lower(Lam, Kc.T).T  # K Lambda^{-T}, n x M_f
+    Wf = F.T @ F
+    Wf = 0.5 * (Wf + Wf.T)
+    wf = F.T @ y
+    Fg = lay.EgT(F.T).T  # n x n_vg
+    B = lay.EcT(phi, F.T).T  # n x N_c
+    # C = s2 (I + B B^T / s2): factor the bracket, whose eigenvalues are at
+    # least 1 (as P's), so that a huge level variance over a tiny noise
+    # variance factorises whenever the N_c-space P would
+    Cn = (B / s2) @ B.T
+    if not np.all(np.isfinite(Cn)) or float(np.max(np.diag(Cn))) > DATA_SPACE_MAX_RATIO:
+        return None
+    Cn[np.diag_indices(n)] += 1.0
+    try:
+        Lc, _ = jittered_cholesky(Cn, scale=1.0, jitter=0.0, max_tries=1)
+    except CholeskyError:
+        return None
+    yt = y - mu0 * B[:, lay.n_c - 1] if mu0 else y
+    alpha = _chol_solve(Lc, yt) / s2
+    CiFg = _chol_solve(Lc, Fg) / s2
+    S = Fg.T @ CiFg
+    S = 0.5 * (S + S.T)
+    b = Fg.T @ alpha
+    Pir = B.T @ alpha
+    if mu0:
+        Pir[lay.n_c - 1] += mu0
+    PiGt = B.T @ CiFg
+    logdetP = 2.0 * float(np.sum(np.log(np.diag(Lc))))
+    Wc = solve_lower(Lc, B) / np.sqrt(s2)  # P^{-1} = I - B^T C^{-1} B = I - Wc^T Wc
+    Pinv = -(Wc.T @ Wc)
+    Pinv[np.diag_indices(lay.n_c)] += 1.0
+    return Wf, wf, None, PiGt, Pir, S, b, logdetP, Pinv, float(yt @ alpha)
 
 def _whitened_statistics(X, y, blocks, Lam):
     """``W_f = F^T F`` and ``w_f = F^T y`` with ``F = K Lambda^{-T}``, streamed over row chunks.
@@ -579,7 +715,7 @@ def combine(S_list, b_list, e_list, M):
 # ---------------------------------------------------------------------------
 
 
-def client_posterior(state, mu, A_inv):
+def client_posterior(state, mu, A_inv, *, want_H=True):
     """Mean and covariance of ``u = (v_g, c)`` under the optimal joint ``q``.
 
     Parameters
@@ -587,30 +723,49 @@ def client_posterior(state, mu, A_inv):
     state : ClientState
     mu : ndarray of shape (M,)
     A_inv : ndarray of shape (M, M)
+    want_H : bool, default=True
+        Also return ``H`` (None otherwise; it costs an ``M_f x N_c x M``
+        product the gradients do not need).
 
     Returns
     -------
     mu_u : ndarray of shape (N_u,)
     Sigma_u : ndarray of shape (N_u, N_u)
-    H : ndarray of shape (M_f, M)
+    H : ndarray of shape (M_f, M) or None
         ``z = H v_g + (independent of v_g)``: loading of the client's feature
         coefficients on ``v_g`` (for covariances between clients).
     """
     lay = state.layout
-    Lp = state.Lp
+    ng = lay.n_vg
     mu_c = state.Pir - state.PiGt @ mu
     Sgc = -A_inv @ state.PiGt.T
-    if lay.n_c:
-        Pinv = _chol_solve(Lp, np.eye(lay.n_c))
-    else:
-        Pinv = np.zeros((0, 0))
-    Scc = Pinv + state.PiGt @ A_inv @ state.PiGt.T
+    Sigma = np.empty((ng + lay.n_c, ng + lay.n_c))
+    Sigma[:ng, :ng] = 0.5 * (A_inv + A_inv.T)
+    Sigma[:ng, ng:] = Sgc
+    Sigma[ng:, :ng] = Sgc.T
+    Scc = _p_inverse(state) - state.PiGt @ Sgc  # P^{-1} + P^{-1} G^T A^{-1} G P^{-1}
+    Sigma[ng:, ng:] = 0.5 * (Scc + Scc.T)
     mu_u = np.concatenate([mu, mu_c])
-    Sigma = np.block([[A_inv, Sgc], [Sgc.T, Scc]])
-    Sigma = 0.5 * (Sigma + Sigma.T)
-    E = state.E
-    H = E[:, : lay.n_vg] - E[:, lay.n_vg:] @ state.PiGt
+    H = None
+    if want_H:
+        E = state.E
+        H = E[:, :ng] - E[:, ng:] @ state.PiGt
     return mu_u, Sigma, H
+
+
+def _p_inverse(state):
+    """``P^{-1}`` from the forward pass's factor (LAPACK ``dpotri``, not two solves)."""
+    n_c = state.layout.n_c
+    if not n_c:
+        return np.zeros((0, 0))
+    if state.Pinv is not None:
+        return state.Pinv
+    Pinv, info = lapack.dpotri(state.Lp, lower=1)
+    if info != 0:  # pragma: no cover - Lp is a valid factor
+        raise FloatingPointError(f"dpotri failed (info={info})")
+    Pinv = np.tril(Pinv)
+    Pinv += np.tril(Pinv, -1).T
+    return Pinv
 
 
 # ---------------------------------------------------------------------------
@@ -651,7 +806,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     """
     lay = state.layout
     s2, n, phi = state.s2, state.n, state.phi
-    mu_u, Sigma_u, _ = client_posterior(state, mu, A_inv)
+    mu_u, Sigma_u, _ = client_posterior(state, mu, A_inv, want_H=False)
     # E is a selection and scaling: E @ M by slicing, never a dense product
     mu_z = lay.apply_E(phi, mu_u)
     ES = lay.apply_E(phi, Sigma_u)  # E Sigma_u, (M_f, N_u)
@@ -684,47 +839,54 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         g_share = (1.0 if lay.has_global else 0.0) + (phi if lay.has_dev else 0.0)
         grads["client_scale"] = (t_v + np.sqrt(phi) * t_w
                                  - sc * g_share * unexplained / s2)
-    # adjoints of the whitened statistics
+    # adjoints of the whitened statistics W_f = Lam^{-1} K^T K Lam^{-T} and
+    # w_f = Lam^{-1} K^T y, with Lam = blockdiag(L_b): only the wanted blocks'
+    # columns are formed (Phibar[:, b] = Lam^{-T} Wbar[:, b] L_b^{-1}, and the
+    # diagonal block of Lambar), O(M_f^2 M_b) rather than O(M_f^3)
     Wbar = -(Xi - np.diag(gam)) / (2.0 * s2)
     wbar = mu_z / s2
     Mf = lay.Mf
     if Mf == 0:
         return grads
-    Lam = state.Lam
-    Phibar = solve_lower(Lam, solve_lower(Lam, Wbar, trans=True).T, trans=True)
-    Phibar = 0.5 * (Phibar + Phibar.T)
-    psibar = solve_lower(Lam, wbar, trans=True)
-    Lambar = -solve_lower(Lam, 2.0 * Wbar @ Wf + np.outer(wbar, wf), trans=True)
     want = {"g": want_global, "l": want_local, "c": want_global}
-    offs = {}
+    offs = []
     off = 0
     for name, Z, *_ in state.blocks:
-        offs[name] = (off, off + Z.shape[0])
+        offs.append((off, off + Z.shape[0]))
         off += Z.shape[0]
     acc = {}
+    cols = {}  # name -> (2 Phibar[:, b], psibar[b])
     for k, (name, Z, ell, var, _) in enumerate(state.blocks):
         if not want[name]:
             continue
-        a, b_ = offs[name]
-        Lbar = np.tril(Lambar[a:b_, a:b_])
-        Kbar_zz = cholesky_backward(state.Ls[k], Lbar)
+        a, b_ = offs[k]
+        Lb = state.Ls[k]
+        R = 2.0 * Wbar[a:b_] @ Wf[:, a:b_] + np.outer(wbar[a:b_], wf[a:b_])
+        Lbar = np.tril(-solve_lower(Lb, R, trans=True))
+        Kbar_zz = cholesky_backward(Lb, Lbar)
         dZ, dell, dvar = _block_grad(name, Z, Z, state.Kzz[k], Kbar_zz, ell, var, sym=True)
         dvar += (state.eps[k] / var) * float(np.trace(Kbar_zz))
         # explicit n var_b in tr_R
         dvar += -float(gam[a]) * n / (2.0 * s2)
         acc[name] = [dZ, dell, dvar]
-    # data pass: Kbar = K (Phibar + Phibar^T) + y psibar^T, per block columns
-    Pb2 = 2.0 * Phibar
+        T = solve_lower(Lb, Wbar[a:b_], trans=True).T  # Wbar[:, b] L_b^{-1} (Wbar symmetric)
+        Pb = np.empty_like(T)
+        for (c0, c1), Lc in zip(offs, state.Ls):
+            Pb[c0:c1] = solve_lower(Lc, T[c0:c1], trans=True)
+        cols[name] = (2.0 * Pb, solve_lower(Lb, wbar[a:b_], trans=True))
+    # data pass: Kbar[:, b] = K (Phibar + Phibar^T)[:, b] + y psibar[b]^T
     if acc:
         for a0 in range(0, n, CHUNK_ROWS):
             Xc = X[a0:a0 + CHUNK_ROWS]
             Kc = _kernel_rows(Xc, state.blocks)
-            Kbar = Kc @ Pb2 + np.outer(y[a0:a0 + CHUNK_ROWS], psibar)
-            for name, Z, ell, var, _ in state.blocks:
+            yc = y[a0:a0 + CHUNK_ROWS]
+            for k, (name, Z, ell, var, _) in enumerate(state.blocks):
                 if name not in acc:
                     continue
-                a, b_ = offs[name]
-                dZ, dell, dvar = _block_grad(name, Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, var)
+                a, b_ = offs[k]
+                Pb2, psib = cols[name]
+                Kbar = Kc @ Pb2 + np.outer(yc, psib)
+                dZ, dell, dvar = _block_grad(name, Xc, Z, Kc[:, a:b_], Kbar, ell, var)
                 acc[name][0] += dZ
                 acc[name][1] += dell
                 acc[name][2] += dvar

@@ -353,13 +353,14 @@ def test_joint_covariance_across_clients_matches_dense_joint_posterior(fitted):
     everyone = list(est.clients_)
     st = {lab: sts[lab][0] for lab in everyone}
     Mg = post.mu.shape[0]
-    sizes = [Mg] + [st[lab].Lp.shape[0] for lab in everyone]
+    sizes = [Mg] + [st[lab].PiGt.shape[0] for lab in everyone]
     off = np.cumsum([0] + sizes)
     Lam = np.zeros((off[-1], off[-1]))
     Lam[:Mg, :Mg] = np.eye(Mg)
     for j, lab in enumerate(everyone, start=1):
         s = st[lab]
-        P = s.Lp @ s.Lp.T
+        # P from its factor, or (data-space elimination, n_i < N_c) from P^{-1}
+        P = s.Lp @ s.Lp.T if s.Lp is not None else np.linalg.inv(s.Pinv)
         GT = P @ s.PiGt  # G^T = P (P^{-1} G^T), shape (M_c, M)
         sl = slice(off[j], off[j + 1])
         Lam[sl, sl] = P
@@ -861,3 +862,46 @@ def test_broken_posterior_covariance_is_an_error_not_a_clipped_variance(two_clie
         broken.predict_components(x, [lab] * 3)
     m, s = est.predict(x, [lab] * 3, return_std=True)  # the intact model is untouched
     assert np.all(np.isfinite(s)) and np.all(s > 0)
+
+
+_WITH_CLIENT_VARIABLES = [c for c in SUBSETS if "deviation" in c or "local" in c]
+
+
+@pytest.mark.parametrize("comps", _WITH_CLIENT_VARIABLES,
+                         ids=["+".join(c) for c in _WITH_CLIENT_VARIABLES])
+@pytest.mark.parametrize("level_mean", [0.0, -0.8])
+def test_data_space_elimination_matches_the_client_space_one(comps, level_mean, monkeypatch):
+    """A client with fewer observations than variables eliminates them through its
+    n x n data covariance (Woodbury); statistics, posterior moments and gradients
+    agree with the N_c-space elimination, which the same client uses when the
+    data-space form is switched off."""
+    import skfedgp._structured as st_mod
+
+    rng = np.random.default_rng(7)
+    X = rng.uniform(size=(3, 2))  # 3 < N_c = 9 (deviation) + 4 (local) + 1 (level)
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.normal(size=3)
+    G, (B,) = _params([X], rng.uniform(size=(9, 2)), [rng.uniform(size=(4, 2))])
+    blocks = feature_blocks(G, B, comps)
+
+    def run():
+        st = client_forward(X, y, blocks, comps, 0.03, G["phi"], level_mean=level_mean,
+                            scale=1.3)
+        M = st.S.shape[0]
+        post = combine([st.S], [st.b], [st.e], M)
+        mu_u, Sigma_u, _ = client_posterior(st, post.mu, post.A_inv)
+        grads = client_backward(st, X, y, post.mu, post.A_inv)
+        return st, mu_u, Sigma_u, grads
+
+    small, mu_s, Sig_s, g_s = run()
+    assert small.Pinv is not None and small.Lp is None  # the data-space path ran
+    monkeypatch.setattr(st_mod, "DATA_SPACE_MAX_RATIO", -1.0)
+    big, mu_b, Sig_b, g_b = run()
+    assert big.Pinv is None and big.Lp is not None
+    for name in ("S", "b", "PiGt", "Pir"):
+        assert_allclose(getattr(small, name), getattr(big, name), rtol=1e-9, atol=1e-10)
+    assert_allclose(small.e, big.e, rtol=1e-11)
+    assert_allclose(mu_s, mu_b, rtol=1e-9, atol=1e-10)
+    assert_allclose(Sig_s, Sig_b, rtol=1e-9, atol=1e-10)
+    assert g_s.keys() == g_b.keys()
+    for k in g_b:
+        assert_allclose(g_s[k], g_b[k], rtol=1e-8, atol=1e-9 * np.abs(g_b[k]).max())
