@@ -384,23 +384,26 @@ def _kernel_rows(Xc, blocks):
     return np.hstack([_block_kernel(name, Xc, Z, ell, var) for name, Z, ell, var, _ in blocks])
 
 
-#: Recently factorised ``K_zz`` (key: block name and exact parameter bytes).
+#: Recently factorised global ``K_zz`` (key: exact parameter bytes).
 #: Simulated clients in one process evaluate the same broadcast global
 #: kernel, and a client's local phase keeps the global values fixed, so the
 #: global ``K_zz`` and its factor are computed once per global vector rather
 #: than once per client and evaluation. A pure function of its key: results
 #: are bitwise those of computing it each time.
 _FACTOR_CACHE = OrderedDict()
-_FACTOR_CACHE_SIZE = 16
+#: Memory budget of the cache (bytes of ``K_zz`` and ``L``; oldest out first).
+_FACTOR_CACHE_BYTES = 64 * 2**20
+_FACTOR_CACHE_USED = 0
 _FACTOR_LOCK = threading.Lock()
 
 
 def _inducing_factor(name, Z, ell, var, jit, client):
     """``(K_zz, L, absolute jitter)`` of one block, from the cache when possible."""
-    if name == "c":  # 1 x 1, cheaper than a key
+    global _FACTOR_CACHE_USED
+    if name != "g":  # a client's own blocks change with its own vector: not cached
         K = _block_kernel(name, Z, Z, ell, var)
-        L, e_ = jittered_cholesky(K, scale=var, jitter=jit, name="K_zz (client level)",
-                                  client=client)
+        L, e_ = jittered_cholesky(K, scale=var, jitter=jit,
+                                  name=f"K_zz ({_BLOCK_NAMES[name]})", client=client)
         return K, L, e_
     key = (name, Z.shape, Z.tobytes(), np.asarray(ell, float).tobytes(), float(var), float(jit))
     with _FACTOR_LOCK:
@@ -411,13 +414,17 @@ def _inducing_factor(name, Z, ell, var, jit, client):
     K = _block_kernel(name, Z, Z, ell, var)
     L, e_ = jittered_cholesky(K, scale=var, jitter=jit, name=f"K_zz ({_BLOCK_NAMES[name]})",
                               client=client)
-    # the cached arrays are shared: callers must not modify them in place
-    K.flags.writeable = False
-    L.flags.writeable = False
-    with _FACTOR_LOCK:
-        _FACTOR_CACHE[key] = (K, L, e_)
-        while len(_FACTOR_CACHE) > _FACTOR_CACHE_SIZE:
-            _FACTOR_CACHE.popitem(last=False)
+    if 4 * (K.nbytes + L.nbytes) <= _FACTOR_CACHE_BYTES:
+        # the cached arrays are shared: callers must not modify them in place
+        K.flags.writeable = False
+        L.flags.writeable = False
+        with _FACTOR_LOCK:
+            if key not in _FACTOR_CACHE:
+                _FACTOR_CACHE[key] = (K, L, e_)
+                _FACTOR_CACHE_USED += K.nbytes + L.nbytes
+            while _FACTOR_CACHE_USED > _FACTOR_CACHE_BYTES:
+                a, b, _ = _FACTOR_CACHE.popitem(last=False)[1]
+                _FACTOR_CACHE_USED -= a.nbytes + b.nbytes
     return K, L, e_
 
 
@@ -485,8 +492,9 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
     E = lay.E(phi)
     mu0 = float(level_mean) if lay.has_level else 0.0
     small = None
-    if 0 < n < lay.n_c:
-        # fewer observations than client variables: eliminate in data space
+    if 0 < n < lay.n_c and n <= CHUNK_ROWS:
+        # fewer observations than client variables (one chunk at most):
+        # eliminate in data space
         # (None when that is not accurate here: then in N_c space)
         small = _eliminate_in_data_space(X, y, blocks, Lam, lay, phi, s2, mu0, client)
     if small is not None:
