@@ -905,3 +905,39 @@ def test_data_space_elimination_matches_the_client_space_one(comps, level_mean, 
     assert g_s.keys() == g_b.keys()
     for k in g_b:
         assert_allclose(g_s[k], g_b[k], rtol=1e-8, atol=1e-9 * np.abs(g_b[k]).max())
+
+
+def test_global_factor_cache_is_bitwise_transparent_and_read_only():
+    """Simulated clients share the factor of the broadcast global K_zz: a cached
+    factor gives the same bits as a fresh one, and callers cannot write into it."""
+    import skfedgp._structured as st_mod
+
+    Xs, ys = _clients((12, 4))
+    rng = np.random.default_rng(4)
+    G, Bs = _params(Xs, rng.uniform(size=(6, 2)), [rng.uniform(size=(4, 2)) for _ in Xs])
+    st_mod._FACTOR_CACHE.clear()
+    st_mod._FACTOR_CACHE_USED = 0
+    fresh = _elbo(Xs, ys, G, Bs)  # the second client reuses the first one's factor
+    assert len(st_mod._FACTOR_CACHE) == 1
+    K, L, _ = next(iter(st_mod._FACTOR_CACHE.values()))[:3]
+    assert not K.flags.writeable and not L.flags.writeable
+    again = _elbo(Xs, ys, G, Bs)  # every client from the cache
+    assert fresh[0].elbo == again[0].elbo
+    assert_array_equal(fresh[0].mu, again[0].mu)
+    for a, b in zip(fresh[1], again[1]):
+        assert_array_equal(a.S, b.S)
+
+
+def test_a_dominant_prior_variance_falls_back_to_client_space():
+    """A prior variance 1e8 times the noise variance or more on a row: the data-space
+    covariance would be nearly singular, so the client eliminates in N_c space."""
+    rng = np.random.default_rng(8)
+    X = rng.uniform(size=(3, 2))
+    y = rng.normal(size=3)
+    G, (B,) = _params([X], rng.uniform(size=(6, 2)), [rng.uniform(size=(4, 2))])
+    small = client_forward(X, y, feature_blocks(G, B, ALL), ALL, 0.05, G["phi"])
+    assert small.Pinv is not None
+    G = dict(G, level_variance=1e7)
+    big = client_forward(X, y, feature_blocks(G, B, ALL), ALL, 1e-2, G["phi"])
+    assert big.Pinv is None and big.Lp is not None
+    assert np.isfinite(big.e)
