@@ -68,10 +68,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg import lapack
 
 from ._hierarchy import Packer
-from ._linalg import DEFAULT_JITTER, cholesky_backward, jittered_cholesky, solve_lower
+from ._linalg import (DEFAULT_JITTER, cholesky_backward, cholesky_inverse, jittered_cholesky,
+                      solve_lower)
 from ._structured import CHUNK_ROWS, _se, _se_grad, _se_grad_sym
 
 __all__ = [
@@ -652,11 +652,7 @@ def _p_inverse(state):
     Pinv = state._cache.get("Pinv")
     if Pinv is None:
         if state.layout.n_c:
-            Pinv, info = lapack.dpotri(state.Lp, lower=1)  # from the factor, in place of 2 solves
-            if info != 0:  # pragma: no cover - Lp is a valid factor
-                raise FloatingPointError(f"dpotri failed (info={info})")
-            Pinv = np.tril(Pinv)
-            Pinv += np.tril(Pinv, -1).T
+            Pinv = cholesky_inverse(state.Lp)
         else:
             Pinv = np.zeros((0, 0))
         state._cache["Pinv"] = Pinv

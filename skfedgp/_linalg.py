@@ -51,6 +51,7 @@ __all__ = [
     "solve_lower",
     "solve_upper",
     "cholesky_backward",
+    "cholesky_inverse",
     "gram",
     "softplus",
     "softplus_inv",
@@ -292,6 +293,37 @@ def cholesky_backward(L, Lbar):
     P.flat[:: P.shape[0] + 1] *= 0.5
     S = solve_lower(L, solve_upper(L, P), trans=True)
     return 0.5 * (S + S.T)
+
+
+def cholesky_inverse(L):
+    """``K^{-1}`` from the lower Cholesky factor ``L`` of ``K`` (LAPACK ``dpotri``).
+
+    One call in place of two triangular solves against the identity.
+
+    Parameters
+    ----------
+    L : ndarray of shape (m, m)
+        Lower Cholesky factor of a symmetric positive definite ``K`` (only
+        its lower triangle is read).
+
+    Returns
+    -------
+    ndarray of shape (m, m)
+        ``K^{-1}``, exactly symmetric.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        If ``L`` has a zero on its diagonal (not a Cholesky factor).
+    """
+    from scipy.linalg import lapack
+
+    inv, info = lapack.dpotri(L, lower=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"dpotri failed (info={info})")
+    inv = np.tril(inv)
+    inv += np.tril(inv, -1).T
+    return inv
 
 
 def softplus(t):

@@ -56,7 +56,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, lapack
+from scipy.linalg import cho_factor, cho_solve
 
 from ._linalg import (
     DEFAULT_JITTER,
@@ -64,6 +64,7 @@ from ._linalg import (
     nonnegative_variance,
     single_threaded_blas,
     cholesky_backward,
+    cholesky_inverse,
     jittered_cholesky,
     solve_lower,
 )
@@ -401,11 +402,15 @@ _FACTOR_LOCK = threading.Lock()
 def _inducing_factor(name, Z, ell, var, jit, client):
     """``(K_zz, L, absolute jitter)`` of one block, from the cache when possible."""
     global _FACTOR_CACHE_USED
-    if name != "g":  # a client's own blocks change with its own vector: not cached
+
+    def factor():
         K = _block_kernel(name, Z, Z, ell, var)
         L, e_ = jittered_cholesky(K, scale=var, jitter=jit,
                                   name=f"K_zz ({_BLOCK_NAMES[name]})", client=client)
         return K, L, e_
+
+    if name != "g":  # a client's own blocks change with its own vector: not cached
+        return factor()
     Z = np.asarray(Z, dtype=float)
     key = (name, Z.shape, Z.tobytes(), np.asarray(ell, float).tobytes(), float(var), float(jit))
     with _FACTOR_LOCK:
@@ -416,9 +421,7 @@ def _inducing_factor(name, Z, ell, var, jit, client):
     # one BLAS thread, so that a cached factor has the same bits whichever
     # context (process, thread, BLAS setting) first computed it
     with single_threaded_blas():
-        K = _block_kernel(name, Z, Z, ell, var)
-        L, e_ = jittered_cholesky(K, scale=var, jitter=jit,
-                                  name=f"K_zz ({_BLOCK_NAMES[name]})", client=client)
+        K, L, e_ = factor()
     size = K.nbytes + L.nbytes + len(key[2]) + len(key[3])
     if 4 * size <= _FACTOR_CACHE_BYTES:
         # the cached arrays are shared: callers must not modify them in place
@@ -499,19 +502,25 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
     small = None
     if 0 < n < lay.n_c and n <= CHUNK_ROWS:
         # fewer observations than client variables (one chunk at most):
-        # eliminate in data space
-        # (None when that is not accurate here: then in N_c space)
-        small = _eliminate_in_data_space(X, y, blocks, Lam, lay, phi, s2, mu0, client)
-    if small is not None:
-        Wf, wf, Lp, PiGt, Pir, S, b, logdetP, Pinv, quad = small
+        # eliminate in data space (None when that is not accurate here: then
+        # in N_c space, with the same W_f and w_f)
+        F = _whitened_rows(X, blocks, Lam)
+        Wf = F.T @ F
+        Wf, wf = 0.5 * (Wf + Wf.T), F.T @ y  # as _whitened_statistics forms them
+        small = _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client)
     else:
         Wf, wf = _whitened_statistics(X, y, blocks, Lam)
+    if small is not None:
+        Lp, PiGt, Pir, S, b, logdetP, Pinv, quad = small
+    else:
         # E_g^T and E_c^T select (and scale) rows: slicing, never dense products
         WEc = lay.EcT(phi, Wf).T  # W_f E_c
         P = np.eye(lay.n_c) + lay.EcT(phi, WEc) / s2
         Lp = _chol(P, "P (client posterior precision)", client)
         Gm = lay.EgT(WEc) / s2
-        r = _r_vector(lay, phi, wf, s2, mu0)
+        r = lay.EcT(phi, wf) / s2
+        if mu0:  # the level's prior N(mu0, 1): its natural shift, and mu0^2 in e
+            r[lay.n_c - 1] += mu0
         PiGt = _chol_solve(Lp, Gm.T)
         Pir = _chol_solve(Lp, r)
         S = lay.EgT(lay.EgT(Wf).T) / s2 - Gm @ PiGt
@@ -533,15 +542,7 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
                        Lp, PiGt, Pir, S, b, float(e), tr_R, mu0, Pinv)
 
 
-def _r_vector(lay, phi, wf, s2, mu0):
-    """``r = E_c^T w_f / s2``, plus the level prior's natural shift ``mu0``."""
-    r = lay.EcT(phi, wf) / s2
-    if mu0:  # the level's prior N(mu0, 1): its natural shift, and mu0^2 in e
-        r[lay.n_c - 1] += mu0
-    return r
-
-
-def _eliminate_in_data_space(X, y, blocks, Lam, lay, phi, s2, mu0, client):
+def _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client):
     """The client's elimination through its ``n x n`` data covariance (``n < N_c``).
 
     With ``F`` the whitened features (``n x M_f``), ``F_g = F E_g``,
@@ -576,22 +577,23 @@ def _eliminate_in_data_space(X, y, blocks, Lam, lay, phi, s2, mu0, client):
     against a 50-digit reference), harmless for the fit but visible in
     finite differences of the bound with steps below ``1e-6``.
 
+    Parameters
+    ----------
+    F : ndarray of shape (n, M_f)
+        The client's whitened features (:func:`_whitened_rows`).
+    y : ndarray of shape (n,)
+
     Returns
     -------
     tuple or None
-        ``(Wf, wf, Lp, PiGt, Pir, S, b, logdetP, Pinv, quad)``: ``Lp`` is
-        None (``P`` is never formed); ``quad`` is the data-fit term
+        ``(Lp, PiGt, Pir, S, b, logdetP, Pinv, quad)``: ``Lp`` is None
+        (``P`` is never formed); ``quad`` is the data-fit term
         ``y~^T C^{-1} y~`` of ``e``. None when the data-space form is not
         accurate here (see above).
     """
     if not (np.isfinite(s2) and s2 > 0):
         raise FloatingPointError(f"the noise variance of client {client!r} is not positive")
-    n = X.shape[0]
-    Kc = _kernel_rows(X, blocks)
-    F = solve_lower(Lam, Kc.T).T  # K Lambda^{-T}, n x M_f
-    Wf = F.T @ F
-    Wf = 0.5 * (Wf + Wf.T)
-    wf = F.T @ y
+    n = F.shape[0]
     Fg = lay.EgT(F.T).T  # n x n_vg
     B = lay.EcT(phi, F.T).T  # n x N_c
     # C = s2 (I + B B^T / s2): factor the bracket, whose eigenvalues are at
@@ -619,7 +621,7 @@ def _eliminate_in_data_space(X, y, blocks, Lam, lay, phi, s2, mu0, client):
     Wc = solve_lower(Lc, B) / np.sqrt(s2)  # P^{-1} = I - B^T C^{-1} B = I - Wc^T Wc
     Pinv = -(Wc.T @ Wc)
     Pinv[np.diag_indices(lay.n_c)] += 1.0
-    return Wf, wf, None, PiGt, Pir, S, b, logdetP, Pinv, float(yt @ alpha)
+    return None, PiGt, Pir, S, b, logdetP, Pinv, float(yt @ alpha)
 
 def _whitened_statistics(X, y, blocks, Lam):
     """``W_f = F^T F`` and ``w_f = F^T y`` with ``F = K Lambda^{-T}``, streamed over row chunks.
@@ -640,11 +642,16 @@ def _whitened_statistics(X, y, blocks, Lam):
     if Mf == 0:
         return Wf, wf
     for a in range(0, n, CHUNK_ROWS):
-        Kc = _kernel_rows(X[a:a + CHUNK_ROWS], blocks)
-        Fc = solve_lower(Lam, Kc.T).T  # K Lambda^{-T}
+        Fc = _whitened_rows(X[a:a + CHUNK_ROWS], blocks, Lam)
         Wf += Fc.T @ Fc
         wf += Fc.T @ y[a:a + CHUNK_ROWS]
     return 0.5 * (Wf + Wf.T), wf
+
+
+def _whitened_rows(X, blocks, Lam):
+    """Whitened kernel rows ``F = K(X, Z) Lambda^{-T}`` (``n x M_f``) of one chunk."""
+    return solve_lower(Lam, _kernel_rows(X, blocks).T).T
+
 
 
 def _block_sizes(lay):
@@ -778,12 +785,7 @@ def _p_inverse(state):
         return np.zeros((0, 0))
     if state.Pinv is not None:
         return state.Pinv
-    Pinv, info = lapack.dpotri(state.Lp, lower=1)
-    if info != 0:  # pragma: no cover - Lp is a valid factor
-        raise FloatingPointError(f"dpotri failed (info={info})")
-    Pinv = np.tril(Pinv)
-    Pinv += np.tril(Pinv, -1).T
-    return Pinv
+    return cholesky_inverse(state.Lp)
 
 
 # ---------------------------------------------------------------------------
@@ -889,7 +891,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         acc[name] = [dZ, dell, dvar]
         T = solve_lower(Lb, Wbar[a:b_], trans=True).T  # Wbar[:, b] L_b^{-1} (Wbar symmetric)
         Pb = np.empty_like(T)
-        for (c0, c1), Lc in zip(offs, state.Ls):
+        for (c0, c1), Lc in zip(offs, state.Ls):  # Lam^{-T} T, block by block
             Pb[c0:c1] = solve_lower(Lc, T[c0:c1], trans=True)
         cols[name] = (2.0 * Pb, solve_lower(Lb, wbar[a:b_], trans=True))
     # data pass: Kbar[:, b] = K (Phibar + Phibar^T)[:, b] + y psibar[b]^T

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from joblib import Parallel, delayed
-from scipy.linalg import cho_solve, cholesky, lapack, solve_triangular
+from scipy.linalg import cho_solve, cholesky, solve_triangular
 from scipy.optimize import minimize
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.metrics import r2_score
@@ -41,7 +41,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from ._linalg import single_threaded_blas
+from ._linalg import cholesky_inverse, single_threaded_blas
 from ._validation import (
     ClientLabelWarning,
     check_groups,
@@ -135,15 +135,6 @@ def _cholesky(K, where="client"):
         f"{jitter:.1e}")
 
 
-def _chol_inverse(L):
-    """``K^{-1}`` from the lower Cholesky factor of ``K`` (LAPACK ``potri``)."""
-    inv, info = lapack.dpotri(L, lower=1)
-    if info != 0:
-        raise np.linalg.LinAlgError(f"potri failed (info={info})")
-    inv = np.tril(inv)
-    return inv + np.tril(inv, -1).T
-
-
 def lmc_log_marginal_likelihood(Xe, qe, v, B, ell, noise_variance, *, gradient=True):
     r"""Exact log marginal likelihood of one client's LMC GP and its gradient.
 
@@ -190,7 +181,7 @@ def lmc_log_marginal_likelihood(Xe, qe, v, B, ell, noise_variance, *, gradient=T
            - 0.5 * m * np.log(2.0 * np.pi))
     if not gradient:
         return lml
-    Kinv = _chol_inverse(L)
+    Kinv = cholesky_inverse(L)
     W = np.outer(alpha, alpha) - Kinv  # d lml = 0.5 tr(W dK)
     Q, R = B.shape
     gB = np.zeros((Q, R))
