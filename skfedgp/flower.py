@@ -103,7 +103,7 @@ CODEC_TYPES = {
         _fed.ClientStatistics, _fed.ModelConfig, _fed.PilotSummary,
         _fed.StructuredStatistics, _fed.PosteriorBroadcast, _fed.GlobalGradient,
         _fed.LocalHyperparameters, _fed.ClientUpdateValue, _fed._PopulationPilot,
-        _fed.ClientState, _fed.DesignResidual,
+        _fed.ClientState, _fed.DesignResidual, _fed.PoolEvidence,
     )
 }
 _ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "t", "m", "v")
@@ -366,7 +366,8 @@ MESSAGE_CATEGORY = "train"
 #: :class:`~skfedgp.federated.StructuredClient` the training loop uses),
 #: plus ``"hello"`` (client id, numbers of features and of outputs, the
 #: first exchange).
-METHODS = ("hello", "summary", "prepare", "pilot", "initialise", "design_residual",
+METHODS = ("hello", "summary", "prepare", "pilot", "pool_evidence", "initialise",
+           "design_residual",
            "statistics", "global_gradient", "local_phase", "finish", "close", "get_state",
            "set_state")
 _STATE_KEY = "skfedgp"
@@ -937,7 +938,8 @@ class FlowerTransport:
 
 
 #: Set-up exchanges: their bytes are round 0 of ``communication_``.
-SETUP_METHODS = ("summary", "prepare", "pilot", "initialise", "design_residual")
+SETUP_METHODS = ("summary", "prepare", "pilot", "pool_evidence", "initialise",
+                 "design_residual")
 
 
 def payload_per_round(log):

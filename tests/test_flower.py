@@ -176,7 +176,8 @@ def test_flower_training_matches_estimator_fit(tmp_path):
 
     pytest.importorskip("ray", reason="Flower's simulation runtime needs Ray "
                         "(pip install \"flwr[simulation]\")")
-    X, y, groups = _client_data(n_clients=3, n=40, seed=1, d=2)
+    # 24 rows per client: the clients also fit the pooled pilot over Flower
+    X, y, groups = _client_data(n_clients=3, n=24, seed=1, d=2)
     names = np.array([f"site-{g}" for g in groups], dtype=object)
     params = dict(random_state=0, n_rounds=2)
     # the simulated clients run in Ray workers with one BLAS/OpenMP thread;

@@ -501,10 +501,11 @@ def test_no_client_data_in_fitted_model(two_clients):
 
 @pytest.fixture
 def structured_spy(monkeypatch):
-    log = {"pilot": [], "statistics": [], "gradients": [], "final": [], "design": []}
+    log = {"pilot": [], "statistics": [], "gradients": [], "final": [], "design": [],
+           "pool": []}
     S = fed.StructuredClient
     orig = {name: getattr(S, name) for name in ("pilot", "statistics", "global_gradient",
-                                                "finish", "design_residual")}
+                                                "finish", "design_residual", "pool_evidence")}
 
     def wrap(name, key):
         def f(self, *a, **k):
@@ -518,6 +519,7 @@ def structured_spy(monkeypatch):
     monkeypatch.setattr(S, "global_gradient", wrap("global_gradient", "gradients"))
     monkeypatch.setattr(S, "finish", wrap("finish", "final"))
     monkeypatch.setattr(S, "design_residual", wrap("design_residual", "design"))
+    monkeypatch.setattr(S, "pool_evidence", wrap("pool_evidence", "pool"))
     return log
 
 
@@ -535,10 +537,11 @@ def _fit_sizes(sizes, seed=0):
 
 
 def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
-    est, X, y, g = _fit_sizes((6, 300))
+    # two small clients: they also fit the pooled pilot (PoolEvidence messages)
+    est, X, y, g = _fit_sizes((6, 9, 300))
     M, P = 8, est.server_.global_pack.size
     log = structured_spy
-    for key in ("pilot", "statistics", "gradients", "final", "design"):
+    for key in ("pilot", "statistics", "gradients", "final", "design", "pool"):
         assert log[key], key
         by_client = {}
         for cid, msg in log[key]:
@@ -554,6 +557,7 @@ def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
                 assert not np.isin(a, yi).any(), (key, name)
         # a 300-row client sends arrays of the same shapes as a 6-row one
         shapes = list(by_client.values())
+        assert key != "pool" or set(by_client) == {"c0", "c1"}  # the small ones
         assert all(s == shapes[0] for s in shapes), key
     st = log["statistics"][0][1]
     assert st.precision.shape == (M, M) and st.shift.shape == (M,)
@@ -568,7 +572,9 @@ def test_communication_accounts_for_every_upload(structured_spy):
     # learn_inducing_locations="auto": four numbers per client at set-up and
     # at every re-check while Z_g is held
     assert len(log["design"]) == 3 * len(est.server_.design_residual_history_)
-    up_setup = sum(message_nbytes(m) for _, m in log["pilot"] if m is not None)
+    up_setup = sum(message_nbytes(m) for key in ("pilot", "pool") for _, m in log[key]
+                   if m is not None)
+    assert len(log["pool"]) > 0 and {c for c, _ in log["pool"]} == {"c0", "c2"}  # 20, 9 rows
     summaries = 3 * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
     assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
 
