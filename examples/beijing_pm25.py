@@ -165,6 +165,11 @@ def build_parser():
                    help="also print the held-out NLL of every method at every station")
     p.add_argument("--verbose", action="store_true",
                    help="print the per-round progress of the federated models")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="folder for resumable runs: each federated model's training "
+                   "state is saved there after every round, and a run started again "
+                   "with the same folder and options resumes it (the result is the same "
+                   "as an uninterrupted run) or reuses a finished fit")
     return p
 
 
@@ -262,6 +267,78 @@ def _federated(components, args):
         verbose=int(args.verbose),
         **{k: v for k, v in given.items() if v is not None},
     )
+
+
+#: Options that must be the same for a run to resume another one's checkpoints.
+_RESUME_KEYS = ("data_dir", "stations", "seed", "test_fraction", "n_inducing",
+                "n_inducing_local", "lengthscale", "local_lengthscale", "phi",
+                "local_variance", "rounds", "local_steps", "n_jobs", "blas_threads")
+
+
+def _fit_resumable(name, est, X, y, groups, directory):
+    """Fit ``est``, resuming or reusing what an earlier run left in ``directory``.
+
+    Files (``<name>`` made file-safe): ``<name>.fitted.joblib``, the fitted
+    estimator of a finished run (reused as it is); ``<name>.state.joblib``,
+    the :class:`~skfedgp.federated.TrainingState` after the last finished
+    round (``checkpoint``), from which training resumes with the remaining
+    rounds (``resume_from``); ``<name>.seconds``, the fit time spent so far.
+
+    Returns
+    -------
+    est : FederatedHierarchicalGPRegressor
+        Fitted.
+    seconds : float
+        Fit time, summed over the runs that trained it.
+    """
+    import joblib
+
+    from skfedgp.federated import TrainingState
+
+    slug = "".join(ch if ch.isalnum() else "_" for ch in name.lower())
+    fitted, state_path = directory / f"{slug}.fitted.joblib", directory / f"{slug}.state.joblib"
+    clock = directory / f"{slug}.seconds"
+    spent = float(clock.read_text()) if clock.exists() else 0.0
+    if fitted.exists():
+        return joblib.load(fitted), spent
+    if state_path.exists():
+        state = TrainingState.load(state_path)
+        left = est.n_rounds - state.round
+        if left < 1:
+            raise SystemExit(f"{state_path} is at round {state.round}, the last one; "
+                             "remove it to train again")
+        est.set_params(resume_from=state, n_rounds=left)
+    t0 = time.perf_counter()
+
+    def checkpoint(r, st):
+        st.save(state_path)
+        clock.write_text(repr(spent + time.perf_counter() - t0))
+
+    est.set_params(checkpoint=checkpoint)
+    est.fit(X, y, groups)
+    spent += time.perf_counter() - t0
+    est.set_params(checkpoint=None, resume_from=None)
+    joblib.dump(est, fitted)
+    clock.write_text(repr(spent))
+    return est, spent
+
+
+def _check_resume_settings(args):
+    """Write the run's options to ``--checkpoint-dir``; refuse a folder of other options."""
+    import json
+
+    args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    now = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+           if k in _RESUME_KEYS}
+    path = args.checkpoint_dir / "settings.json"
+    if path.exists():
+        before = json.loads(path.read_text())
+        if before != now:
+            diff = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            raise SystemExit(f"--checkpoint-dir {str(args.checkpoint_dir)!r} holds a run with "
+                             f"other options ({', '.join(diff)}); use another folder")
+    else:
+        path.write_text(json.dumps(now, indent=1, sort_keys=True))
 
 
 # --------------------------------------------------------------------------
@@ -366,14 +443,20 @@ def run(args):
     stations = sorted(set(groups))
 
     rows, timings, models = [], {}, {}
+    if args.checkpoint_dir is not None:
+        _check_resume_settings(args)
     for name, components in FEDERATED_MODELS:
         est = _federated(components, args)
         t0 = time.perf_counter()
-        est.fit(X_tr, y_tr, g_tr)
+        if args.checkpoint_dir is None:
+            est.fit(X_tr, y_tr, g_tr)
+            fit_s = time.perf_counter() - t0
+        else:
+            est, fit_s = _fit_resumable(name, est, X_tr, y_tr, g_tr, args.checkpoint_dir)
         t1 = time.perf_counter()
         mean, std = est.predict(X_te, g_te, return_std=True)
         t2 = time.perf_counter()
-        timings[name] = (t1 - t0, t2 - t1)
+        timings[name] = (fit_s, t2 - t1)
         models[name] = est
         for s in stations:
             m = g_te == s

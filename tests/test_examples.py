@@ -98,3 +98,45 @@ def test_day_split_holds_out_whole_days(example):
     # seeded: same seed, same split; another seed, another split
     assert np.array_equal(test, example.split_days(frame, 0.2, seed=5))
     assert not np.array_equal(test, example.split_days(frame, 0.2, seed=6))
+
+
+def test_checkpoint_dir_resumes_an_interrupted_run_exactly(example, tmp_path, monkeypatch):
+    from skfedgp.federated import TrainingState
+
+    argv = ["--data-dir", str(DATA_DIR), "--stations", *STATIONS[:2], "--station", "Dongsi",
+            "--rounds", "3", "--local-steps", "3", "--n-inducing", "16",
+            "--n-inducing-local", "6", "--gpr-restarts", "0", "--seed", "1"]
+
+    def run(folder, name):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return example.main(argv + ["--checkpoint-dir", str(tmp_path / folder),
+                                        "--output", str(tmp_path / name)])
+
+    whole = run("whole", "a.png")
+    save = TrainingState.save
+
+    def interrupted(self, path):
+        save(self, path)
+        if self.round == 1 and "pfedhgp" in str(path):
+            raise KeyboardInterrupt("simulated interruption after round 1")
+
+    monkeypatch.setattr(TrainingState, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run("cut", "b.png")
+    assert (tmp_path / "cut" / "pfedhgp.state.joblib").exists()
+    assert not (tmp_path / "cut" / "pfedhgp.fitted.joblib").exists()
+    monkeypatch.setattr(TrainingState, "save", save)
+    resumed = run("cut", "b.png")
+    a, b = whole["models"]["pFedHGP"], resumed["models"]["pFedHGP"]
+    np.testing.assert_array_equal(a.elbo_history_, b.elbo_history_)
+    np.testing.assert_array_equal(a.server_.theta_global, b.server_.theta_global)
+    cols = list(example.METRICS)
+    np.testing.assert_array_equal(whole["table"][cols].to_numpy(),
+                                  resumed["table"][cols].to_numpy())
+    # a finished fit is reused; other options are refused
+    again = run("cut", "c.png")
+    np.testing.assert_array_equal(again["models"]["pFedHGP"].elbo_history_, b.elbo_history_)
+    with pytest.raises(SystemExit, match="other options"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            example.main(argv[:-1] + ["2", "--checkpoint-dir", str(tmp_path / "cut"),
+                                      "--output", str(tmp_path / "d.png")])
