@@ -1624,15 +1624,27 @@ PILOT_MAX_POINTS = 256
 START_MAX_SPANS = 5.0
 #: Fewest observations for a client to run a pilot fit.
 PILOT_MIN_POINTS = 5
-#: Clients with fewer observations than this (and at least 2) also fit one
-#: pooled pilot together (:func:`pool_evidence`): the population's noise
-#: variance takes its value, weighted by their numbers of points, in place of
-#: their own pilots', which interpolate a handful of points. Probe, 30
-#: clients of 4-8 points (1-D, noise variance 0.01): the pilots' median noise
-#: variance 0.0032, the pooled one 0.0081, an exact GP over all clients 0.009.
+#: Clients with at least :data:`PILOT_POOL_MIN_POINTS` and fewer than this
+#: many observations also fit one pooled pilot together (:func:`pool_evidence`,
+#: :meth:`_StructuredRun._pooled_noise`): in the weighted median that sets the
+#: population's noise variance their pooled value, weighted by their points,
+#: stands in for their own pilots', which interpolate a handful of points.
+#: Probe, 30 clients of 4-8 points (1-D, noise variance 0.01): the pilots'
+#: median noise variance 0.0031, the pooled one 0.0084, an exact GP over all
+#: clients 0.009.
 PILOT_POOL_POINTS = 32
-#: The pooled pilot runs only with at least this many observations in all.
-PILOT_POOL_MIN_TOTAL = 10
+#: Fewest observations of a client in the pooled pilot.
+PILOT_POOL_MIN_POINTS = 4
+#: The pooled pilot runs only with at least this many such clients ...
+PILOT_POOL_MIN_CLIENTS = 3
+#: ... holding at least this many observations in all.
+PILOT_POOL_MIN_TOTAL = 30
+#: A pooled client whose restricted log-likelihood per observation at the
+#: pooled optimum lies more than this many robust standard deviations
+#: (1.4826 x the median absolute deviation) below the median is left out and
+#: the pool is fitted again once: one gross outlier would otherwise set every
+#: client's noise centre.
+PILOT_POOL_OUTLIER_Z = 5.0
 
 
 @dataclass(frozen=True)
@@ -1956,7 +1968,9 @@ def scale_ratio(own_variance, population):
     own_variance : float
         The client's target variance (standardised units).
     population : PilotSummary
-        The pilots' medians (``variance + noise_variance`` is the
+        The population's pilot values: medians of the pilots, the noise
+        variance with the small clients pooled (:meth:`_StructuredRun._pooled_noise`;
+        ``variance + noise_variance`` is the
         population's total variance).
 
     Returns
@@ -2054,7 +2068,9 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
     pilot_noise : float, optional
         The noise variance of the client's own pilot fit (None: it ran none).
     population_noise : float, optional
-        The pilots' median noise variance (standardised units).
+        The population's noise variance (standardised units): the pilots'
+        weighted median with the small clients pooled
+        (:meth:`_StructuredRun._pooled_noise`).
 
     Returns
     -------
@@ -2142,7 +2158,8 @@ def prior_scale(own_variance, population, pilot_noise=None):
     own_variance : float
         The client's target variance (standardised units).
     population : PilotSummary
-        The pilots' medians.
+        The population's pilot values (medians; the noise variance with the
+        small clients pooled, :meth:`_StructuredRun._pooled_noise`).
     pilot_noise : float, optional
         The client's own pilot noise variance (standardised units); None if
         it ran no pilot.
@@ -2244,8 +2261,8 @@ def pool_evidence(X, y, theta):
     X : ndarray of shape (n, d)
         Scaled inputs.
     y : ndarray of shape (n,)
-        Standardised targets (divided by the client's own scale when that is
-        clearly another one, :func:`client_scale_ratio`).
+        Standardised targets (a client on clearly another scale,
+        :func:`client_scale_ratio`, stays out of the pool).
     theta : ndarray of shape (d + 2,)
         ``(log lengthscale, log variance, log noise_variance)``.
 
@@ -2828,12 +2845,14 @@ class StructuredClient:
     def pool_evidence(self, theta):
         """This client's term of the pooled pilot at ``theta`` (:func:`pool_evidence`).
 
-        Targets on clearly another scale than the clients' typical one
-        (:func:`client_scale_ratio`) are divided by their own standard
-        deviation first, so one such client cannot set the shared noise.
+        Returns None (the client stays out of the pool) when its targets are
+        (almost) constant or clearly on another scale than the clients'
+        typical one (:func:`client_scale_ratio`): the pooled noise variance
+        is in the typical client's units.
         """
-        y = self._y / np.sqrt(client_scale_ratio(self.own_variance))
-        return pool_evidence(self._Xs, y, theta)
+        if self.own_variance < 1e-12 or client_scale_ratio(self.own_variance) != 1.0:
+            return None
+        return pool_evidence(self._Xs, self._y, theta)
 
     def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
         """Initial local vector.
@@ -3087,8 +3106,8 @@ class StructuredClient:
         ``log s2_i ~ N(log s2_pop, tau^2)`` with ``s2_pop`` the median of the
         clients' pilot noise variances weighted by their numbers of points
         (set-up exchange; a pilot on more points interpolates less), the
-        clients with fewer than :data:`PILOT_POOL_POINTS` points counting with
-        one pooled pilot (:meth:`_StructuredRun._pooled_noise`), and
+        small clients counting with one pooled pilot
+        (:meth:`_StructuredRun._pooled_noise`), and
         ``tau = config.noise_prior_scale`` (None: no prior). A client with
         few observations cannot then drive its noise variance to zero and
         interpolate its points; with many observations the prior is
@@ -3927,50 +3946,105 @@ class _StructuredRun:
     def _pooled_noise(self, pilots, pop, comm):
         """The population's noise variance with the small clients pooled (set-up).
 
-        Clients with ``2 <= n_i <`` :data:`PILOT_POOL_POINTS` observations fit
-        one pooled pilot together (:func:`pool_evidence`; L-BFGS-B on the
-        server over ``d + 2`` shared log hyperparameters, each evaluation one
-        exchange of :class:`PoolEvidence` messages). The result is the
-        weighted median (weights: numbers of points) of the larger clients'
-        own pilot noise variances and the pooled one, which counts with the
-        small clients' total. Without enough small clients
-        (:data:`PILOT_POOL_MIN_TOTAL` points) it is the pilots' weighted
-        median as before. Messages are booked in ``comm`` (round 0).
+        The clients with ``PILOT_POOL_MIN_POINTS <= n_i <`` :data:`PILOT_POOL_POINTS`
+        observations, targets that are not constant and on the clients'
+        typical scale (:meth:`StructuredClient.pool_evidence`) fit one pooled
+        pilot together: L-BFGS-B on the server over the ``d + 2`` shared log
+        hyperparameters of :func:`pool_evidence`, each evaluation one exchange
+        of :class:`PoolEvidence` messages. A client whose restricted
+        log-likelihood per observation at the optimum is an outlier
+        (:data:`PILOT_POOL_OUTLIER_Z`) is left out and the pool fitted once
+        more. The pooled noise variance, at least the weighted median of the
+        pooled clients' own pilots' (the pool corrects their downward bias;
+        a pool that ends below it has itself interpolated), then counts with
+        their total number of points in the weighted median of the other
+        clients' own pilot noise variances.
+
+        The pilots' weighted median (``pop.noise_variance``) is kept when
+        there are fewer than :data:`PILOT_POOL_MIN_CLIENTS` such clients or
+        :data:`PILOT_POOL_MIN_TOTAL` points, and when any pooled client fails
+        an exchange (the failure is recorded; the client stays in the model).
+        Messages are booked in ``comm`` (round 0).
         """
         from scipy.optimize import minimize
 
-        small = [c for c in self.active if 2 <= self.n_samples[c] < PILOT_POOL_POINTS]
-        total = sum(self.n_samples[c] for c in small)
-        if len(small) < 2 or total < PILOT_POOL_MIN_TOTAL:
+        class _PoolFailed(Exception):
+            pass
+
+        replies = {}  # theta bytes -> {id: message}: a vector is sent to a client once
+
+        def exchange(theta, ids):
+            known = replies.get(theta.tobytes(), {})
+            if all(c in known for c in ids):
+                return {c: known[c] for c in ids}
+            res, n_calls, lost = self.call("pool_evidence", (theta,), ids, 0)
+            comm["bytes_down"] += n_calls * int(theta.nbytes)
+            comm["bytes_up"] += int(sum(message_nbytes(m) for m in res.values()
+                                        if m is not None)) + self.unusable_up
+            comm["n_messages"] += sum(m is not None for m in res.values())
+            self.unusable_up = 0
+            if lost:
+                raise _PoolFailed
+            replies[theta.tobytes()] = {**known, **res}
+            return res
+
+        def enough(ids):
+            return (len(ids) >= PILOT_POOL_MIN_CLIENTS
+                    and sum(self.n_samples[c] for c in ids) >= PILOT_POOL_MIN_TOTAL)
+
+        small = [c for c in self.active
+                 if PILOT_POOL_MIN_POINTS <= self.n_samples[c] < PILOT_POOL_POINTS]
+        if not enough(small):
             return pop.noise_variance
         d = len(pop.lengthscale)
         lo = np.log(np.r_[np.full(d, LOG_BOUNDS["lengthscale_g"][0]), 1e-4, 1e-6])
         hi = np.log(np.r_[np.full(d, 1e3), 1e2, 1e1])
-        start = np.clip(np.log(np.r_[pop.lengthscale, pop.variance,
-                                     max(pop.noise_variance, 0.1 * pop.variance)]), lo, hi)
+        x = np.clip(np.log(np.r_[pop.lengthscale, pop.variance,
+                                 max(pop.noise_variance, 0.1 * pop.variance)]), lo, hi)
+        try:
+            first = exchange(x, small)
+            members = [c for c in small if first[c] is not None]
+            if not enough(members):
+                return pop.noise_variance
+            for attempt in range(2):
+                def objective(theta, ids=tuple(members)):
+                    res = exchange(theta, list(ids))
+                    if any(m is None for m in res.values()):
+                        raise _PoolFailed  # a member left the pool
+                    return (-sum(m.value for m in res.values()),
+                            -np.sum([m.grad for m in res.values()], axis=0))
 
-        def objective(theta):
-            ids = [c for c in small if c in self.active]
-            replies, _ = self.setup_all("pool_evidence", (theta,), ids=ids)
-            comm["bytes_down"] += len(ids) * int(theta.nbytes)
-            comm["bytes_up"] += int(sum(message_nbytes(m) for m in replies.values()))
-            comm["n_messages"] += len(replies)
-            value = sum(m.value for m in replies.values())
-            grad = np.sum([m.grad for m in replies.values()], axis=0)
-            if not (np.isfinite(value) and np.all(np.isfinite(grad))):
-                return np.inf, np.zeros_like(theta)
-            return -value, -grad
-
-        res = minimize(objective, start, jac=True, method="L-BFGS-B",
-                       bounds=list(zip(lo, hi)), options={"maxiter": 200})
-        pooled = float(np.exp(res.x[d + 1]))
-        small = set(c for c in small if c in self.active)
-        values = [p.noise_variance for c, p in pilots.items()
-                  if p is not None and c not in small and c in self.active] + [pooled]
-        weights = [self.n_samples[c] for c, p in pilots.items()
-                   if p is not None and c not in small and c in self.active] + [
-            sum(self.n_samples[c] for c in small)]
-        return _weighted_median(values, weights)
+                x = minimize(objective, x, jac=True, method="L-BFGS-B",
+                             bounds=list(zip(lo, hi)), options={"maxiter": 200}).x
+                if attempt:
+                    break
+                at = exchange(x, members)
+                if any(m is None for m in at.values()):
+                    raise _PoolFailed
+                u = np.array([at[c].value / self.n_samples[c] for c in members])
+                spread = 1.4826 * np.median(np.abs(u - np.median(u)))
+                keep = [c for c, ui in zip(members, u)
+                        if not spread > 0 or ui >= np.median(u) - PILOT_POOL_OUTLIER_Z * spread]
+                if len(keep) == len(members) or not enough(keep):
+                    break
+                members = keep
+        except _PoolFailed:
+            return pop.noise_variance
+        # a noise variance or a lengthscale within 10x of its lower bound: the
+        # signal and the noise were not told apart (e.g. targets of pure
+        # noise, which a white kernel of any split explains); no pool
+        if x[d + 1] <= lo[d + 1] + np.log(10.0) or np.any(x[:d] <= lo[:d] + np.log(10.0)):
+            return pop.noise_variance
+        others = [c for c, p in pilots.items()
+                  if p is not None and c in self.active and c not in members]
+        own = [c for c in members if pilots.get(c) is not None]
+        pooled = float(np.exp(x[d + 1]))
+        if own:
+            pooled = max(pooled, _weighted_median([pilots[c].noise_variance for c in own],
+                                                  [self.n_samples[c] for c in own]))
+        return _weighted_median([pilots[c].noise_variance for c in others] + [pooled],
+                                [self.n_samples[c] for c in others]
+                                + [sum(self.n_samples[c] for c in members)])
 
     # -- one evaluation of the (pseudo-)ELBO: two exchanges -------------------------
     def evaluate(self, tg, r, live, trial=False, strict=False):
@@ -4070,6 +4144,9 @@ class _StructuredRun:
                 float(np.median(target)) if target else None)
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
+        # a non-finite pilot reply still came over the wire
+        comm["bytes_up"] += self.unusable_up
+        self.unusable_up = 0
         if not cfg.n_outputs:
             pop.noise_variance = self._pooled_noise(pilots, pop, comm)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)

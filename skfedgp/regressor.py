@@ -430,8 +430,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Structured family: standard deviation of a log-normal hyperprior on
         each client's noise variance, centred at the median of the clients'
         pilot noise variances weighted by their numbers of points, the
-        clients with fewer than 32 points counting with one pilot they fit
-        together (empirical Bayes; docs/maths.md section 10). It keeps a data-poor client
+        clients with 4-31 points (at least 3 of them, 30 points in all,
+        1-D ``y``) counting with one pilot they fit together (empirical
+        Bayes; docs/maths.md section 10). It keeps a data-poor client
         from driving its noise to zero and interpolating its few points; it
         is negligible for clients with many observations. With a 1-D ``y``
         each client's local standard deviation ``sigma_l`` also gets the

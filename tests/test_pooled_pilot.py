@@ -69,10 +69,15 @@ def _tiny_clients(seed, n_clients=30, noise_sd=0.1, scale=None):
     return [np.concatenate(v) for v in (X, y, g, Xt, yt, gt)]
 
 
-def _fit(X, y, g):
+def _fit(X, y, g, **params):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return FederatedHierarchicalGPRegressor(random_state=0).fit(X[:, None], y, g)
+        return FederatedHierarchicalGPRegressor(random_state=0, **params).fit(X[:, None], y, g)
+
+
+def _setup(X, y, g):
+    """A fit of one round: enough for the set-up's noise centre."""
+    return _fit(X, y, g, n_rounds=1)
 
 
 def test_many_tiny_clients_get_the_noise_right_and_are_calibrated():
@@ -98,10 +103,114 @@ def test_many_tiny_clients_get_the_noise_right_and_are_calibrated():
     assert np.sqrt(np.mean((yt - m) ** 2)) < 0.18
 
 
-def test_a_small_client_on_another_scale_does_not_set_the_pooled_noise():
+def _pooled_client(g):
+    """A client with enough points to be in the pool."""
+    return int(next(c for c in np.unique(g) if fed.PILOT_MIN_POINTS <= np.sum(g == c)))
+
+
+def _centre(est):
+    return est.server_.population_pilot.noise_variance * est.y_scale_**2
+
+
+def _without_pool(monkeypatch, X, y, g):
+    with monkeypatch.context() as m:
+        m.setattr(fed, "PILOT_POOL_MIN_CLIENTS", 10**6)
+        return _setup(X, y, g)
+
+
+def test_a_small_client_on_another_scale_stays_out_of_the_pool(monkeypatch):
     X, y, g, *_ = _tiny_clients(7, n_clients=12)
-    X2, y2, g2, *_ = _tiny_clients(7, n_clients=12, scale={3: 1000.0})
-    a, b = _fit(X, y, g), _fit(X2, y2, g2)
-    na = a.server_.population_pilot.noise_variance * a.y_scale_**2
-    nb = b.server_.population_pilot.noise_variance * b.y_scale_**2
-    assert nb == pytest.approx(na, rel=0.5)
+    k = _pooled_client(g)
+    y2 = y.copy()
+    y2[g == k] *= 1000.0
+    calls = []
+    orig = fed.StructuredClient.pool_evidence
+
+    def spy(self, theta):
+        out = orig(self, theta)
+        calls.append((self.client_id, out))
+        return out
+
+    monkeypatch.setattr(fed.StructuredClient, "pool_evidence", spy)
+    a = _setup(X, y, g)
+    calls.clear()
+    b = _setup(X, y2, g)
+    # the x1000 client answers None and is asked once; the others stay in
+    assert {c for c, m in calls if m is None} == {k}
+    assert sum(c == k for c, _ in calls) == 1
+    assert _centre(b) == pytest.approx(_centre(a), rel=0.25)
+    # and the pool is what sets the centre here (the pilots' median is far lower)
+    assert _centre(a) > 2.0 * _centre(_without_pool(monkeypatch, X, y, g))
+
+
+def test_one_outlier_does_not_set_every_clients_noise_centre(monkeypatch):
+    X, y, g, *_ = _tiny_clients(7, n_clients=12)
+    y2 = y.copy()
+    # one reading 6 units off: 60 noise sd, yet the client's variance stays
+    # on the typical scale (a larger one leaves the pool by its scale)
+    y2[np.flatnonzero(g == _pooled_client(g))[0]] += 6.0
+    a, b = _setup(X, y, g), _setup(X, y2, g)
+    assert _centre(b) == pytest.approx(_centre(a), rel=0.25)
+    with monkeypatch.context() as m:  # without the outlier pass it would
+        m.setattr(fed, "PILOT_POOL_OUTLIER_Z", np.inf)
+        assert _centre(_setup(X, y2, g)) > 1.5 * _centre(a)
+
+
+def test_constant_clients_stay_out_of_the_pool():
+    X, y, g, *_ = _tiny_clients(7, n_clients=12)
+    y2 = y.copy()
+    for c in (0, 1, 2, 3):
+        y2[g == c] = 1.0 + 0.0 * y2[g == c]
+    a = _setup(X[g > 3], y[g > 3], g[g > 3])
+    b = _setup(X, y2, g)
+    assert _centre(b) == pytest.approx(_centre(a), rel=0.25)
+
+
+def test_a_failure_in_the_pool_keeps_the_client_and_the_pilots_median(monkeypatch):
+    X, y, g, *_ = _tiny_clients(7, n_clients=12)
+    k = _pooled_client(g)
+
+    def hook(client_id, method, round_):
+        if method == "pool_evidence" and client_id == k:
+            raise ConnectionError("link down")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fed.ClientExcludedWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(random_state=0, fault_hook=hook,
+                                               n_rounds=1).fit(X[:, None], y, g)
+    assert sorted(est.clients_) == list(range(12))
+    assert any(f[1] == k and f[2] == "pool_evidence" for f in est.failed_clients_)
+    assert _centre(est) == pytest.approx(_centre(_without_pool(monkeypatch, X, y, g)),
+                                         rel=1e-12)
+
+
+def test_too_few_small_clients_keep_the_pilots_median(monkeypatch):
+    X, y, g, *_ = _tiny_clients(7, n_clients=2)  # at most 16 points in all
+    calls = []
+    monkeypatch.setattr(fed.StructuredClient, "pool_evidence",
+                        lambda self, theta: calls.append(1))
+    _setup(X, y, g)
+    assert not calls
+
+
+def test_a_pool_that_cannot_tell_signal_from_noise_is_not_used(monkeypatch):
+    # 10 clients of 4 points of pure noise: the pooled kernel can put it all in
+    # a white "signal" with the noise variance at its bound; the set-up must
+    # then keep the pilots' median rather than centre every client there
+    rng = np.random.default_rng(8)
+    g = np.repeat(np.arange(10), 4)
+    X, y = rng.uniform(size=40), rng.normal(size=40)
+    calls = []
+    orig = fed.StructuredClient.pool_evidence
+
+    def spy(self, theta):
+        calls.append(np.array(theta))
+        return orig(self, theta)
+
+    monkeypatch.setattr(fed.StructuredClient, "pool_evidence", spy)
+    est = _setup(X, y, g)
+    assert calls  # the pool ran ...
+    # ... and was not used
+    assert _centre(est) == pytest.approx(_centre(_without_pool(monkeypatch, X, y, g)), rel=1e-12)
+    assert _centre(est) > 0.01

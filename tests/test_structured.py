@@ -537,8 +537,8 @@ def _fit_sizes(sizes, seed=0):
 
 
 def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
-    # two small clients: they also fit the pooled pilot (PoolEvidence messages)
-    est, X, y, g = _fit_sizes((6, 9, 300))
+    # three small clients: they also fit the pooled pilot (PoolEvidence messages)
+    est, X, y, g = _fit_sizes((8, 10, 14, 300))
     M, P = 8, est.server_.global_pack.size
     log = structured_spy
     for key in ("pilot", "statistics", "gradients", "final", "design", "pool"):
@@ -557,26 +557,34 @@ def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
                 assert not np.isin(a, yi).any(), (key, name)
         # a 300-row client sends arrays of the same shapes as a 6-row one
         shapes = list(by_client.values())
-        assert key != "pool" or set(by_client) == {"c0", "c1"}  # the small ones
+        assert key != "pool" or set(by_client) == {"c0", "c1", "c2"}  # the small ones
         assert all(s == shapes[0] for s in shapes), key
     st = log["statistics"][0][1]
     assert st.precision.shape == (M, M) and st.shift.shape == (M,)
     assert log["gradients"][0][1].grad_global.shape == (P,)
 
 
-def test_communication_accounts_for_every_upload(structured_spy):
-    est, *_ = _fit_sizes((20, 40, 9))
+def test_communication_accounts_for_every_upload(structured_spy, monkeypatch):
+    sizes = (20, 40, 9, 12)
+    est, X, *_ = _fit_sizes(sizes)
     log = structured_spy
     up = sum(message_nbytes(m) for key in ("statistics", "gradients", "final", "design")
              for _, m in log[key])
     # learn_inducing_locations="auto": four numbers per client at set-up and
     # at every re-check while Z_g is held
-    assert len(log["design"]) == 3 * len(est.server_.design_residual_history_)
+    assert len(log["design"]) == len(sizes) * len(est.server_.design_residual_history_)
     up_setup = sum(message_nbytes(m) for key in ("pilot", "pool") for _, m in log[key]
                    if m is not None)
-    assert len(log["pool"]) > 0 and {c for c, _ in log["pool"]} == {"c0", "c2"}  # 20, 9 rows
-    summaries = 3 * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
+    assert {c for c, _ in log["pool"]} == {"c0", "c2", "c3"}  # 20, 9 and 12 rows
+    summaries = len(sizes) * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
     assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
+    # downloads: each pool exchange sends the d + 2 log hyperparameters; the
+    # same fit without the pool differs at set-up by exactly that
+    n_pool = len(log["pool"])
+    monkeypatch.setattr(fed, "PILOT_POOL_MIN_CLIENTS", 10**6)
+    without = _fit_sizes(sizes)[0]
+    assert (est.communication_[0]["bytes_down"] - without.communication_[0]["bytes_down"]
+            == n_pool * 8 * (X.shape[1] + 2))
 
 
 def test_thread_parallel_and_serial_identical():
