@@ -214,3 +214,38 @@ def test_a_pool_that_cannot_tell_signal_from_noise_is_not_used(monkeypatch):
     # ... and was not used
     assert _centre(est) == pytest.approx(_centre(_without_pool(monkeypatch, X, y, g)), rel=1e-12)
     assert _centre(est) > 0.01
+
+
+@pytest.mark.parametrize("sizes", [(20, 20), (9, 9, 9)])
+def test_the_pool_needs_three_clients_and_thirty_points(sizes, monkeypatch):
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(len(sizes)), sizes)
+    X = rng.uniform(-3, 3, g.size)
+    y = np.sin(X) + 0.1 * rng.normal(size=g.size)
+    calls = []
+    monkeypatch.setattr(fed.StructuredClient, "pool_evidence",
+                        lambda self, theta: calls.append(1))
+    _setup(X, y, g)
+    assert not calls
+
+
+def test_a_retried_pool_call_is_booked(monkeypatch):
+    X, y, g, *_ = _tiny_clients(7, n_clients=12)
+    k = _pooled_client(g)
+    failed = []
+
+    def hook(client_id, method, round_):
+        if method == "pool_evidence" and client_id == k and not failed:
+            failed.append(1)
+            raise ConnectionError("transient")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(random_state=0, fault_hook=hook,
+                                               n_rounds=1).fit(X[:, None], y, g)
+    ref = _setup(X, y, g)
+    # the retry succeeded: the same pool, one more download of d + 2 numbers
+    assert _centre(est) == _centre(ref)
+    assert (est.communication_[0]["bytes_down"] - ref.communication_[0]["bytes_down"]
+            == 8 * (1 + 2))
+    assert est.communication_[0]["bytes_up"] == ref.communication_[0]["bytes_up"]
