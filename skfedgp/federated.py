@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from joblib import Parallel, delayed
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cho_factor
 from scipy.stats import qmc
 
 from ._hierarchy import (
@@ -56,7 +56,8 @@ from ._hierarchy import (
     optimal_local_factors,
     server_objective,
 )
-from ._linalg import DEFAULT_JITTER, jittered_cholesky, single_threaded_blas, solve_lower
+from ._linalg import (DEFAULT_JITTER, cholesky_inverse, jittered_cholesky, single_threaded_blas,
+                      solve_lower)
 from .optim import Adam
 
 __all__ = [
@@ -2290,8 +2291,8 @@ def pool_evidence(X, y, theta):
         return PoolEvidence(0.0, np.zeros(d + 2))
     ell, var, s2 = np.exp(theta[:d]), float(np.exp(theta[d])), float(np.exp(theta[d + 1]))
     Kf = se_ard(X, X, ell, var)
-    L, lower = cho_factor(Kf + s2 * np.eye(n), lower=True)
-    Ki = cho_solve((L, lower), np.eye(n))
+    L, _ = cho_factor(Kf + s2 * np.eye(n), lower=True)
+    Ki = cholesky_inverse(L)
     u = Ki.sum(axis=1)
     c = float(u.sum())
     P = Ki - np.outer(u, u) / c
@@ -4001,33 +4002,36 @@ class _StructuredRun:
         hi = np.log(np.r_[np.full(d, 1e3), 1e2, 1e1])
         x = np.clip(np.log(np.r_[pop.lengthscale, pop.variance,
                                  max(pop.noise_variance, 0.1 * pop.variance)]), lo, hi)
+        def member_replies(theta, ids):
+            res = exchange(theta, ids)
+            if any(m is None for m in res.values()):
+                raise _PoolFailed  # a member left the pool
+            return res
+
+        def fit(start, ids):
+            def objective(theta):
+                res = member_replies(theta, ids)
+                return (-sum(m.value for m in res.values()),
+                        -np.sum([m.grad for m in res.values()], axis=0))
+
+            return minimize(objective, start, jac=True, method="L-BFGS-B",
+                            bounds=list(zip(lo, hi)), options={"maxiter": 200}).x
+
         try:
             first = exchange(x, small)
             members = [c for c in small if first[c] is not None]
             if not enough(members):
                 return pop.noise_variance
-            for attempt in range(2):
-                def objective(theta, ids=tuple(members)):
-                    res = exchange(theta, list(ids))
-                    if any(m is None for m in res.values()):
-                        raise _PoolFailed  # a member left the pool
-                    return (-sum(m.value for m in res.values()),
-                            -np.sum([m.grad for m in res.values()], axis=0))
-
-                x = minimize(objective, x, jac=True, method="L-BFGS-B",
-                             bounds=list(zip(lo, hi)), options={"maxiter": 200}).x
-                if attempt:
-                    break
-                at = exchange(x, members)
-                if any(m is None for m in at.values()):
-                    raise _PoolFailed
-                u = np.array([at[c].value / self.n_samples[c] for c in members])
-                spread = 1.4826 * np.median(np.abs(u - np.median(u)))
-                keep = [c for c, ui in zip(members, u)
-                        if not spread > 0 or ui >= np.median(u) - PILOT_POOL_OUTLIER_Z * spread]
-                if len(keep) == len(members) or not enough(keep):
-                    break
+            x = fit(x, members)
+            # one outlier pass
+            at = member_replies(x, members)
+            u = np.array([at[c].value / self.n_samples[c] for c in members])
+            spread = 1.4826 * np.median(np.abs(u - np.median(u)))
+            keep = [c for c, ui in zip(members, u)
+                    if not spread > 0 or ui >= np.median(u) - PILOT_POOL_OUTLIER_Z * spread]
+            if len(keep) < len(members) and enough(keep):
                 members = keep
+                x = fit(x, members)
         except _PoolFailed:
             return pop.noise_variance
         # a noise variance or a lengthscale within 10x of its lower bound: the

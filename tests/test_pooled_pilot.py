@@ -108,6 +108,20 @@ def _pooled_client(g):
     return int(next(c for c in np.unique(g) if fed.PILOT_MIN_POINTS <= np.sum(g == c)))
 
 
+def _spy_pool(monkeypatch):
+    """Record every ``pool_evidence`` call as ``(client_id, reply)``."""
+    calls = []
+    orig = fed.StructuredClient.pool_evidence
+
+    def spy(self, theta):
+        out = orig(self, theta)
+        calls.append((self.client_id, out))
+        return out
+
+    monkeypatch.setattr(fed.StructuredClient, "pool_evidence", spy)
+    return calls
+
+
 def _centre(est):
     return est.server_.population_pilot.noise_variance * est.y_scale_**2
 
@@ -123,15 +137,7 @@ def test_a_small_client_on_another_scale_stays_out_of_the_pool(monkeypatch):
     k = _pooled_client(g)
     y2 = y.copy()
     y2[g == k] *= 1000.0
-    calls = []
-    orig = fed.StructuredClient.pool_evidence
-
-    def spy(self, theta):
-        out = orig(self, theta)
-        calls.append((self.client_id, out))
-        return out
-
-    monkeypatch.setattr(fed.StructuredClient, "pool_evidence", spy)
+    calls = _spy_pool(monkeypatch)
     a = _setup(X, y, g)
     calls.clear()
     b = _setup(X, y2, g)
@@ -187,9 +193,7 @@ def test_a_failure_in_the_pool_keeps_the_client_and_the_pilots_median(monkeypatc
 
 def test_too_few_small_clients_keep_the_pilots_median(monkeypatch):
     X, y, g, *_ = _tiny_clients(7, n_clients=2)  # at most 16 points in all
-    calls = []
-    monkeypatch.setattr(fed.StructuredClient, "pool_evidence",
-                        lambda self, theta: calls.append(1))
+    calls = _spy_pool(monkeypatch)
     _setup(X, y, g)
     assert not calls
 
@@ -201,14 +205,7 @@ def test_a_pool_that_cannot_tell_signal_from_noise_is_not_used(monkeypatch):
     rng = np.random.default_rng(8)
     g = np.repeat(np.arange(10), 4)
     X, y = rng.uniform(size=40), rng.normal(size=40)
-    calls = []
-    orig = fed.StructuredClient.pool_evidence
-
-    def spy(self, theta):
-        calls.append(np.array(theta))
-        return orig(self, theta)
-
-    monkeypatch.setattr(fed.StructuredClient, "pool_evidence", spy)
+    calls = _spy_pool(monkeypatch)
     est = _setup(X, y, g)
     assert calls  # the pool ran ...
     # ... and was not used
@@ -222,9 +219,7 @@ def test_the_pool_needs_three_clients_and_thirty_points(sizes, monkeypatch):
     g = np.repeat(np.arange(len(sizes)), sizes)
     X = rng.uniform(-3, 3, g.size)
     y = np.sin(X) + 0.1 * rng.normal(size=g.size)
-    calls = []
-    monkeypatch.setattr(fed.StructuredClient, "pool_evidence",
-                        lambda self, theta: calls.append(1))
+    calls = _spy_pool(monkeypatch)
     _setup(X, y, g)
     assert not calls
 
