@@ -367,8 +367,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     ``s2_c``), and ``Sigma_c^latent`` (the uncertainty of ``mu_c`` alone,
     which ``m_c`` corrects) is left out, so it is not counted twice. A class
     whose curves do not vary (mean square of the centred scaled residuals at
-    most :data:`MIN_WITHIN_VARIANCE`, e.g. identical curves) keeps
-    ``Sigma_c^latent``: its curves say nothing about the spread of a new one.
+    most :data:`MIN_WITHIN_VARIANCE`, e.g. identical curves) keeps the
+    regressor's law ``Sigma_c^latent`` plus its noise variance: its curves
+    say nothing about the spread of a new one.
 
     with ``W_c`` of rank ``q_c`` by maximum-likelihood probabilistic PCA
     (:func:`ppca_fit`) and the rank chosen by ``ppca_rank`` (default: one
@@ -762,9 +763,13 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         if var is None:
             return mean, cov
         # regressor: latent class function + white noise; replace the white
-        # noise by the fitted within-class law of a new curve
-        cov[np.diag_indices_from(cov)] -= self._regressor_noise(k)
+        # noise by the fitted within-class law of a new curve, unless the
+        # class's curves do not vary: they say nothing about the spread of a
+        # new one, so the regressor's noise stays (the residual scale of a
+        # class fitted exactly is itself about 0 and cannot set a floor)
         V = var[k]
+        if V["spread"] > MIN_WITHIN_VARIANCE:
+            cov[np.diag_indices_from(cov)] -= self._regressor_noise(k)
         mean = mean + V["scale"] * V["mean"]
         SW = V["scale"][:, None] * V["W"]
         cov += SW @ SW.T

@@ -1,0 +1,80 @@
+"""The clients' pilot fits (:func:`skfedgp.federated.pilot_fit`): several starts."""
+
+import numpy as np
+import pytest
+
+from skfedgp import federated as fed
+
+
+def _rough_series(seed, n=200, span=120.0, ell=0.6):
+    """A rough GP-like series (lengthscale ``ell``) on a slow trend, noise sd 0.3."""
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0, span, n))
+    w = rng.normal(0, 1 / ell, 300)
+    b = rng.uniform(0, 2 * np.pi, 300)
+    f = np.sqrt(2 / 300) * np.cos(np.outer(x, w) + b).sum(1) + np.sin(x / 20)
+    y = f + 0.3 * rng.standard_normal(n)
+    return (x / span)[:, None], (y - y.mean()) / y.std(), span
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_pilot_reaches_the_rough_optimum(seed, monkeypatch):
+    """From sqrt(d) alone these fits end in the smooth-trend optimum; with the
+    finer starts the pilot finds the series' lengthscale (0.6)."""
+    X, y, span = _rough_series(seed)
+    ell = fed.pilot_fit(X, y, 0).lengthscale[0] * span
+    assert 0.3 < ell < 1.5
+    monkeypatch.setattr(fed, "PILOT_POOL_POINTS", 10**9)  # one start only
+    assert fed.pilot_fit(X, y, 0).lengthscale[0] * span > 4
+
+
+def test_pilot_keeps_the_better_marginal_likelihood():
+    """The kept fit has a log marginal likelihood at least that of every start."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    X, y, _ = _rough_series(3)
+    p = fed.pilot_fit(X, y, 0)
+    Xs = (X - X.mean(0)) / X.std(0)
+
+    def lml(ell, var, noise):
+        k = ConstantKernel(var, "fixed") * RBF(ell, "fixed") + WhiteKernel(noise, "fixed")
+        return GaussianProcessRegressor(k, optimizer=None).fit(Xs, y - y.mean()).log_marginal_likelihood_value_
+
+    kept = lml(p.lengthscale[0] / X.std(0)[0], p.variance, p.noise_variance)
+    for start in fed.pilot_starts(Xs):
+        v = float(np.var(y))
+        k = (ConstantKernel(v, (1e-6 * v, 1e3 * v)) * RBF(start, (1e-3, 1e3))
+             + WhiteKernel(0.1 * v, (1e-6 * v, 10.0 * v)))
+        gp = GaussianProcessRegressor(k).fit(Xs, y - y.mean())
+        assert kept >= gp.log_marginal_likelihood_value_ - 1e-6
+
+
+def test_pilot_starts():
+    grid = np.linspace(-1.7, 1.7, 256)[:, None]  # spacing 0.0133
+    s = fed.pilot_starts(grid)
+    assert s.size == fed.PILOT_MAX_STARTS
+    np.testing.assert_allclose([s[0], s[-1]], [1.0, 3.4 / 255])
+    assert np.all(np.diff(s) < 0)
+    # high dimension, few points: the nearest neighbour is not much closer
+    # than a typical pair, so one start
+    X = np.random.default_rng(0).normal(size=(40, 8))
+    np.testing.assert_array_equal(fed.pilot_starts(X), [np.sqrt(8)])
+    # equal inputs, or one point: one start; repeated inputs are skipped
+    np.testing.assert_array_equal(fed.pilot_starts(np.zeros((5, 2))), [np.sqrt(2)])
+    np.testing.assert_array_equal(fed.pilot_starts(np.zeros((1, 1))), [1.0])
+    rep = np.repeat(grid, 3, axis=0)
+    np.testing.assert_allclose(fed.pilot_starts(rep), s)
+
+
+def test_small_client_pilot_starts_once(monkeypatch):
+    """Below PILOT_POOL_POINTS only sqrt(d) is tried (a handful of points)."""
+    calls = []
+    real = fed.pilot_starts
+    monkeypatch.setattr(fed, "pilot_starts", lambda X: calls.append(len(X)) or real(X))
+    X, y, _ = _rough_series(3, n=fed.PILOT_POOL_POINTS - 1)
+    fed.pilot_fit(X, y, 0)
+    assert calls == []
+    X, y, _ = _rough_series(3, n=fed.PILOT_POOL_POINTS)
+    fed.pilot_fit(X, y, 0)
+    assert calls == [fed.PILOT_POOL_POINTS]
