@@ -734,7 +734,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Rc = Rs - m
         W, s2 = ppca_fit(Rc, rank)
         s2 = max(s2, MIN_WITHIN_VARIANCE)  # identical curves: no zero-variance law
-        spread = float(np.mean(Rc**2))
+        # how much the curves vary about their own mean (two identical curves
+        # too, whose law is not centred)
+        spread = float(np.mean((Rs - Rs.mean(axis=0)) ** 2)) if n >= 2 else float(np.mean(Rc**2))
         # a new curve: within-class spread plus the uncertainty of m (1 / n)
         inflate = 1.0 + 1.0 / n if center else 1.0
         return {"scale": scale, "mean": m, "W": W * np.sqrt(inflate),

@@ -1627,6 +1627,11 @@ START_MAX_SPANS = 5.0
 PILOT_MIN_POINTS = 5
 #: At most this many starting lengthscales per pilot fit (:func:`pilot_starts`).
 PILOT_MAX_STARTS = 3
+#: A pilot on fewer points starts once, at ``sqrt(d)`` (:func:`pilot_fit`).
+PILOT_MULTI_START_POINTS = 32
+#: The finest starting lengthscale of a pilot (standardised units) is at
+#: least this (ten times the optimiser's lower bound).
+PILOT_MIN_START = 1e-2
 #: Clients with at least :data:`PILOT_POOL_MIN_POINTS` and fewer than this
 #: many observations also fit one pooled pilot together (:func:`pool_evidence`,
 #: :meth:`_StructuredRun._pooled_noise`): in the weighted median that sets the
@@ -2216,11 +2221,13 @@ def pilot_fit(X, y, random_state):
     kernel between points stays far from 0 in any dimension, down to the
     median nearest-neighbour distance, the finest scale the inputs can
     resolve) and keeps the fit with the largest log marginal likelihood
-    (the first start on a tie). A client with fewer than
-    :data:`PILOT_POOL_POINTS` points starts at ``sqrt(d)`` only: on a
-    handful of points the rough optimum mostly interpolates them (the
+    (the first start on a tie; a start whose fit fails is skipped, and the
+    error is raised only when every start fails). A pilot on fewer than
+    :data:`PILOT_MULTI_START_POINTS` points starts at ``sqrt(d)`` only: on
+    a handful of points the rough optimum mostly interpolates them (the
     main job's 12-point clients, seed 1: held-out NLL -0.06 with every
-    start, -0.15 with one).
+    start, -0.15 with one). With multi-output targets the rule applies to
+    each output's observed rows.
     """
     from sklearn.exceptions import ConvergenceWarning as _CW
     from sklearn.gaussian_process import GaussianProcessRegressor
@@ -2240,20 +2247,30 @@ def pilot_fit(X, y, random_state):
     spread = np.where(spread > 0, spread, 1.0)
     X = (X - X.mean(axis=0)) / spread
     v = float(np.var(y))
-    best = None
-    # below PILOT_POOL_POINTS the rough optimum is mostly interpolation of a
-    # handful of points (their noise comes from the pooled pilot instead)
-    starts = pilot_starts(X) if n >= PILOT_POOL_POINTS else [np.sqrt(d)]
+    # below PILOT_MULTI_START_POINTS the rough optimum mostly interpolates a
+    # handful of points
+    starts = pilot_starts(X) if n >= PILOT_MULTI_START_POINTS else [np.sqrt(d)]
+    fits, error = [], None
     for start in starts:
         kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
                   * RBF(np.full(d, start), (1e-3, 1e3))
                   + WhiteKernel(0.1 * v, (1e-6 * v, 10.0 * v)))
         gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", _CW)
-            gp.fit(X, y - y.mean())
-        if best is None or gp.log_marginal_likelihood_value_ > best.log_marginal_likelihood_value_:
-            best = gp
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", _CW)
+                gp.fit(X, y - y.mean())
+        except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
+            error = exc
+            continue
+        fits.append(gp)
+    if not fits:
+        raise error
+    # the largest log marginal likelihood; the first start on a tie, and a
+    # non-finite value only when every start has one
+    best = max(fits, key=lambda gp: (np.isfinite(gp.log_marginal_likelihood_value_),
+                                     np.nan_to_num(gp.log_marginal_likelihood_value_,
+                                                   nan=-np.inf)))
     k = best.kernel_
     return PilotSummary(
         lengthscale=spread * np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)),
@@ -2275,10 +2292,11 @@ def pilot_starts(X):
     ndarray of shape (k,)
         ``k`` in 1..:data:`PILOT_MAX_STARTS` isotropic starting lengthscales
         (standardised units), log-spaced from ``sqrt(d)`` down to the median
-        distance from a point to its nearest distinct neighbour, about one
-        start per decade; only ``sqrt(d)`` when that distance is not below
-        ``sqrt(d) / 3`` (high dimensions, few points) or the inputs are all
-        equal.
+        distance from a point to its nearest distinct neighbour (at least
+        :data:`PILOT_MIN_START`), one start per decade of their ratio up to
+        :data:`PILOT_MAX_STARTS`; only ``sqrt(d)`` when that distance is not
+        below ``sqrt(d) / 3`` (high dimensions, few points) or the inputs are
+        all equal.
 
     Notes
     -----
@@ -2300,7 +2318,7 @@ def pilot_starts(X):
     nearest = nearest[np.isfinite(nearest)]
     if nearest.size == 0:
         return np.array([coarse])
-    fine = float(np.median(nearest))
+    fine = max(float(np.median(nearest)), PILOT_MIN_START)
     if not fine < coarse / 3:
         return np.array([coarse])
     k = int(min(PILOT_MAX_STARTS, 1 + np.ceil(np.log10(coarse / fine))))

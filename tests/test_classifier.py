@@ -357,8 +357,8 @@ def test_rank_by_accuracy_finds_the_directions_that_tell_classes_apart():
 
 
 def test_identical_training_curves_give_a_finite_law():
-    """A class of identical curves has zero residual spread: its law keeps a
-    floor variance, so scoring stays finite and correct."""
+    """A class of identical curves (4, or 2) has zero residual spread: its law
+    keeps the regressor's noise variance, so scoring stays finite and correct."""
     rng = np.random.default_rng(2)
     t = np.linspace(0, 1, 20)
     X = np.vstack([np.tile(np.sin(2 * np.pi * t), (4, 1)),
@@ -370,6 +370,18 @@ def test_identical_training_curves_give_a_finite_law():
                         np.cos(2 * np.pi * t)])
         assert np.all(np.isfinite(clf.log_evidence(Xt)))
         assert clf.predict(Xt).tolist() == [0, 1]
+    # two identical copies: the same law as four (the regressor's)
+    X2 = np.vstack([X[:2], X[4:]])
+    y2 = np.repeat([0, 1], (2, 6))
+    clf = MaxEvidenceClassifier(_reg(), grid=t, ppca_rank=2, random_state=0).fit(X2, y2)
+    assert clf.curve_variation_[0]["spread"] <= 1e-12
+    mean, cov = clf._class_predictive(0)
+    ref_mean, ref_cov = clf._class_mean_and_cov(0)
+    # the regressor's noise is kept (not replaced by a floor in residual
+    # units); the uncentred residual's mean square adds a little
+    assert np.all(np.diag(cov) >= np.diag(ref_cov))
+    np.testing.assert_allclose(np.diag(cov), np.diag(ref_cov), rtol=0.05)
+    assert clf.predict(Xt).tolist() == [0, 1]
 
 
 def test_ppca_rank_options_and_errors():

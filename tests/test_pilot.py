@@ -24,8 +24,39 @@ def test_pilot_reaches_the_rough_optimum(seed, monkeypatch):
     X, y, span = _rough_series(seed)
     ell = fed.pilot_fit(X, y, 0).lengthscale[0] * span
     assert 0.3 < ell < 1.5
-    monkeypatch.setattr(fed, "PILOT_POOL_POINTS", 10**9)  # one start only
+    monkeypatch.setattr(fed, "PILOT_MULTI_START_POINTS", 10**9)  # one start only
     assert fed.pilot_fit(X, y, 0).lengthscale[0] * span > 4
+
+
+def test_pilot_keeps_the_best_start_in_any_order(monkeypatch):
+    """The kept fit is the best one, not the first or the last start's."""
+    X, y, span = _rough_series(3)
+    real = fed.pilot_starts
+    for order in (lambda s: s[::-1], lambda s: np.roll(s, 1)):
+        monkeypatch.setattr(fed, "pilot_starts", lambda X, o=order: o(real(X)))
+        assert 0.3 < fed.pilot_fit(X, y, 0).lengthscale[0] * span < 1.5
+    # the coarse start alone, wherever it stands, reaches the smooth optimum
+    monkeypatch.setattr(fed, "pilot_starts", lambda X: real(X)[:1])
+    assert fed.pilot_fit(X, y, 0).lengthscale[0] * span > 4
+
+
+def test_a_failing_start_is_skipped(monkeypatch):
+    """One start whose fit raises is skipped; all failing raises."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+
+    X, y, span = _rough_series(3)
+    real_fit = GaussianProcessRegressor.fit
+
+    def fit(self, X, y):
+        if self.kernel.k1.k2.length_scale[0] == 1.0:  # the coarse start
+            raise np.linalg.LinAlgError("injected")
+        return real_fit(self, X, y)
+
+    monkeypatch.setattr(GaussianProcessRegressor, "fit", fit)
+    assert 0.3 < fed.pilot_fit(X, y, 0).lengthscale[0] * span < 1.5
+    monkeypatch.setattr(fed, "pilot_starts", lambda X: np.array([1.0]))
+    with pytest.raises(np.linalg.LinAlgError, match="injected"):
+        fed.pilot_fit(X, y, 0)
 
 
 def test_pilot_keeps_the_better_marginal_likelihood():
@@ -65,16 +96,21 @@ def test_pilot_starts():
     np.testing.assert_array_equal(fed.pilot_starts(np.zeros((1, 1))), [1.0])
     rep = np.repeat(grid, 3, axis=0)
     np.testing.assert_allclose(fed.pilot_starts(rep), s)
+    # near-duplicates do not push the finest start below PILOT_MIN_START
+    jitter = grid + 1e-9 * np.random.default_rng(1).standard_normal(grid.shape)
+    near = fed.pilot_starts(np.vstack([grid, jitter]))
+    assert near[-1] == fed.PILOT_MIN_START
+    np.testing.assert_allclose(near, np.geomspace(1.0, fed.PILOT_MIN_START, near.size))
 
 
 def test_small_client_pilot_starts_once(monkeypatch):
-    """Below PILOT_POOL_POINTS only sqrt(d) is tried (a handful of points)."""
+    """Below PILOT_MULTI_START_POINTS only sqrt(d) is tried (a handful of points)."""
     calls = []
     real = fed.pilot_starts
     monkeypatch.setattr(fed, "pilot_starts", lambda X: calls.append(len(X)) or real(X))
-    X, y, _ = _rough_series(3, n=fed.PILOT_POOL_POINTS - 1)
+    X, y, _ = _rough_series(3, n=fed.PILOT_MULTI_START_POINTS - 1)
     fed.pilot_fit(X, y, 0)
     assert calls == []
-    X, y, _ = _rough_series(3, n=fed.PILOT_POOL_POINTS)
+    X, y, _ = _rough_series(3, n=fed.PILOT_MULTI_START_POINTS)
     fed.pilot_fit(X, y, 0)
-    assert calls == [fed.PILOT_POOL_POINTS]
+    assert calls == [fed.PILOT_MULTI_START_POINTS]
