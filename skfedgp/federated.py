@@ -2209,6 +2209,12 @@ def pilot_fit(X, y, random_state):
         None when the client has fewer than :data:`PILOT_MIN_POINTS` rows or
         (almost) constant targets.
 
+    Raises
+    ------
+    numpy.linalg.LinAlgError or ValueError
+        When the fit from every start fails (scikit-learn's error of the
+        last one).
+
     Notes
     -----
     The pilot works on the client's inputs standardised per feature (its own
