@@ -244,3 +244,34 @@ def test_a_retried_pool_call_is_booked(monkeypatch):
     assert (est.communication_[0]["bytes_down"] - ref.communication_[0]["bytes_down"]
             == 8 * (1 + 2))
     assert est.communication_[0]["bytes_up"] == ref.communication_[0]["bytes_up"]
+
+
+def test_members_have_at_least_four_points(monkeypatch):
+    """A 3-point client is never asked to join the pool; a 4-point one is."""
+    X, y, g, *_ = _tiny_clients(7, n_clients=12)
+    keep = np.ones(g.size, bool)
+    keep[np.flatnonzero(g == 0)[3:]] = False  # client 0: 3 points
+    keep[np.flatnonzero(g == 1)[4:]] = False  # client 1: 4 points
+    X, y, g = X[keep], y[keep], g[keep]
+    calls = _spy_pool(monkeypatch)
+    _setup(X, y, g)
+    asked = {c for c, _ in calls}
+    assert 0 not in asked
+    assert 1 in asked
+
+
+def test_each_vector_is_sent_to_a_client_once(monkeypatch):
+    """The server keeps every reply: a client is never asked twice about the
+    same hyperparameters (the outlier pass re-reads the fitted point)."""
+    X, y, g, *_ = _tiny_clients(7, n_clients=12)
+    seen = []
+    orig = fed.StructuredClient.pool_evidence
+
+    def spy(self, theta):
+        seen.append((self.client_id, np.asarray(theta, dtype=float).tobytes()))
+        return orig(self, theta)
+
+    monkeypatch.setattr(fed.StructuredClient, "pool_evidence", spy)
+    _setup(X, y, g)
+    assert len(seen) > 12  # the fit made several exchanges
+    assert len(seen) == len(set(seen))
