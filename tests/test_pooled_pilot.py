@@ -275,3 +275,30 @@ def test_each_vector_is_sent_to_a_client_once(monkeypatch):
     _setup(X, y, g)
     assert len(seen) > 12  # the fit made several exchanges
     assert len(seen) == len(set(seen))
+
+
+def test_the_pooled_noise_is_floored_at_the_members_own_pilots(monkeypatch):
+    """A pooled noise below the members' own pilots' median (which already
+    interpolate their points) is raised to it."""
+    import scipy.optimize
+
+    X, y, g, *_ = _tiny_clients(7, n_clients=12, noise_sd=0.5)
+    real = scipy.optimize.minimize
+    tiny = np.log(2e-5)  # above 10x the lower bound: the pool is used
+
+    def minimize(fun, x0, *args, **kw):
+        res = real(fun, x0, *args, **kw)
+        b = kw.get("bounds")
+        if b is not None and len(x0) == 3 and b[-1][1] == pytest.approx(np.log(10.0)):
+            res.x = np.r_[res.x[:-1], tiny]  # the pooled fit: force a tiny noise
+        return res
+
+    monkeypatch.setattr(scipy.optimize, "minimize", minimize)
+    est = _setup(X, y, g)
+    own = [(fed.pilot_fit(X[g == c][:, None], y[g == c] / est.y_scale_, 0), np.sum(g == c))
+           for c in np.unique(g)]
+    floor = fed._weighted_median([p.noise_variance for p, _ in own if p is not None],
+                                 [w for p, w in own if p is not None])
+    centre = est.server_.population_pilot.noise_variance
+    assert centre == pytest.approx(floor, rel=1e-9)
+    assert centre > 10 * np.exp(tiny)
