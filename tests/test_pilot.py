@@ -1,4 +1,6 @@
-"""The clients' pilot fits (:func:`skfedgp.federated.pilot_fit`): several starts."""
+"""The clients' pilot fits (:func:`skfedgp.federated.pilot_fit`): several starts, and their messages."""
+
+import warnings
 
 import numpy as np
 import pytest
@@ -114,3 +116,34 @@ def test_small_client_pilot_starts_once(monkeypatch):
     X, y, _ = _rough_series(3, n=fed.PILOT_MULTI_START_POINTS)
     fed.pilot_fit(X, y, 0)
     assert calls == [fed.PILOT_MULTI_START_POINTS]
+
+
+def test_a_non_finite_pilot_reply_is_booked(monkeypatch):
+    """A pilot reply dropped as non-finite still came over the wire: the
+    set-up's upload counts it, and the retried client's fit is unchanged."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (160, 1))
+    g = np.repeat(np.arange(4), 40)
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=160)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1).fit(X, y, g)
+        orig = fed.StructuredClient.pilot
+        sent = []
+
+        def pilot(self, random_state):
+            p = orig(self, random_state)
+            if self.client_id == 0 and not sent:  # the first reply only
+                p = fed.PilotSummary(np.full_like(p.lengthscale, np.nan), p.variance,
+                                     p.noise_variance)
+                sent.append(fed.message_nbytes(p))
+            return p
+
+        monkeypatch.setattr(fed.StructuredClient, "pilot", pilot)
+        est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1).fit(X, y, g)
+    assert [f[:3] for f in est.failed_clients_] == [(0, 0, "pilot")]
+    assert est.elbo_history_ == ref.elbo_history_
+    assert (est.communication_[0]["bytes_up"]
+            == ref.communication_[0]["bytes_up"] + sent[0])
