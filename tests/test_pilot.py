@@ -1,4 +1,8 @@
-"""The clients' pilot fits (:func:`skfedgp.federated.pilot_fit`): several starts, and their messages."""
+"""The clients' pilot fits (:func:`skfedgp.federated.pilot_fit`).
+
+Several starting lengthscales, the best marginal likelihood kept, and the
+booking of their messages.
+"""
 
 import warnings
 
@@ -72,7 +76,8 @@ def test_pilot_keeps_the_better_marginal_likelihood():
 
     def lml(ell, var, noise):
         k = ConstantKernel(var, "fixed") * RBF(ell, "fixed") + WhiteKernel(noise, "fixed")
-        return GaussianProcessRegressor(k, optimizer=None).fit(Xs, y - y.mean()).log_marginal_likelihood_value_
+        gp = GaussianProcessRegressor(k, optimizer=None).fit(Xs, y - y.mean())
+        return gp.log_marginal_likelihood_value_
 
     kept = lml(p.lengthscale[0] / X.std(0)[0], p.variance, p.noise_variance)
     for start in fed.pilot_starts(Xs):
