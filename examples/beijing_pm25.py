@@ -494,6 +494,7 @@ def run(args):
         "n_test": int(test.sum()),
         "stations": stations,
         "figure": args.output,
+        "dates": (f"{frame['timestamp'].min():%Y-%m-%d}", f"{frame['timestamp'].max():%Y-%m-%d}"),
     }
 
 
@@ -515,7 +516,8 @@ def main(argv=None):
 
     table = result["table"]
     print(f"Beijing air quality: {len(result['stations'])} stations, target log(PM2.5) "
-          f"(natural log of ug/m3), readings at 02:00 and 14:00, 2013-03-01..2014-02-28")
+          f"(natural log of ug/m3), readings at 02:00 and 14:00, "
+          f"{result['dates'][0]}..{result['dates'][1]}")
     print(f"train {result['n_train']} readings, test {result['n_test']} readings "
           f"({args.test_fraction:.0%} of each station's days held out, seed {args.seed})")
     est = result["models"].get("pFedHGP")

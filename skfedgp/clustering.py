@@ -186,10 +186,10 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         (1 + rho_ij / median(rho))``.
     operator : {"personal", "published", "posterior"}, default="personal"
         The default is ``"personal"`` (below), which clustered best in every
-        case measured (docs/clustering.md: the Beijing zones, ARI 0.659 mean
-        over 5 seeds against 0.237 for ``"published"``; two groups of
+        case measured (docs/clustering.md: the Beijing zones, ARI 0.597 mean
+        over 5 seeds against 0.119 for ``"published"``; two groups of
         clients ``sin x`` / ``sin 3x`` on the same inputs, ARI 1.0 on 4 of 4
-        seeds against at most 0.32): the published operators depend on a
+        seeds against at most 0.0): the published operators depend on a
         client only through its inputs and kernel hyperparameters, not on
         what its data say. The two answer different questions:
         ``"personal"`` groups clients whose fitted functions agree;

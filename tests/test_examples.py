@@ -62,6 +62,8 @@ def test_table_has_four_methods_and_finite_metrics(example, tiny_run):
 def test_printed_output_names_log_scale_and_methods(example, tiny_run):
     _, out, text = tiny_run
     assert "log(PM2.5)" in text
+    # the first and last dates read (the one-year files here)
+    assert "readings at 02:00 and 14:00, 2013-03-01..2014-02-28" in text
     lines = text.splitlines()
     for name in example.METHODS:
         # a table row starting with the method name, followed by numbers
