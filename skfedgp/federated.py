@@ -2311,7 +2311,9 @@ def pilot_starts(X):
     finest scale the data can show. A fit started at the coarse end alone
     often ends in the smooth-trend optimum even when the rough one has a
     much larger marginal likelihood (one station of the Beijing air-quality
-    data over 120 days: 30 nats; docs/maths.md section 11).
+    data over 120 days: 30 nats; docs/maths.md section 11). Beyond the paper
+    (Yan 2026 sets the initial values by hand): the package's data-derived
+    initialisation.
     """
     from scipy.spatial.distance import squareform, pdist
 
@@ -4030,6 +4032,18 @@ class _StructuredRun:
         self.exclude(lost)
         return out, n_calls
 
+    def _book_up(self, comm, replies):
+        """Add the replies of a set-up call to the round-0 record ``comm``.
+
+        Replies that are None (nothing sent) are not counted; the bytes of
+        replies dropped as non-finite since the last booking
+        (``unusable_up``) are, since they came over the wire.
+        """
+        comm["bytes_up"] += int(sum(message_nbytes(m) for m in replies.values()
+                                    if m is not None)) + self.unusable_up
+        comm["n_messages"] += sum(m is not None for m in replies.values())
+        self.unusable_up = 0
+
     def _pooled_noise(self, pilots, pop, comm):
         """The population's noise variance with the small clients pooled (set-up).
 
@@ -4066,10 +4080,7 @@ class _StructuredRun:
                 return {c: known[c] for c in ids}
             res, n_calls, lost = self.call("pool_evidence", (theta,), ids, 0)
             comm["bytes_down"] += n_calls * int(theta.nbytes)
-            comm["bytes_up"] += int(sum(message_nbytes(m) for m in res.values()
-                                        if m is not None)) + self.unusable_up
-            comm["n_messages"] += sum(m is not None for m in res.values())
-            self.unusable_up = 0
+            self._book_up(comm, res)
             if lost:
                 raise _PoolFailed
             replies[theta.tobytes()] = {**known, **res}
@@ -4088,6 +4099,7 @@ class _StructuredRun:
         hi = np.log(np.r_[np.full(d, 1e3), 1e2, 1e1])
         x = np.clip(np.log(np.r_[pop.lengthscale, pop.variance,
                                  max(pop.noise_variance, 0.1 * pop.variance)]), lo, hi)
+
         def member_replies(theta, ids):
             res = exchange(theta, ids)
             if any(m is None for m in res.values()):
@@ -4212,13 +4224,13 @@ class _StructuredRun:
             # with client scales each such client uses the shared parts at its own scale
             warn_flat_clients(summaries)
         T = len(summaries)
-        comm = {"round": 0, "bytes_up": int(sum(message_nbytes(s) for s in summaries.values())),
-                "bytes_down": T * message_nbytes(init), "n_messages": T}
+        comm = {"round": 0, "bytes_up": 0, "bytes_down": T * message_nbytes(init),
+                "n_messages": 0}
+        self._book_up(comm, summaries)
         self.setup_all("prepare", (init,))
         self.n_samples = {c: summaries[c].n_samples for c in self.active}
         pilots, _ = self.setup_all("pilot", {c: (seeds[c],) for c in self.active})
-        comm["bytes_up"] += int(sum(message_nbytes(p) for p in pilots.values() if p is not None))
-        comm["n_messages"] += sum(p is not None for p in pilots.values())
+        self._book_up(comm, pilots)
         good = [p for p in pilots.values() if p is not None]
         d = server.d
         ranges = np.ones(d)  # scaled inputs live in the unit box
@@ -4234,9 +4246,6 @@ class _StructuredRun:
                 float(np.median(target)) if target else None)
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
-        # a non-finite pilot reply still came over the wire
-        comm["bytes_up"] += self.unusable_up
-        self.unusable_up = 0
         if not cfg.n_outputs:
             pop.noise_variance = self._pooled_noise(pilots, pop, comm)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
@@ -4254,8 +4263,7 @@ class _StructuredRun:
             # the prior variance at the clients' inputs unexplained
             res, _ = self.setup_all("design_residual", (theta_g, gpack))
             self._n_obs = {c: m.n_samples for c, m in res.items()}
-            comm["bytes_up"] += int(sum(message_nbytes(m) for m in res.values()))
-            comm["n_messages"] += len(res)
+            self._book_up(comm, res)
             server.learn_inducing_ = self._decide_global_inducing(res, 0)
         server.population_pilot = pop
         server.init_broadcast = init
