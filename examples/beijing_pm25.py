@@ -275,6 +275,15 @@ _RESUME_KEYS = ("data_dir", "stations", "seed", "test_fraction", "n_inducing",
                 "local_variance", "rounds", "local_steps", "n_jobs", "blas_threads")
 
 
+def _rounds_left(est, state):
+    """Rounds still to run after ``state``: the budget ``n_rounds`` (None: the
+    estimator's default, 100 with L-BFGS and 20 with Adam) less the rounds done."""
+    total = est.n_rounds
+    if total is None:
+        total = 100 if est.optimizer == "lbfgs" else 20
+    return total - state.round
+
+
 def _fit_resumable(name, est, X, y, groups, directory):
     """Fit ``est``, resuming or reusing what an earlier run left in ``directory``.
 
@@ -303,7 +312,7 @@ def _fit_resumable(name, est, X, y, groups, directory):
         return joblib.load(fitted), spent
     if state_path.exists():
         state = TrainingState.load(state_path)
-        left = est.n_rounds - state.round
+        left = _rounds_left(est, state)
         if left < 1:
             raise SystemExit(f"{state_path} is at round {state.round}, the last one; "
                              "remove it to train again")

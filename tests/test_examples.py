@@ -142,3 +142,17 @@ def test_checkpoint_dir_resumes_an_interrupted_run_exactly(example, tmp_path, mo
         with contextlib.redirect_stdout(io.StringIO()):
             example.main(argv[:-1] + ["2", "--checkpoint-dir", str(tmp_path / "cut"),
                                       "--output", str(tmp_path / "d.png")])
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+@pytest.mark.parametrize("n_rounds", [None, 7])
+def test_rounds_left_resolves_the_default_budget(example, optimizer, n_rounds):
+    # a run at the default n_rounds=None must be resumable: the budget is the
+    # estimator's own resolved default, less the rounds already done
+    from types import SimpleNamespace
+
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    est = FederatedHierarchicalGPRegressor(n_rounds=n_rounds, optimizer=optimizer)
+    budget = est._check_params()[1]
+    assert example._rounds_left(est, SimpleNamespace(round=3)) == budget - 3
