@@ -3855,6 +3855,10 @@ class TrainingState:
         Client id to :class:`ClientState`. In simulation the clients' own
         vectors are saved with the server's; in a real deployment each
         client checkpoints its own part and this is empty.
+    config : ModelConfig or None
+        The model settings of the saved run (None in a state written by an
+        older version); resuming with other settings is refused
+        (:func:`check_same_model`).
     """
 
     round: int
@@ -3876,6 +3880,7 @@ class TrainingState:
     failed_clients: list = dataclasses.field(default_factory=list)
     excluded_clients: list = dataclasses.field(default_factory=list)
     client_states: dict = dataclasses.field(default_factory=dict)
+    config: object = None
 
     def save(self, path):
         """Write the state to ``path`` (:func:`joblib.dump`)."""
@@ -4351,7 +4356,7 @@ class _StructuredRun:
             communication=copy.deepcopy(self.comm), n_evaluations=self.counter["evals"],
             rng_state=self.rng.get_state(), adam=copy.deepcopy(self.adam),
             failed_clients=list(self.failures), excluded_clients=list(self.excluded),
-            client_states=states)
+            client_states=states, config=self.config)
 
     # -- one round ------------------------------------------------------------------
     def round(self, r):
@@ -4681,7 +4686,59 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
         history=list(history), objectives=list(objectives),
         communication=copy.deepcopy(list(communication)), n_evaluations=int(n_evaluations),
         failed_clients=[ClientFailure(c, m, r, e) for r, c, m, e in failed_clients],
-        client_states={cid: c.get_state() for cid, c in clients.items()})
+        client_states={cid: c.get_state() for cid, c in clients.items()},
+        config=server.config)
+
+
+#: :class:`ModelConfig` fields that only steer the optimisation: a resumed or
+#: warm-started run may change them (every other field defines the model).
+TRAINING_ONLY_FIELDS = ("local_steps", "learning_rate", "global_learning_rate", "tol",
+                        "global_steps", "learn_inducing")
+
+
+def check_same_model(saved, config, what):
+    """Refuse to continue a saved or fitted model under other model settings.
+
+    Parameters
+    ----------
+    saved : ModelConfig or None
+        The settings the state was trained with (None: not recorded, no check).
+    config : ModelConfig
+        The settings of the run that would continue it.
+    what : str
+        ``"resume_from"`` or ``"warm_start"`` (for the message).
+
+    Raises
+    ------
+    ValueError
+        If the number of target columns differs, or any field outside
+        :data:`TRAINING_ONLY_FIELDS` (components, inducing sizes, kernel and
+        noise settings, client scales, ...): the saved vectors belong to
+        another model, and continuing would mix the two silently.
+    """
+    if saved is None:
+        return
+    q_saved, q_now = saved.n_outputs or 1, config.n_outputs or 1
+    if q_saved != q_now:
+        raise ValueError(
+            f"{what}: the saved model was trained on {q_saved} target column(s), y has "
+            f"{q_now}; fit a new model (warm_start=False, resume_from=None)")
+
+    def same(a, b):
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return (np.shape(a) == np.shape(b)
+                    and bool(np.array_equal(np.asarray(a), np.asarray(b))))
+        return type(a) is type(b) and a == b
+
+    diff = [f.name for f in dataclasses.fields(config)
+            if f.name not in TRAINING_ONLY_FIELDS
+            and not same(getattr(saved, f.name, None), getattr(config, f.name, None))]
+    if diff:
+        parts = "; ".join(f"the saved model was trained with {n}={getattr(saved, n, None)!r}, "
+                          f"this fit has {n}={getattr(config, n, None)!r}" for n in diff)
+        raise ValueError(
+            f"{what}: {parts}. Continue with the saved settings or fit a new model (only "
+            f"{', '.join(TRAINING_ONLY_FIELDS)} may change)")
 
 
 @single_threaded_blas()

@@ -57,6 +57,7 @@ from .federated import (
     TrainingState,
     cap_inducing,
     check_participation,
+    check_same_model,
     learns_inducing,
     run_federated_training,
     run_structured_training,
@@ -1167,18 +1168,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             state = TrainingState.load(state)
         elif state is not None and not isinstance(state, TrainingState):
             raise ValueError(f"resume_from must be a TrainingState or a path, got {state!r}")
+        if state is not None:
+            check_same_model(state.config, config, "resume_from")
         if state is None and self.warm_start and getattr(self, "variational_family_", None) \
                 == "structured":
-            if self.components_ != config.components:
-                raise ValueError(f"warm_start: components {config.components} differ from the "
-                                 f"fitted {self.components_}")
-            fitted_cs = getattr(self.server_.config, "client_scale", False)
-            if fitted_cs != config.client_scale:
-                # which clients carry a scale was decided at set-up; a change
-                # would leave the fitted clients half one model, half the other
-                raise ValueError(
-                    f"warm_start: client_scale={self.client_scale!r} differs from the fitted "
-                    f"model's {fitted_cs!r}; refit with warm_start=False")
+            # which clients carry a scale, the inducing sizes, the components:
+            # all decided at set-up; a change would leave the fitted clients
+            # half one model, half the other
+            check_same_model(self.server_.config, config, "warm_start")
             state = warm_start_state(self.server_, self.clients_, self.elbo_history_,
                                      self.objective_history_, self.communication_,
                                      self.n_evaluations_, self.failed_clients_)

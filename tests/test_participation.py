@@ -487,3 +487,56 @@ def test_warm_start_with_a_new_client():
     assert set(est.clients_) == {"A", "B", "C"}
     m, s = est.predict(X[40:], g[40:], return_std=True)
     assert np.all(np.isfinite(m)) and np.all(s > 0)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(components=("local",)), "components"),
+    (dict(components=("global",)), "components"),
+    (dict(n_inducing=5), "n_inducing"),
+    (dict(client_scale=True), "client_scale"),
+])
+def test_resume_and_warm_start_refuse_other_model_settings(data, tmp_path, change, field):
+    """The saved vectors belong to the model they were trained for: continuing
+    them under other model settings is refused by name (it used to mix the two
+    silently), while settings that only steer the optimisation may change."""
+    X, y, g = data
+    path = tmp_path / "state.joblib"
+    est = _fit(X, y, g, n_rounds=1, checkpoint=str(path))
+    with pytest.raises(ValueError, match=f"resume_from: the saved model was trained with "
+                                         f"{field}=.*this fit has {field}="):
+        _fit(X, y, g, n_rounds=1, resume_from=path, **change)
+    before = est.elbo_history_.copy()
+    est.set_params(warm_start=True, **change)
+    with pytest.raises(ValueError, match=f"warm_start: the saved model was trained with {field}="):
+        est.fit(X, y, g)
+    assert_array_equal(est.elbo_history_, before)  # the fitted model is untouched
+    # training-only settings may change
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        _fit(X, y, g, n_rounds=1, resume_from=path, local_steps=3, tol=1e-3)
+
+
+def test_continuing_a_one_column_model_with_two_columns_is_refused_by_name(data, tmp_path):
+    X, y, g = data
+    path = tmp_path / "state.joblib"
+    est = _fit(X, y, g, n_rounds=1, checkpoint=str(path))
+    Y = np.c_[y, -y]
+    msg = "trained on 1 target column\\(s\\), y has 2"
+    with pytest.raises(ValueError, match="resume_from: the saved model was " + msg):
+        _fit(X, Y, g, n_rounds=1, resume_from=path)
+    est.set_params(warm_start=True)
+    with pytest.raises(ValueError, match="warm_start: the saved model was " + msg):
+        est.fit(X, Y, g)
+
+
+def test_a_state_without_recorded_settings_still_resumes(data, tmp_path):
+    # a checkpoint written before the settings were recorded (config=None)
+    X, y, g = data
+    path = tmp_path / "state.joblib"
+    full = _fit(X, y, g, n_rounds=3)
+    _fit(X, y, g, n_rounds=1, checkpoint=str(path))
+    state = TrainingState.load(path)
+    assert state.config is not None
+    state.config = None
+    resumed = _fit(X, y, g, n_rounds=2, resume_from=state)
+    _same_model(resumed, full)
