@@ -556,6 +556,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         continue. A client not in the fitted model is initialised as in a
         first fit; a fitted client missing from the data is dropped. The
         target standardisation and input scaling of the first fit are kept.
+        The model settings must be those of the fitted model (only ``tol``,
+        ``local_steps``, ``global_steps``, the learning rates and
+        ``learn_inducing_locations`` may change; otherwise ``ValueError``).
     checkpoint : str, path-like, callable or None, default=None
         Structured family: after every round, save the
         :class:`~skfedgp.federated.TrainingState` to this path (overwritten)
@@ -563,7 +566,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     resume_from : TrainingState, str, path-like or None, default=None
         Structured family: continue from a saved state on the same clients;
         with the same data the result is identical to an uninterrupted run
-        (``n_rounds`` more rounds).
+        (``n_rounds`` more rounds). The saved model settings must match as
+        for ``warm_start`` (``ValueError`` naming the setting otherwise).
 
     Attributes
     ----------
