@@ -1113,7 +1113,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             clients, server, config, n_rounds=n_rounds, n_jobs=self.n_jobs,
             seeds=client_seeds, verbose=self.verbose,
         )
-        # success: commit the fitted state at once
+        # success: commit the fitted state at once (nothing of an earlier fit stays)
+        self._drop_fit_attributes()
         self.components_ = config.components
         self.variational_family_ = "mean_field"
         self.server_ = server
@@ -1122,14 +1123,23 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.communication_ = comm
         self.n_iter_ = len(history)
         self.n_outputs_ = 1
-        self.__dict__.pop("client_scales_", None)  # from an earlier structured fit
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = config.n_inducing
         self.learn_inducing_locations_ = bool(learns_inducing(config)
                                               and "Z_g" in server.global_pack.slices)
+        G = server.global_values()
+        if "phi" in G and "deviation" in config.components:
+            self.phi_ = float(G["phi"])
         self._population_local = self._population_block()
         return self
+
+    def _drop_fit_attributes(self):
+        """Delete the fitted attributes of an earlier fit (before a new one is
+        committed), except those :meth:`_fit` has just set from the data."""
+        keep = {"n_features_in_", "feature_names_in_", "n_features_model_"}
+        for k in [k for k in vars(self) if _is_fit_attribute(k) and k not in keep]:
+            delattr(self, k)
 
     def _multioutput_config(self, config, n_outputs):
         """The model configuration for ``n_outputs > 1`` target columns.
@@ -1198,7 +1208,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             max_retries=self.max_retries, random_state=participation_seed, state=state,
             callback=callback)
         post = res["posterior"]
-        # success: commit the fitted state at once
+        # success: commit the fitted state at once (nothing of an earlier fit stays)
+        self._drop_fit_attributes()
         self.components_ = config.components
         self.variational_family_ = "structured"
         self.server_ = server
@@ -1225,9 +1236,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             for lab, c in self.clients_.items()}
         self.n_outputs_ = config.n_outputs or 1
         G = server.global_pack.unpack(server.theta_global)
-        if config.n_outputs:
-            self.__dict__.pop("client_scales_", None)  # from an earlier 1-D fit
-        else:  # each client's scale on the shared parts (1: not learned)
+        if not config.n_outputs:  # each client's scale on the shared parts (1: not learned)
             self.client_scales_ = {lab: shared_scale(c.local_values(), G)
                                    for lab, c in self.clients_.items()}
         if "phi" in G:

@@ -336,3 +336,31 @@ def test_target_standardisation_keeps_precision_with_large_offset():
     mf.fit(X, y + 1e9, g)  # the mean-field family: pooled standardisation
     assert mf.y_scale_ == pytest.approx(np.std(y), rel=1e-6)
     assert mf.y_offset_ == pytest.approx(1e9 + np.mean(y), rel=1e-12)
+
+
+def test_refit_with_other_settings_keeps_no_attribute_of_the_earlier_fit():
+    """A refit describes only the new model: attributes of an earlier fit with
+    other components, family or number of target columns do not survive."""
+    rng = np.random.default_rng(3)
+    X = rng.uniform(0, 1, (60, 1))
+    g = np.repeat([0, 1, 2], 20)
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=60)
+    Y = np.c_[y, np.cos(6 * X[:, 0])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=1, random_state=0).fit(X, y, g)
+        assert hasattr(est, "phi_") and hasattr(est, "client_offsets_")
+        est.set_params(components=("local",)).fit(X, y, g)
+        assert not hasattr(est, "phi_")
+        est.set_params(components=("global", "deviation", "local"), n_latent=1).fit(X, Y, g)
+        assert hasattr(est, "loadings_")
+        est.fit(X, y, g)  # back to one column
+        assert not hasattr(est, "loadings_")
+        est.set_params(variational_family="mean_field", optimizer="adam").fit(X, y, g)
+        for name in ("client_offsets_", "global_posterior_", "objective_history_",
+                     "n_evaluations_", "failed_clients_", "excluded_clients_",
+                     "level_variance_", "client_scales_"):
+            assert not hasattr(est, name), name
+        # the mean-field family reports phi too, as documented
+        assert np.isfinite(est.phi_) and est.phi_ > 0
+        assert est.n_features_in_ == 1
