@@ -3895,11 +3895,19 @@ class TrainingState:
         Raises
         ------
         TypeError
-            If the file holds something else.
+            If the file cannot be read as a saved state or holds something else.
+        FileNotFoundError
+            If there is no such file.
         """
         import joblib
 
-        obj = joblib.load(path)
+        try:
+            obj = joblib.load(path)
+        except (FileNotFoundError, PermissionError, IsADirectoryError):
+            raise
+        except Exception as exc:  # not a joblib/pickle file, truncated, ...
+            raise TypeError(f"{str(path)!r} is not a saved TrainingState (it cannot be read: "
+                            f"{type(exc).__name__}: {exc})") from exc
         if not isinstance(obj, cls):
             raise TypeError(f"{path!r} holds a {type(obj).__name__}, not a TrainingState")
         return obj
@@ -4622,6 +4630,7 @@ class _StructuredRun:
         self.transport.call("close", (), self.transport.client_ids, round_=r_final)
         lp = float(sum(stats[k].log_prior for k in live))
         history, objectives = self.history, self.objectives
+        n_iter = len(history)  # rounds run (0: none; the entry appended below is no round)
         if history:
             history[-1] = float(post_s.elbo)  # the ELBO of exactly the returned model
             objectives[-1] = float(post_s.elbo + lp)
@@ -4645,7 +4654,7 @@ class _StructuredRun:
         clients = getattr(self.transport, "clients", None)
         return ([clients[k] for k in live] if clients is not None else None), {
             "elbo_history": history, "objective_history": objectives,
-            "communication": self.comm, "n_iter": len(history),
+            "communication": self.comm, "n_iter": n_iter,
             "converged": converged, "posterior": post, "theta_global": theta_g,
             "global_pack": gpack, "population": population,
             "n_evaluations": c["evals"],

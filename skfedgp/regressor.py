@@ -537,7 +537,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     min_clients : int, default=1
         Structured family: fewest clients sampled per round; a round in
         which fewer answer is skipped with a
-        :class:`~skfedgp.federated.RoundSkippedWarning`.
+        :class:`~skfedgp.federated.RoundSkippedWarning`. More than the
+        clients in the data is a ``ValueError``.
     max_retries : int, default=1
         Structured family: retries of a failed client call (an exception or
         a message with NaN/inf) before the client counts as absent for the
@@ -561,8 +562,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ``learn_inducing_locations`` may change; otherwise ``ValueError``).
     checkpoint : str, path-like, callable or None, default=None
         Structured family: after every round, save the
-        :class:`~skfedgp.federated.TrainingState` to this path (overwritten)
-        or call ``checkpoint(round, state)``.
+        :class:`~skfedgp.federated.TrainingState` to this path (overwritten;
+        its folder must exist, checked before training) or call
+        ``checkpoint(round, state)``.
     resume_from : TrainingState, str, path-like or None, default=None
         Structured family: continue from a saved state on the same clients;
         with the same data the result is identical to an uninterrupted run
@@ -588,7 +590,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Structured family: ELBO plus the clients' log hyperpriors (the
         objective that every round increases).
     n_iter_ : int
-        Number of rounds run.
+        Number of rounds run (0 with ``n_rounds=0``: the set-up's model;
+        with ``warm_start`` or ``resume_from`` it counts the earlier rounds
+        too; a skipped round counts).
     n_inducing_ : int
         Number of global inducing points used.
     learn_inducing_locations_ : bool
@@ -1101,6 +1105,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         server = Server(config, Xf.shape[1], int(seeds[-1]))
         client_seeds = [int(s) for s in seeds[:-1]]
         if config.variational_family == "structured":
+            if isinstance(self.min_clients, numbers.Integral) and self.min_clients > len(labels):
+                # every round would be skipped: the set-up's model would come back untrained
+                raise ValueError(f"min_clients={self.min_clients} exceeds the number of "
+                                 f"clients in the data ({len(labels)}); no round could run")
             return self._fit_structured(clients, server, config, n_rounds, client_seeds,
                                         int(rng.randint(0, 2**31 - 1)))
         check_participation(self.client_fraction, self.min_clients, self.max_retries)
@@ -1196,6 +1204,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         callback = self.checkpoint
         if isinstance(callback, (str, os.PathLike)):
             path = callback
+            folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+            if not os.path.isdir(folder):  # before the set-up's work, not after round 1
+                raise ValueError(f"checkpoint: the folder {folder!r} of {os.fspath(path)!r} "
+                                 "does not exist")
 
             def callback(r, st):
                 st.save(path)

@@ -540,3 +540,27 @@ def test_a_state_without_recorded_settings_still_resumes(data, tmp_path):
     state.config = None
     resumed = _fit(X, y, g, n_rounds=2, resume_from=state)
     _same_model(resumed, full)
+
+
+def test_checkpoint_and_resume_paths_are_checked_before_training(data, tmp_path):
+    X, y, g = data
+    calls = []
+    hook = lambda cid, method, r: calls.append(method)  # noqa: E731
+    with pytest.raises(ValueError, match="checkpoint: the folder .* does not exist"):
+        _fit(X, y, g, n_rounds=1, fault_hook=hook,
+             checkpoint=str(tmp_path / "missing" / "state.joblib"))
+    assert calls == []  # refused before any client was asked anything
+    junk = tmp_path / "junk.joblib"
+    junk.write_bytes(b"not a pickle at all")
+    with pytest.raises(TypeError, match="is not a saved TrainingState"):
+        _fit(X, y, g, n_rounds=1, resume_from=junk)
+
+
+def test_no_round_is_reported_as_none_and_an_unreachable_min_clients_is_refused(data):
+    X, y, g = data
+    est = _fit(X, y, g, n_rounds=0)
+    assert est.n_iter_ == 0 and len(est.elbo_history_) == 1
+    with pytest.raises(ValueError, match="min_clients=6 exceeds the number of clients in the "
+                                         "data \\(5\\)"):
+        _fit(X, y, g, n_rounds=1, min_clients=6)
+    assert _fit(X, y, g, n_rounds=1, min_clients=5).n_iter_ == 1
