@@ -1351,6 +1351,47 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return None
         return (np.asarray(obs) <= 0.5).astype(float)
 
+    def _unobserved_prior(self, label, Xa, Xb=None):
+        """Prior covariance of a fitted client's deviation and local parts on the
+        outputs it never observed (multi-output), or None.
+
+        Such an output's rows of the client's loadings ``B_d``, ``B_l`` had no
+        data and stay 0, so the client's own posterior gives those parts
+        mean 0 and variance 0 there. Nothing was learned about them: they get
+        the prior a never-seen client has, with the population's
+        coregionalisations ``Gamma_r`` (from the clients that observed the
+        output) restricted to the unobserved outputs ``U``: ``sum_r c_r
+        k_r(x, x') Gamma_r[U, U]`` (``c_r = phi`` for the deviation, 1 for the
+        local part), uncorrelated with the observed outputs.
+
+        Returns
+        -------
+        dict or None
+            Component name (``"deviation"``, ``"local"``) to an ndarray of
+            shape (n_a, Q, Q) when ``Xb`` is None (per-row blocks), else
+            (n_a, Q, n_b, Q); None when the client observed every output.
+        """
+        unseen = self._unobserved_outputs(label)
+        if unseen is None:
+            return None
+        pop = self._population_local
+        G = self.server_.global_pack.unpack(self.server_.theta_global)
+        D = np.outer(unseen, unseen)
+        Q = D.shape[0]
+        out = {}
+        for name, c, ells in (("deviation", getattr(self, "phi_", 0.0), G.get("lengthscale_g")),
+                              ("local", 1.0, pop.get("lengthscale_l"))):
+            if name not in self.components_:
+                continue
+            Cs = [c * Cr * D for Cr in pop["coregionalisation"][name]]
+            if Xb is None:  # unit-variance latent functions: k_r(x, x) = 1
+                out[name] = np.broadcast_to(sum(Cs, np.zeros((Q, Q))), (Xa.shape[0], Q, Q))
+            else:
+                out[name] = sum((np.einsum("ij,qp->iqjp", se_ard(Xa, Xb, ells[r], 1.0), Cr)
+                                 for r, Cr in enumerate(Cs)),
+                                np.zeros((Xa.shape[0], Q, Xb.shape[0], Q)))
+        return out
+
     def _client_offset(self, label, offset):
         """A fitted client's levels, the population's for outputs it never observed."""
         unseen = self._unobserved_outputs(label)
@@ -1488,6 +1529,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                                    c.posterior["Sigma_u"], full_cov=True, client=lab,
                                    offset=self._offset_estimate(lab))
             s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
+            V_u = self._unobserved_prior(lab, Xf, Xf)
+            if V_u is not None:  # nothing learned about the unobserved outputs' parts
+                C = np.asarray(C, dtype=float).reshape(n, Q, n, Q) + sum(V_u.values())
         else:
             pop = self._population_local
             s2, offset = pop["noise_variance"], pop["offset"]
@@ -1599,6 +1643,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                                per_component=per_component, client=cid,
                                offset=None if per_component else est)
             s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
+            V_u = self._unobserved_prior(lab, Xs)
+            if V_u is not None:  # nothing learned about the unobserved outputs' parts
+                if per_component:
+                    out = dict(out)
+                    for name, V in V_u.items():
+                        out[name] = (out[name][0], np.asarray(out[name][1], dtype=float) + V)
+                else:
+                    out = (out[0], np.asarray(out[1], dtype=float) + sum(V_u.values()))
         else:
             pop = self._population_local
             s2, offset = pop["noise_variance"], pop["offset"]

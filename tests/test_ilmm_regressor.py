@@ -1,7 +1,10 @@
 """Multi-output (ILMM) targets in FederatedHierarchicalGPRegressor (issue 7)."""
 
+import warnings
+
 import numpy as np
 import pytest
+from numpy.testing import assert_allclose
 
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp.datasets import make_hierarchical_regression
@@ -512,3 +515,33 @@ def test_offset_moments_overlapping_outputs():
     draws = rng.multivariate_normal([0, 0], Sig, size=(200_000, 4))
     mc = np.cov(draws[:, :, 0].mean(axis=1), draws[:, :3, 1].mean(axis=1))
     np.testing.assert_allclose(mc, G * Sig, rtol=0.03)
+
+
+def test_an_output_a_client_never_observed_gets_the_never_seen_clients_law():
+    """Nothing was learned about how a client's own parts load on an output it
+    never recorded (its loadings' rows stay 0): on that output its prediction
+    is a never-seen client's (mean and, up to its own noise, variance), not the zero-variance
+    deviation and local parts of its own posterior."""
+    X, Y, g, Xt, _, gt = make_hierarchical_regression(
+        n_clients=3, n_samples=20, n_outputs=3, scenario="A", n_test=6, random_state=0)
+    Y = Y.copy()
+    Y[g == 1, 2] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=2, random_state=0).fit(X, Y, g)
+        rows = Xt[gt == 1]
+        m, s = est.predict(rows, np.full(len(rows), 1), return_std=True)
+        m_new, s_new = est.predict(rows, np.full(len(rows), "never-seen"), return_std=True)
+        mj, Cj = est.predict_joint(rows, np.full(len(rows), 1))
+        parts = est.predict_components(rows, np.full(len(rows), 1))
+    assert_allclose(est.loadings_["deviation"][1][2], 0.0)
+    assert_allclose(est.loadings_["local"][1][2], 0.0)
+    assert_allclose(m[:, 2], m_new[:, 2], rtol=1e-10, atol=1e-10)
+    # the same up to the client's own noise variance (isotropic: learned on
+    # the outputs it observed) and its global posterior's coupling to its data
+    assert_allclose(s[:, 2], s_new[:, 2], rtol=1e-2)
+    assert not np.allclose(s[:, 0], s_new[:, 0], rtol=1e-2)  # an observed output keeps its own posterior
+    # the joint covariance and the components agree with the marginal
+    assert_allclose(np.sqrt(np.diag(Cj)).reshape(-1, 3), s, rtol=1e-10)
+    for name in ("deviation", "local"):
+        assert np.all(parts[name][1][:, 2] > 0)
