@@ -183,9 +183,10 @@ def check_target_values(y):
     ------
     ValueError
         If ``y`` holds strings (a class label, not a number), or its values
-        are so large that their variance overflows float64 (the targets are
-        standardised by their spread; rescale them, e.g. divide by a power
-        of ten).
+        are so large that their variance overflows float64, or so small
+        (all below about 1e-146 in magnitude) that their squares underflow
+        (the targets are standardised by their spread; rescale them, e.g.
+        by a power of ten).
 
     Notes
     -----
@@ -203,6 +204,13 @@ def check_target_values(y):
                 raise ValueError(
                     "y is too large to standardise: the variance of its values overflows "
                     f"float64 (largest |y| = {np.max(np.abs(col)):.3g}); rescale the targets")
+            big = float(np.max(np.abs(col))) if col.size else 0.0
+            if 0.0 < big and big**2 < np.finfo(float).tiny / np.finfo(float).eps:
+                # squares of the values underflow: their spread would read as
+                # 0 (constant targets) and the model would run in wrong units
+                raise ValueError(
+                    "y is too small to standardise: the squares of its values underflow "
+                    f"float64 (largest |y| = {big:.3g}); rescale the targets")
 
 
 def check_multioutput_targets(y, n_rows, estimator=None):

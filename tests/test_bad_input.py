@@ -94,6 +94,22 @@ def test_targets_too_large_to_standardise(data, columns):
     _est().fit(X, y * 1e100, g)  # large but representable: fits
 
 
+@pytest.mark.parametrize("columns", [1, 2])
+def test_targets_too_small_to_standardise(data, columns):
+    """y * 1e-200: the squares underflow, the spread read as 0 and the model ran in
+    wrong units (predictive std 1e197 times too large) without a word."""
+    X, y, g = data
+    yy = (y * 1e-200) if columns == 1 else np.c_[y, -y] * 1e-200
+    est = _est()
+    with pytest.raises(ValueError, match=r"y is too small to standardise: the squares of its "
+                                         r"values underflow float64 \(largest \|y\| = "):
+        est.fit(X, yy, g)
+    assert not hasattr(est, "clients_")
+    est = _est().fit(X, y * 1e-100, g)  # small but representable: fits, in its own units
+    assert 1e-102 < float(np.ravel(est.y_scale_)[0]) < 1e-98
+    _est().fit(X, np.zeros_like(y), g)  # constant zero targets are not "too small"
+
+
 def test_non_finite_X_at_predict(data):
     X, y, g = data
     est = _est().fit(X, y, g)
