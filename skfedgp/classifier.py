@@ -683,6 +683,13 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             inputs_ = inputs
         with default_sizes_quiet(self.estimator is None):
             reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
+        lost = [classes[k].item() if hasattr(classes[k], "item") else classes[k]
+                for k in range(classes.shape[0]) if k not in reg.clients_]
+        if lost:  # its client's calls failed: it would be scored with the population's law
+            raise ValueError(
+                f"class(es) {list(lost[:5])} have no fitted model: the regressor excluded "
+                "their clients after their calls failed (fault_hook or transport "
+                "failures); the classifier needs a model of every class")
         self.inputs_ = inputs_
         self.channel_mode_ = mode
         self.estimator_ = reg

@@ -415,6 +415,12 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         labels = uniq  # plain Python values, in the order of clients
         unknown = [lab for lab in labels if lab not in reg.clients_]
         if unknown:
+            excluded = [lab for lab in unknown if lab in getattr(reg, "excluded_clients_", [])]
+            if excluded:  # the regressor left them out after their calls failed
+                raise ValueError(
+                    f"client(s) {excluded[:5]} were excluded from the regressor's model after "
+                    "their calls failed (see its failed_clients_); without a fitted model "
+                    "they cannot be clustered")
             raise ValueError(f"client(s) {unknown[:5]} are not clients of the fitted estimator")
 
         ops = {}

@@ -498,3 +498,24 @@ def test_multioutput_channel_mode_works_with_the_default_estimator():
     assert clf.channel_mode_ == "multioutput"
     np.testing.assert_array_equal(clf.predict(np.array([curve(c) for c in (0, 1, 0, 1)])),
                                   [0, 1, 0, 1])
+
+
+def test_a_class_whose_client_was_excluded_is_an_error_not_a_population_score():
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 1, 30)
+    X = np.vstack([np.sin(6 * t) + 0.1 * rng.standard_normal((6, 30)),
+                   np.cos(6 * t) + 0.1 * rng.standard_normal((6, 30))])
+    y = np.repeat(["a", "b"], 6)
+
+    def hook(client, method, round_):
+        if client == 1:
+            raise RuntimeError("unreachable")
+
+    reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=4, n_rounds=1,
+                                           fault_hook=hook)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=r"class\(es\) \['b'\] have no fitted model"):
+            MaxEvidenceClassifier(reg, grid=t, random_state=0).fit(X, y)

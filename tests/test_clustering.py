@@ -1,5 +1,6 @@
 """Tests of :class:`skfedgp.OperatorClustering` and its operator maths."""
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -353,3 +354,21 @@ def test_reused_regressor_with_inputs_far_away_says_why():
     reg = FederatedHierarchicalGPRegressor(n_rounds=2, random_state=0).fit(X, y, g)
     with pytest.raises(FloatingPointError, match="inputs in other units or another range"):
         OperatorClustering(2, reg, operator="published").fit(X + 1e3, y, groups=g)
+
+
+def test_an_excluded_client_is_named_as_excluded():
+    from skfedgp import FederatedHierarchicalGPRegressor
+    from skfedgp.datasets import make_hierarchical_regression
+
+    X, y, g = make_hierarchical_regression(n_clients=4, n_samples=20, random_state=0)
+
+    def hook(client, method, round_):
+        if client == 1:
+            raise RuntimeError("unreachable")
+
+    reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_rounds=1, fault_hook=hook)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=r"client\(s\) \[1\] were excluded from the "
+                                             r"regressor's model after their calls failed"):
+            OperatorClustering(2, reg, random_state=0).fit(X, y, g)
