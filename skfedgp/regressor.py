@@ -345,9 +345,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         with a ``UserWarning`` (more cannot improve the bound).
     n_inducing_local : int or "auto", default="auto"
         Number ``M_i`` of inducing points of each client's local part.
-        "auto": sized per client from its own lengthscales and input box, at
-        most 64 and at most ``n_i``; a client with at most that many distinct
-        inputs uses them all (its local part is then exact). The mean-field
+        "auto" (structured family): per client, a scrambled Sobol design over
+        its own input box (never its inputs, so the fitted model holds no
+        training row), first sized from its lengthscales and box (at most
+        ``n_i``), then grown by half while it leaves more than
+        ``AUTO_LEARN_NATS`` (0.005) nats per observation of the local prior unexplained at the client's
+        inputs (the bound's trace term), up to 64 points, more than ``n_i``
+        if need be; so clients can end up with different ``M_i``. The mean-field
         family uses 25 (a given number above the largest client's size is
         reduced to it, with a ``UserWarning``).
     learn_inducing_locations : bool or "auto", default="auto"
