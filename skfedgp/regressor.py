@@ -348,11 +348,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         "auto" (structured family): per client, a scrambled Sobol design over
         its own input box (never its inputs, so the fitted model holds no
         training row), first sized from its lengthscales and box (at most
-        ``n_i``), then grown by half while it leaves more than
-        ``AUTO_LEARN_NATS`` (0.005) nats per observation of the local prior unexplained at the client's
+        ``n_i``), then grown by half while it leaves more than 0.005 nats
+        per observation of the local prior unexplained at the client's
         inputs (the bound's trace term), up to 64 points, more than ``n_i``
-        if need be; so clients can end up with different ``M_i``. The mean-field
-        family uses 25 (a given number above the largest client's size is
+        if need be; so clients can end up with different ``M_i``. The
+        mean-field family uses 25 (a given number above the largest client's size is
         reduced to it, with a ``UserWarning``).
     learn_inducing_locations : bool or "auto", default="auto"
         Whether the inducing inputs (the global ``Z_g`` and every client's
