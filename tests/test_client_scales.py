@@ -489,7 +489,8 @@ def test_warm_start_refuses_a_change_of_client_scale(ab):
     X, y, g = ab
     est = _fit(X, y, g, n_rounds=1, warm_start=True)
     est.set_params(client_scale=False)
-    with pytest.raises(ValueError, match="warm_start: the saved model was trained with client_scale='auto', this fit has client_scale=False"):
+    with pytest.raises(ValueError, match="warm_start: the saved model was trained with "
+                                         "client_scale='auto', this fit has client_scale=False"):
         est.fit(X, y, g)
 
 

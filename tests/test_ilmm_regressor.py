@@ -540,7 +540,8 @@ def test_an_output_a_client_never_observed_gets_the_never_seen_clients_law():
     # the same up to the client's own noise variance (isotropic: learned on
     # the outputs it observed) and its global posterior's coupling to its data
     assert_allclose(s[:, 2], s_new[:, 2], rtol=1e-2)
-    assert not np.allclose(s[:, 0], s_new[:, 0], rtol=1e-2)  # an observed output keeps its own posterior
+    # an observed output keeps its own posterior
+    assert not np.allclose(s[:, 0], s_new[:, 0], rtol=1e-2)
     # the joint covariance and the components agree with the marginal
     assert_allclose(np.sqrt(np.diag(Cj)).reshape(-1, 3), s, rtol=1e-10)
     for name in ("deviation", "local"):
