@@ -61,7 +61,9 @@ AGGREGATIONS = ("async", "moe", "poe", "gpoe", "bcm", "rbcm")
 #: Conventions of the "async" rule (docs/async_dgp.md).
 CONVENTIONS = ("paper", "gpgym")
 
-_LOG_BOUNDS = (-11.5, 11.5)  # bounds of every log-hyperparameter (about 1e-5 .. 1e5)
+#: Bounds of the log variances (standardised targets) and, shifted by the log
+#: of sqrt(d) times each input's spread, of the log lengthscales (about 1e-5 .. 1e5).
+_LOG_BOUNDS = (-11.5, 11.5)
 
 
 # ---------------------------------------------------------------------------
@@ -735,11 +737,19 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         s2 = s2 if np.isfinite(s2) and s2 > 0 else 1.0
         s = np.sqrt(s2)
         parts = [(X, y / s) for X, y in parts]
+        # the lengthscales' bounds follow the inputs' units (a factor e^11.5
+        # either side of sqrt(d) times each input's spread), as the variances'
+        # follow the targets': with fixed bounds inputs in units of 1e-6 or
+        # 1e6 pinned the lengthscale at a bound without a word
+        Xall = np.concatenate([X for X, _ in parts])
+        ref = Xall.std(axis=0) if Xall.shape[0] > 1 else np.ones(d)
+        ref = np.log(np.sqrt(d) * np.where(ref > 0, ref, 1.0))
+        bounds = [(r + _LOG_BOUNDS[0], r + _LOG_BOUNDS[1]) for r in ref] + [_LOG_BOUNDS] * 2
         theta0 = np.log(np.concatenate([ell, [sf2 / s2, sn2 / s2]]))
-        theta0 = np.clip(theta0, *_LOG_BOUNDS)
+        theta0 = np.clip(theta0, [b[0] for b in bounds], [b[1] for b in bounds])
         res = minimize(
             _total_nlml, theta0, args=(parts, self.n_jobs), jac=True, method="L-BFGS-B",
-            bounds=[_LOG_BOUNDS] * (d + 2),
+            bounds=bounds,
         )
         th = res.x
         return np.exp(th[:d]), float(np.exp(th[d]) * s2), float(np.exp(th[d + 1]) * s2)

@@ -329,3 +329,21 @@ def test_fit_does_not_depend_on_target_units(c):
     np.testing.assert_allclose(mc / c, m1, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(sc / c, s1, rtol=1e-5)
     assert est.variance_ / c**2 > 0.05  # the signal is not lost
+
+
+@pytest.mark.parametrize("sx", [1e-6, 1e6])
+def test_fit_does_not_depend_on_the_inputs_units(sx):
+    """The lengthscales' bounds follow the inputs' spread: inputs in units of
+    1e-6 used to pin the lengthscale at its bound (the model predicted the
+    mean, 97 % of points beyond 3 std), 1e6 likewise at the other bound."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (120, 1))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(120)
+    Xt = rng.uniform(0, 10, (50, 1))
+    a = AsyncDGPRegressor(random_state=0).fit(X, y)
+    b = AsyncDGPRegressor(random_state=0).fit(X * sx, y)
+    np.testing.assert_allclose(b.lengthscale_ / sx, a.lengthscale_, rtol=1e-5)
+    ma, sa = a.predict(Xt, return_std=True)
+    mb, sb = b.predict(Xt * sx, return_std=True)
+    np.testing.assert_allclose(mb, ma, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sb, sa, rtol=1e-5)
