@@ -383,7 +383,9 @@ def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
       / s_**^2``, ``mean = s^2 sum beta_k mu_k / s_k^2`` (prior mean 0).
 
     With one expert MoE, PoE, gPoE and BCM return the expert itself; rBCM
-    does not (it shrinks towards the prior unless ``beta_1 = 1``).
+    does not unless ``beta_1 = 1``: it widens towards the prior where
+    ``beta_1 < 1`` and, where the expert is confident (``beta_1 > 1``), gives
+    the prior a negative weight and a band narrower than the expert's.
     """
     mu = np.asarray(mu, dtype=float)
     var = np.clip(np.asarray(var, dtype=float), 1e-300, prior_var)
