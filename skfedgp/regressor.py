@@ -130,6 +130,11 @@ def _warn_diagnostics(est, converged, n_rounds):
             # bound is an input switched off (automatic relevance determination)
             if low and name.startswith(("variance", "phi", "level_variance")):
                 return
+            # phi at its upper bound: the deviations (variance phi var_g) carry
+            # what the clients have, the shared part (var_g) is switched off
+            # relative to them; only phi var_g is then identified
+            if high and name == "phi":
+                return
             if high and kind == "lengthscale" and not low:
                 continue
             if low or high:
@@ -643,7 +648,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         components; the deviation latent functions have variance ``phi_``,
         the others 1.
     phi_ : float
-        Fitted deviation scale ``phi`` (when the deviation is used).
+        Fitted deviation scale ``phi`` (when the deviation is used). At its
+        upper bound (1e4) the shared global part is switched off relative to
+        the clients' deviations (the clients share little); then only
+        ``phi_`` times the global variance, the deviations' variance, is
+        meaningful, and no warning is given (a documented outcome, as a
+        variance at its lower bound).
     failed_clients_ : list of tuple
         Structured family: ``(round, client_id, method, error)`` for every
         failed client call (retries included); round 0 is the set-up.

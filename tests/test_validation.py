@@ -342,6 +342,9 @@ def test_bound_diagnostics_name_the_value_and_the_reason():
     assert warned() == []
     assert warned(lengthscale_g=np.r_[G["lengthscale_g"][0], hi]) == []   # x1 switched off
     assert warned(variance_g=LOG_BOUNDS["variance_g"][0]) == []           # global part off
+    # phi at its upper bound: the shared part switched off relative to the
+    # deviations (only phi var_g identified), a documented outcome too
+    assert warned(phi=LOG_BOUNDS["phi"][1]) == []
     msg = warned(lengthscale_g=np.r_[lo[0], G["lengthscale_g"][1]])
     assert len(msg) == 1 and "lengthscale_g (lower bound)" in msg[0]
     assert "faster than the inputs resolve" in msg[0] and "noise-free" not in msg[0]
