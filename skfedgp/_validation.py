@@ -49,6 +49,7 @@ __all__ = [
     "match_labels",
     "check_not_strings",
     "split_client_column",
+    "warn_groups_overridden",
     "warn_unmatched_labels",
     "warn_groups_missing",
 ]
@@ -258,6 +259,41 @@ def _column_position(X, column, n_columns):
         f"client_column={column!r} is not a column index of X with {n_columns} columns "
         "(expected an int position or, for a pandas DataFrame, a column name)"
     )
+
+
+def warn_groups_overridden(groups, labels, column, where):
+    """Warn when ``groups`` was passed with a ``client_column`` and disagrees with it.
+
+    The column is the client label (it overrides ``groups``); a ``groups``
+    that names other clients for some rows is most likely a mistake, which
+    silently ignoring it would hide.
+
+    Parameters
+    ----------
+    groups : ndarray of shape (n_samples,) or None
+        As passed (after :func:`check_groups`).
+    labels : ndarray of shape (n_samples,)
+        The labels read from the column.
+    column : int or str
+        ``client_column`` (for the message).
+    where : str
+        ``"fit"``, ``"predict"``, ... (for the message).
+
+    Warns
+    -----
+    ClientLabelWarning
+        If ``groups`` differs from the column in any row.
+    """
+    if groups is None:
+        return
+    a = np.asarray(groups, dtype=object)
+    b = np.asarray(labels, dtype=object)
+    differ = int(np.sum([not (x == y) for x, y in zip(a, b)]))
+    if differ:
+        warnings.warn(
+            f"groups passed to {where} differs from client_column={column!r} in {differ} of "
+            f"{len(b)} rows; the column is used (groups is ignored when client_column is "
+            "set)", ClientLabelWarning, stacklevel=4)
 
 
 def split_client_column(estimator, X, column, *, reset):

@@ -47,6 +47,7 @@ from ._validation import (
     split_client_column,
     unique_labels,
     warn_groups_missing,
+    warn_groups_overridden,
 )
 from .federated import (
     _default_lengthscale,
@@ -532,7 +533,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         (negative counts from the end) and a str is a pandas column name.
         The column is taken out before the features are converted to float,
         so it may hold strings (``client_column="station"`` with
-        ``df[["station", "temp", "hum"]]``). Overrides ``groups``.
+        ``df[["station", "temp", "hum"]]``). Overrides ``groups`` (a ``groups`` that
+        differs from the column gets a ``ClientLabelWarning``).
     n_jobs : int, default=None
         Number of parallel jobs for the clients (:class:`joblib.Parallel`,
         threads by default; any joblib backend, e.g. dask, applies).
@@ -972,6 +974,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         groups = check_groups(groups, X.shape[0], "fit")
         if self.client_column is not None:  # the column overrides groups
             check_labels_present(labels, f"client_column={self.client_column!r}")
+            warn_groups_overridden(groups, labels, self.client_column, "fit")
             groups = labels
         return X, y, groups
 
@@ -987,6 +990,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
             check_labels_present(labels, f"client_column={self.client_column!r}")
+            warn_groups_overridden(groups, labels, self.client_column, "fit")
             groups = labels
         return X, y, groups
 
@@ -997,8 +1001,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return X, check_groups(groups, X.shape[0], where)
         X, labels = split_client_column(self, X, self.client_column, reset=False)
         X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
-        check_groups(groups, X.shape[0], where)
+        groups = check_groups(groups, X.shape[0], where)
         check_labels_present(labels, f"client_column={self.client_column!r}")
+        warn_groups_overridden(groups, labels, self.client_column, where)
         return X, labels
 
     # ------------------------------------------------------------------

@@ -553,3 +553,23 @@ def test_bool_label_column_at_predict_on_int_column_model(small):
     with pytest.warns(ClientLabelWarning, match=r"True \(bool\) is not a fitted client, but 1 "
                                                 r"\(int\) is"):
         est.predict(df[:4].assign(site=True))
+
+
+def test_groups_that_disagree_with_the_client_column_are_warned_about(frame):
+    """The column overrides groups; a groups naming other clients is most likely a
+    mistake, so it is not ignored silently (the same groups is accepted quietly)."""
+    df, y = frame
+    X = df[["station", "temp", "hum"]]
+    est = FederatedHierarchicalGPRegressor(client_column="station", **FAST)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ClientLabelWarning)
+        est.fit(X, y, groups=df["station"].to_numpy())  # the same labels: quiet
+        est.predict(X, groups=df["station"].to_numpy())
+    other = np.where(df["station"].to_numpy() == STATIONS[0], STATIONS[1], STATIONS[0])
+    n_diff = int(np.sum(other != df["station"].to_numpy()))
+    with pytest.warns(ClientLabelWarning, match=f"groups passed to fit differs from "
+                                                f"client_column='station' in {n_diff} of"):
+        est.fit(X, y, groups=other)
+    assert sorted(est.clients_) == STATIONS  # the column was used
+    with pytest.warns(ClientLabelWarning, match="groups passed to predict differs"):
+        est.predict(X, groups=other)
