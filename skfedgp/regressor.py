@@ -165,6 +165,29 @@ def _warn_diagnostics(est, converged, n_rounds):
             ConvergenceWarning, stacklevel=3)
 
 
+def _warn_untrained_clients(est, failures, first, last):
+    """ConvergenceWarning naming the clients whose local phase failed in every round.
+
+    Such a client stays in the model (it answered the set-up and the final
+    exchange) but its own hyperparameters never moved from their initial
+    values; ``failed_clients_`` lists the failures, this says what they mean.
+    ``first``/``last``: the rounds of this fit are ``first + 1 .. last``.
+    """
+    rounds = set(range(first + 1, last + 1))
+    if not rounds or len(rounds) < 2:  # one round: too little to call it a pattern
+        return
+    failed = {}
+    for r, cid, method, _ in failures:
+        if method == "local_phase" and r in rounds:
+            failed.setdefault(cid, set()).add(r)
+    stuck = [cid for cid, rs in failed.items() if rs >= rounds and cid in est.clients_]
+    if stuck:
+        warnings.warn(
+            f"client(s) {stuck[:5]} failed their local phase in every round of this fit "
+            f"({len(rounds)} rounds; see failed_clients_): their own hyperparameters are "
+            "still the initial ones", ConvergenceWarning, stacklevel=3)
+
+
 def _n_target_columns(y):
     """Number of target columns of ``y`` as passed (1 for 1-D), without converting it."""
     shape = getattr(y, "shape", None)
@@ -1240,6 +1263,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 st.save(path)
         elif callback is not None and not callable(callback):
             raise ValueError(f"checkpoint must be a path or a callable, got {callback!r}")
+        n_rounds0 = 0 if state is None else len(state.history)
         sclients, res = run_structured_training(
             clients, server, config, n_rounds=n_rounds, n_jobs=self.n_jobs, seeds=seeds,
             verbose=self.verbose, fault_hook=self.fault_hook,
@@ -1292,6 +1316,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                     self.loadings_[name] = {lab: scale * c.local_values()[key]
                                             for lab, c in self.clients_.items()}
         _warn_diagnostics(self, res["converged"], n_rounds)
+        _warn_untrained_clients(self, res["failed_clients"], n_rounds0,
+                                len(self.elbo_history_))
         return self
 
     def _population_block(self):

@@ -564,3 +564,24 @@ def test_no_round_is_reported_as_none_and_an_unreachable_min_clients_is_refused(
                                          "data \\(5\\)"):
         _fit(X, y, g, n_rounds=1, min_clients=6)
     assert _fit(X, y, g, n_rounds=1, min_clients=5).n_iter_ == 1
+
+
+def test_a_client_whose_local_phase_always_fails_is_named(data):
+    X, y, g = data
+
+    def hook(cid, method, r):
+        if cid == "c2" and method == "local_phase":
+            raise TimeoutError("late")
+
+    est = FederatedHierarchicalGPRegressor(**dict(FAST, n_rounds=3, tol=0.0, fault_hook=hook))
+    with pytest.warns(ConvergenceWarning, match=r"client\(s\) \['c2'\] failed their local phase "
+                                                r"in every round of this fit \(3 rounds"):
+        est.fit(X, y, g)
+    assert "c2" in est.clients_
+    # failing in some rounds only is not reported by this warning
+    hook2 = _Recorder(fail=[("c2", "local_phase", 2)])
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        FederatedHierarchicalGPRegressor(**dict(FAST, n_rounds=3, tol=0.0,
+                                                fault_hook=hook2)).fit(X, y, g)
+    assert not any("failed their local phase" in str(w.message) for w in rec)
