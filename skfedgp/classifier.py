@@ -464,7 +464,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     Notes
     -----
     The within-class fit treats a NaN training point as a zero residual
-    (slightly shrinking the fitted variation).
+    (slightly shrinking the fitted variation). A point that no training
+    curve of a class observed keeps the regressor's predictive law there
+    (mean and noisy variance, uncorrelated with the observed points): the
+    within-class law has no information about it.
 
     A curve with NaN entries is scored on its observed points only (the
     marginal of the predictive Gaussian on those points); curves with the
@@ -709,6 +712,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                     rank = select_rank_by_accuracy(X, y_idx, means, scales, log_prior)
                 self.curve_variation_ = [
                     self._fit_variation(R, sc, rank) for R, sc in zip(resid, scales)]
+                for k, V in enumerate(self.curve_variation_):
+                    # points no training curve of the class observed
+                    V["observed"] = ~np.all(np.isnan(X[y_idx == k]), axis=0)
         else:
             self.curve_variation_ = None
         return self
@@ -762,11 +768,20 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             # the within-class law (already in W and s2), not the regressor's
             # posterior covariance of mu_k, which m corrects
             V = var[k]
-            mean, _ = self._class_mean_and_cov(k, with_cov=False)
+            unseen = ~V.get("observed", np.ones(V["mean"].shape[0], dtype=bool))
+            mean, reg_cov = self._class_mean_and_cov(k, with_cov=bool(np.any(unseen)))
             mean = mean + V["scale"] * V["mean"]
             SW = V["scale"][:, None] * V["W"]
             cov = SW @ SW.T
             cov[np.diag_indices_from(cov)] += V["noise_variance"] * V["scale"] ** 2
+            if np.any(unseen):
+                # points no training curve of the class observed: the residual
+                # law knows nothing there (their residuals were zeros), so they
+                # keep the regressor's predictive law (its mean's uncertainty
+                # included), uncorrelated with the observed points
+                cov[unseen, :] = 0.0
+                cov[:, unseen] = 0.0
+                cov[np.ix_(unseen, unseen)] = reg_cov[np.ix_(unseen, unseen)]
             return mean, cov
         mean, cov = self._class_mean_and_cov(k)
         if var is None:

@@ -519,3 +519,33 @@ def test_a_class_whose_client_was_excluded_is_an_error_not_a_population_score():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match=r"class\(es\) \['b'\] have no fitted model"):
             MaxEvidenceClassifier(reg, grid=t, random_state=0).fit(X, y)
+
+
+def test_points_a_class_never_observed_keep_the_regressors_law():
+    """Class "a" is NaN on the second half of the grid in every training curve:
+    its within-class (PPCA) law knows nothing there (the residuals were zeros),
+    so those points keep the regressor's predictive law. Before, the law had
+    std 0.06 there around a mean up to 0.94 off, and every full class-a curve
+    was assigned to "b"."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 1, 30)
+    fa, fb = np.sin(6 * t), np.sin(6 * t) + 0.8 * (t > 0.5)
+    Xa = fa + 0.1 * rng.standard_normal((12, 30))
+    Xa[:, 15:] = np.nan
+    Xb = fb + 0.1 * rng.standard_normal((12, 30))
+    X, y = np.vstack([Xa, Xb]), np.repeat(["a", "b"], 12)
+    Xt = fa + 0.1 * rng.standard_normal((10, 30))
+    reg = FederatedHierarchicalGPRegressor(n_inducing=10, n_inducing_local=5, n_rounds=2,
+                                           local_steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = MaxEvidenceClassifier(reg, grid=t, random_state=0).fit(X, y)
+    assert clf.curve_variation == "ppca"
+    assert list(clf.predict(Xt)) == ["a"] * 10
+    mean, cov = clf._class_predictive(0)
+    reg_mean, reg_cov = clf._class_mean_and_cov(0)
+    np.testing.assert_allclose(np.diag(cov)[15:], np.diag(reg_cov)[15:])
+    np.testing.assert_allclose(mean[15:], reg_mean[15:])
+    assert np.all(cov[15:, :15] == 0)
