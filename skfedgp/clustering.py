@@ -180,6 +180,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         label in ``groups``); an unfitted one is cloned and fitted on
         ``(X, y, groups)``. None means the air-quality study's setting
         (:func:`default_clustering_regressor`: ``M = 30``, ``M_i = 12``).
+        Its ``client_column`` must be None (the labels come as ``groups``;
+        a ``ValueError`` otherwise).
     affinity : {"rbf", "inverse"}, default="rbf"
         ``"rbf"``: ``W_ij = exp(-rho_ij / median(rho))`` (median over the
         off-diagonal pairs; 1 if all are 0). ``"inverse"``: ``W_ij = 1 /
@@ -290,6 +292,13 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
             raise TypeError(
                 "estimator must be a FederatedHierarchicalGPRegressor (fitted or not) or "
                 f"None, got {type(est).__name__}")
+        if est is not None and getattr(est, "client_column", None) is not None:
+            # the operators evaluate the clients' functions at shared inputs
+            # (features only); a label column among X's columns has no place there
+            raise ValueError(
+                f"estimator has client_column={est.client_column!r}; OperatorClustering takes "
+                "the client labels as groups and X as features only: use an estimator with "
+                "client_column=None and pass the labels as groups")
         if est is not None:
             try:
                 check_is_fitted(est, "clients_")

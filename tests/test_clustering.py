@@ -372,3 +372,14 @@ def test_an_excluded_client_is_named_as_excluded():
         with pytest.raises(ValueError, match=r"client\(s\) \[1\] were excluded from the "
                                              r"regressor's model after their calls failed"):
             OperatorClustering(2, reg, random_state=0).fit(X, y, g)
+
+
+def test_an_estimator_with_a_client_column_is_refused_up_front():
+    from skfedgp.datasets import make_hierarchical_regression
+
+    X, y, g = make_hierarchical_regression(n_clients=4, n_samples=20, random_state=0)
+    reg = FederatedHierarchicalGPRegressor(client_column=0, n_inducing=8, n_rounds=1)
+    for operator in ("published", "personal"):
+        with pytest.raises(ValueError, match="estimator has client_column=0; OperatorClustering "
+                                             "takes the client labels as groups"):
+            OperatorClustering(2, reg, operator=operator, random_state=0).fit(np.c_[g, X], y, g)
