@@ -78,7 +78,7 @@ PROBLEM = dict(phi=0.1, global_lengthscale=1.5, global_variance=1.0, local_lengt
 N_PLOTTED = 3
 
 
-def _int_at_least(minimum):
+def _int_at_least(minimum, maximum=None):
     def parse(text):
         try:
             value = int(text)
@@ -86,6 +86,8 @@ def _int_at_least(minimum):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
 
     return parse
@@ -113,7 +115,7 @@ def build_parser():
              "estimator's, training stops earlier when the ELBO has converged)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0,
+        "--seed", type=_int_at_least(0, 2**32 - 1), default=0,
         help="seed of the synthetic data and of the estimators (default: %(default)s)",
     )
     parser.add_argument(
@@ -189,12 +191,13 @@ def _communication_table(results, n_clients):
     lines = [head, "-" * len(head)]
     for name, res in results.items():
         comm = res["estimator"].communication_
-        rounds = [c for c in comm if c["round"] > 0]
+        rounds = [c for c in comm if c["round"] > 0]  # the final exchange is no round
         per_client = rounds[0]["bytes_up"] / n_clients if rounds else 0.0
+        n_rounds = res["estimator"].n_iter_
         up = sum(c["bytes_up"] for c in comm)
         down = sum(c["bytes_down"] for c in comm)
         lines.append(
-            f"{name:<12}{len(rounds):>7}{_format_bytes(per_client):>17}"
+            f"{name:<12}{n_rounds:>7}{_format_bytes(per_client):>17}"
             f"{_format_bytes(up):>12}{_format_bytes(down):>12}"
         )
     return "\n".join(lines)
@@ -270,6 +273,8 @@ def main(argv=None):
         parser.error(f"--output must name a .png file, got {str(output)!r}")
     if not output.parent.is_dir():
         parser.error(f"the folder of --output does not exist: {str(output.parent)!r}")
+    if output.is_dir():
+        parser.error(f"--output names a folder, not a file: {str(output)!r}")
 
     t_start = time.perf_counter()
     data = make_hierarchical_regression(

@@ -40,6 +40,19 @@ def test_main_job_prints_table_and_saves_png(tmp_path, capsys):
     # --quiet suppresses the per-round progress lines of the estimator
     assert "[skfedgp] round" not in text
     assert "Communication" in text and str(out_png) in text
+    # the rounds column is the rounds run (n_iter_; the final exchange is no round)
+    comm = text[text.index("Communication"):].splitlines()
+    for name, _ in MODELS:
+        row = next(line for line in comm if line.startswith(name + " "))
+        assert 1 <= int(row.split()[1]) <= 2, row
+
+
+def test_main_job_refuses_a_folder_as_output(tmp_path, capsys):
+    folder = tmp_path / "x.png"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["--output", str(folder)])
+    assert exc.value.code == 2 and "names a folder" in capsys.readouterr().err
 
 
 def test_main_job_verbose_prints_rounds(tmp_path, capsys):
@@ -57,6 +70,8 @@ def test_main_job_verbose_prints_rounds(tmp_path, capsys):
         (["--local-steps", "5"], "unrecognized arguments"),
         (["--output", "figure.pdf"], ".png"),
         (["--output", "/nonexistent-skfedgp-dir/x.png"], "does not exist"),
+        (["--seed", "-1"], "must be >= 0"),
+        (["--seed", "99999999999"], "must be <= 4294967295"),
     ],
 )
 def test_main_job_rejects_bad_options(argv, message, capsys):
