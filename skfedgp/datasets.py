@@ -115,9 +115,13 @@ def _find_station_files(data_dir):
 def _validate_hours(hours):
     if hours is None:
         return None
+    if isinstance(hours, (bool, np.bool_, str, bytes)):  # "14" would be read digit by digit
+        raise ValueError(f"hours must be None or integers in 0..23, got {hours!r}")
     if isinstance(hours, Integral):
         hours = (hours,)
     try:
+        if any(isinstance(h, (bool, np.bool_, str, bytes)) for h in hours):
+            raise TypeError
         values = [int(h) for h in hours]
     except (TypeError, ValueError) as exc:
         raise ValueError(f"hours must be None or integers in 0..23, got {hours!r}") from exc
@@ -239,6 +243,8 @@ def load_beijing_air_quality(
         if isinstance(stations, str):
             stations = [stations]
         stations = list(dict.fromkeys(stations))
+        if not stations:
+            raise ValueError("stations is empty; use None to load every station")
         missing = [s for s in stations if s not in files]
         if missing:
             raise ValueError(

@@ -118,6 +118,11 @@ def test_loader_errors(beijing_dir, tmp_path):
         load_beijing_air_quality(beijing_dir, hours=-1)
     with pytest.raises(ValueError, match="unknown station"):
         load_beijing_air_quality(beijing_dir, stations=["Atlantis"])
+    for bad in ("14", True, (2, True), b"2"):  # a string is not read digit by digit
+        with pytest.raises(ValueError, match="hours must be None or integers in 0..23"):
+            load_beijing_air_quality(beijing_dir, hours=bad)
+    with pytest.raises(ValueError, match="stations is empty"):
+        load_beijing_air_quality(beijing_dir, stations=[])
     with pytest.raises(ValueError, match="before end"):
         load_beijing_air_quality(beijing_dir, start="2013-05-01", end="2013-04-01")
     with pytest.raises(ValueError, match="no rows left"):
