@@ -1442,14 +1442,19 @@ def _ts_check_header(header, path):
 
 def _ts_parse_value(token, path, lineno):
     token = token.strip()
-    if token in ("?", "NaN", "nan", ""):
+    if token in ("?", "NaN", "nan"):
         return np.nan
+    if not token:  # "1,2,,3" or a trailing comma: not a missing value ("?")
+        raise ValueError(f"{path}, line {lineno}: an empty value (a stray comma?)")
     try:
-        return float(token)
+        value = float(token)
     except ValueError:
         raise ValueError(
             f"{path}, line {lineno}: cannot read {token!r} as a number"
         ) from None
+    if not np.isfinite(value):
+        raise ValueError(f"{path}, line {lineno}: {token!r} is not a finite number")
+    return value
 
 
 def load_ucr_ts(path):
@@ -1483,10 +1488,13 @@ def load_ucr_ts(path):
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If the file has no ``@data`` section, no class labels
-        (``@classLabel false``), time stamps (``@timeStamps true``, not
-        supported), series of unequal length or channel count, a label not
-        listed in ``@classLabel``, or a value that is not a number.
+        If ``path`` is a folder or not UTF-8 text, the file has no ``@data``
+        section, no class labels (``@classLabel false``), time stamps
+        (``@timeStamps true``, not supported), series of unequal length or
+        channel count or of another length than ``@seriesLength``, a
+        channel count other than ``@dimensions``, a label not listed in
+        ``@classLabel`` or empty, a value that is not a finite number, or
+        an empty value (a stray comma; a missing value is ``?`` or NaN).
 
     References
     ----------
@@ -1495,41 +1503,50 @@ def load_ucr_ts(path):
     multivariate time series classification archive, 2018", arXiv:1811.00075.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder, not a time-series file")
     if not path.is_file():
         raise FileNotFoundError(f"time-series file {str(path)!r} does not exist")
     header = {}
     rows, labels = [], []
     in_data = False
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            if not in_data:
-                if not line.startswith("@"):
-                    raise ValueError(
-                        f"{path}, line {lineno}: expected a header line (@...) "
-                        "before @data"
-                    )
-                key, value = _ts_header_value(line[1:])
-                if key == "data":
-                    _ts_check_header(header, path)
-                    in_data = True
-                else:
-                    header[key] = value
-                continue
-            *channels, label = line.split(":")
-            if not channels:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = list(fh)
+    except UnicodeDecodeError as exc:
+        # decoding with replacement would merge distinct labels silently
+        raise ValueError(f"{path}: not UTF-8 text ({exc}); convert the file to UTF-8") from None
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not in_data:
+            if not line.startswith("@"):
                 raise ValueError(
-                    f"{path}, line {lineno}: no class label (expected "
-                    "values:...:label)"
+                    f"{path}, line {lineno}: expected a header line (@...) "
+                    "before @data"
                 )
-            series = [
-                [_ts_parse_value(t, path, lineno) for t in ch.split(",")]
-                for ch in channels
-            ]
-            rows.append(series)
-            labels.append(label.strip())
+            key, value = _ts_header_value(line[1:])
+            if key == "data":
+                _ts_check_header(header, path)
+                in_data = True
+            else:
+                header[key] = value
+            continue
+        *channels, label = line.split(":")
+        if not channels:
+            raise ValueError(
+                f"{path}, line {lineno}: no class label (expected "
+                "values:...:label)"
+            )
+        series = [
+            [_ts_parse_value(t, path, lineno) for t in ch.split(",")]
+            for ch in channels
+        ]
+        if not label.strip():
+            raise ValueError(f"{path}, line {lineno}: an empty class label")
+        rows.append(series)
+        labels.append(label.strip())
     if not in_data:
         raise ValueError(f"{path}: no @data section")
     if not rows:
@@ -1547,6 +1564,16 @@ def load_ucr_ts(path):
                 f"{path}: series {i} has channel length(s) {sorted(lengths)}, the "
                 f"first series has {n_points}; unequal-length series are not supported"
             )
+    for key in ("dimensions", "serieslength"):
+        if key in header:
+            try:
+                header[key] = int(header[key])
+            except ValueError:
+                raise ValueError(f"{path}: @{key} must be an integer, got "
+                                 f"{header[key]!r}") from None
+    if "serieslength" in header and header["serieslength"] != n_points:
+        raise ValueError(f"{path}: @seriesLength says {header['serieslength']} but the series "
+                         f"have {n_points} points")
     if "dimensions" in header and int(header["dimensions"]) != n_channels:
         raise ValueError(
             f"{path}: @dimensions says {header['dimensions']} but the series have "

@@ -69,6 +69,11 @@ def test_ucr_multivariate_channels_side_by_side(tmp_path):
         ("@classLabel true a\n@data\n1,2:q\n", "not listed"),
         ("@classLabel true a\n@data\n1,x:a\n", "cannot read 'x'"),
         ("@classLabel true a\n@dimensions 3\n@data\n1,2:a\n", "@dimensions"),
+        ("@classLabel true a\n@dimensions two\n@data\n1,2:a\n", "@dimensions must be an int"),
+        ("@classLabel true a\n@seriesLength 3\n@data\n1,2:a\n", "@seriesLength says 3"),
+        ("@classLabel true a\n@data\n1,2,:a\n", "an empty value"),
+        ("@classLabel true a\n@data\n1,inf:a\n", "not a finite number"),
+        ("@classLabel true\n@data\n1,2:\n", "an empty class label"),
     ],
 )
 def test_ucr_bad_files(tmp_path, text, match):
@@ -79,6 +84,17 @@ def test_ucr_bad_files(tmp_path, text, match):
 def test_ucr_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_ucr_ts(tmp_path / "nope.ts")
+    with pytest.raises(ValueError, match="is a folder"):
+        load_ucr_ts(tmp_path)
+
+
+def test_ucr_file_that_is_not_utf8_is_refused(tmp_path):
+    # decoding with replacement used to turn both labels into U+FFFD: one class
+    p = tmp_path / "latin1.ts"
+    p.write_bytes("@classLabel true \u00e9 \u00e8\n@data\n1,2:\u00e9\n3,4:\u00e8\n"
+                  .encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8 text"):
+        load_ucr_ts(p)
 
 
 @pytest.mark.parametrize(
