@@ -156,6 +156,22 @@ class _Network:
         return float(aggregate(mu, var, self.sf2, rule, mean)[0][0])
 
 
+def _aggregation_tuple(aggregations):
+    """``aggregations`` as a tuple of rule names (one name alone is one rule)."""
+    if isinstance(aggregations, str):  # "rbcm", not ("r", "b", "c", "m")
+        return (aggregations,)
+    return tuple(aggregations)
+
+
+def _check_hyper(lengthscale, variance, noise_variance):
+    """The experts' fixed hyperparameters must be positive and finite."""
+    for name, v in (("lengthscale", lengthscale), ("variance", variance),
+                    ("noise_variance", noise_variance)):
+        a = np.asarray(v, dtype=float)
+        if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 0):
+            raise ValueError(f"{name} must be positive and finite, got {v!r}")
+
+
 def _check_common(n_experts, aggregations, max_info, convention, decision_time=0.0):
     if not (np.isfinite(decision_time) and 0.0 <= decision_time < 1.0):
         raise ValueError(f"decision_time must be in [0, 1), got {decision_time!r}")
@@ -206,8 +222,8 @@ def simulate_stream(
         split in its stored order ("the real-time streaming data comes from
         the same dataset").
     n_experts : int, default=4
-    aggregations : sequence of str, default=all six rules
-        Rules to evaluate on the same deliveries.  Baselines combine the
+    aggregations : str or sequence of str, default=all six rules
+        Rules to evaluate on the same deliveries (one name: that rule).  Baselines combine the
         latest prediction each expert has delivered (made at a past input)
         as if it were made at ``x_t`` (docs/async_dgp.md); "async" uses the
         information set (:class:`skfedgp.async_dgp.InformationSet`).
@@ -257,15 +273,17 @@ def simulate_stream(
     Raises
     ------
     ValueError
-        For NaN/inf, inconsistent shapes, unknown rules, ``max_info < 1`` or
-        ``decision_time`` outside ``[0, 1)``.
+        For NaN/inf, inconsistent shapes, unknown rules, ``max_info < 1``,
+        ``decision_time`` outside ``[0, 1)``, or a lengthscale, variance or
+        noise variance that is not positive and finite.
     """
     X = check_array(X, dtype=float)
     y = column_or_1d(check_array(np.asarray(y).reshape(-1, 1), dtype=float))
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
-    aggregations = tuple(aggregations)
+    aggregations = _aggregation_tuple(aggregations)
     _check_common(n_experts, aggregations, max_info, convention, decision_time)
+    _check_hyper(lengthscale, variance, noise_variance)
     rng = np.random.default_rng(check_random_state(random_state).randint(2**31))
     net = _Network(
         X.shape[1], n_experts, (lengthscale, variance, noise_variance), max_points_per_expert,
@@ -383,12 +401,20 @@ def simulate_tracking(
     Raises
     ------
     ValueError
-        For bad rules, sizes or ``decision_time``.
+        For bad rules, sizes, ``decision_time``, hyperparameters (not
+        positive and finite), or ``dt``/``duration`` (not positive, or
+        shorter than one step).
     FloatingPointError
         If a plant diverges.
     """
-    aggregations = tuple(aggregations)
+    aggregations = _aggregation_tuple(aggregations)
     _check_common(n_experts, aggregations, max_info, convention, decision_time)
+    _check_hyper(lengthscale, variance, noise_variance)
+    for name, v in (("dt", dt), ("duration", duration)):
+        if not (isinstance(v, numbers.Real) and np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    if duration < dt:
+        raise ValueError(f"duration ({duration}) must be at least one step dt ({dt})")
     l1, l2 = gains
     seeds = check_random_state(random_state).randint(2**31, size=(n_runs, 2))
     steps = int(round(duration / dt))

@@ -68,6 +68,18 @@ def test_stream_bad_input(rng):
         simulate_stream(X2, y)
     with pytest.raises(ValueError, match="rows"):
         simulate_stream(X, y[:-1])
+    for bad in (0.0, -1.0, np.nan):  # zero noise: an exact GP on noisy data (SMSE 44-11 433)
+        with pytest.raises(ValueError, match="noise_variance must be positive"):
+            simulate_stream(X, y, noise_variance=bad)
+    # one rule given as a string is that rule, not its letters
+    one = simulate_stream(X, y, aggregations="rbcm", random_state=0)
+    assert set(one["aggregation"]) == {"rbcm"}
+
+
+def test_tracking_bad_steps():
+    for kw in (dict(duration=0.0), dict(dt=0.0), dict(dt=-0.1), dict(duration=0.01, dt=0.02)):
+        with pytest.raises(ValueError, match="dt|duration"):
+            simulate_tracking(n_runs=1, aggregations="moe", **kw)
 
 
 def test_tracking_runs_and_is_seeded():
