@@ -627,3 +627,43 @@ def warn_groups_missing(fitted, where, stacklevel=2):
         ClientLabelWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+def r2_observed(y, y_pred, sample_weight=None):
+    """R^2 (scikit-learn's ``r2_score``) with NaN targets left out.
+
+    Multi-output targets may hold NaN for outputs a sensor did not record
+    (accepted by ``fit``); each output's R^2 is then computed on its observed
+    rows and the outputs are averaged uniformly, as ``r2_score`` does. Without
+    NaN the result is ``r2_score``'s exactly.
+
+    Parameters
+    ----------
+    y, y_pred : ndarray of shape (n_samples,) or (n_samples, n_outputs)
+    sample_weight : ndarray of shape (n_samples,) or None
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        If an output has no observed entry.
+    """
+    from sklearn.metrics import r2_score
+
+    y = np.asarray(y, dtype=float)
+    y_pred = np.asarray(y_pred, dtype=float)
+    if y.ndim != 2 or not np.any(np.isnan(y)):
+        return r2_score(y, y_pred, sample_weight=sample_weight)
+    w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
+    scores = []
+    for q in range(y.shape[1]):
+        seen = ~np.isnan(y[:, q])
+        if not np.any(seen):
+            raise ValueError(f"output {q} of y has no observed entry to score")
+        scores.append(r2_score(y[seen, q], y_pred[seen, q],
+                               sample_weight=None if w is None else w[seen]))
+    return float(np.mean(scores))
+

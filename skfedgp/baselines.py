@@ -32,7 +32,6 @@ from joblib import Parallel, delayed
 from scipy.linalg import cho_solve, cholesky, solve_triangular
 from scipy.optimize import minimize
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.metrics import r2_score
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import (
     check_array,
@@ -49,6 +48,7 @@ from ._validation import (
     check_labels_present,
     label_source,
     match_labels,
+    r2_observed,
     split_client_column,
     unique_labels,
 )
@@ -870,7 +870,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         -------
         score : float
         """
-        return r2_score(y, self.predict(X, groups), sample_weight=sample_weight)
+        return r2_observed(y, self.predict(X, groups), sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -17,7 +17,6 @@ import warnings
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics import r2_score
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import (
     check_array,
@@ -44,6 +43,7 @@ from ._validation import (
     check_not_strings,
     label_source,
     match_labels,
+    r2_observed,
     split_client_column,
     unique_labels,
     warn_groups_missing,
@@ -1999,7 +1999,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(
                 f"y has shape {y.shape}; the model was fitted with {Q} outputs, so y must "
                 f"have shape (n_samples, {Q})")
-        return r2_score(y, y_pred, sample_weight=sample_weight)
+        return r2_observed(y, y_pred, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

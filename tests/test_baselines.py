@@ -6,6 +6,8 @@ posterior against a dense NumPy GP built with ``np.kron``, the FedAvg step
 against the weighted geometric mean, and scikit-learn's estimator checks.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.stats import multivariate_normal
@@ -288,3 +290,28 @@ def test_client_column_equals_groups(rng):
     m2 = by_grp.fit(X, Y, labels).predict(X, labels)
     np.testing.assert_allclose(m1, m2, rtol=1e-12)
     assert by_col.n_features_in_ == 2 and by_col.n_features_model_ == 1
+
+
+def test_score_leaves_out_missing_outputs():
+    """fit accepts NaN for an output a sensor did not record; score must too
+    (each output's R^2 on its observed rows, averaged as r2_score does)."""
+    from sklearn.metrics import r2_score
+
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 6, (60, 1))
+    g = np.repeat([0, 1, 2], 20)
+    Y = np.c_[np.sin(X[:, 0]), np.cos(X[:, 0])] + 0.05 * rng.standard_normal((60, 2))
+    Yn = Y.copy()
+    Yn[::4, 1] = np.nan
+    for est in (PFedGPRegressor(n_rounds=1, random_state=0),
+                FederatedHierarchicalGPRegressor(n_rounds=1, n_latent=1, random_state=0)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(X, Yn, g)
+        P = est.predict(X, g)
+        seen = ~np.isnan(Yn[:, 1])
+        want = np.mean([r2_score(Y[:, 0], P[:, 0]), r2_score(Y[seen, 1], P[seen, 1])])
+        assert np.isclose(est.score(X, Yn, g), want)
+        assert est.score(X, Y, g) == r2_score(Y, P)  # without NaN: r2_score exactly
