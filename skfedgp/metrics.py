@@ -100,7 +100,11 @@ def _check_std(y_std, shape, name="y_std"):
 
 
 def _check_level(level):
-    level = float(level)
+    try:
+        level = float(level)
+    except (TypeError, ValueError):
+        raise ValueError(f"level must be a number strictly between 0 and 1, got {level!r}") \
+            from None
     if not (0.0 < level < 1.0):
         raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
     return level
@@ -563,7 +567,10 @@ def output_covariance(y_mean, y_cov=None, *, noise_var=0.0):
                 f"({n}, {q}, {q}) for y_mean of shape {mu.shape}"
             )
         sigma = sigma + cov.mean(axis=0)
-    noise_var = float(noise_var)
+    try:
+        noise_var = float(noise_var)
+    except (TypeError, ValueError):
+        raise ValueError(f"noise_var must be a number >= 0, got {noise_var!r}") from None
     if not np.isfinite(noise_var) or noise_var < 0:
         raise ValueError(f"noise_var must be finite and >= 0, got {noise_var!r}")
     return sigma + noise_var * np.eye(q)

@@ -142,7 +142,7 @@ def test_interval_width():
     assert interval_width(np.ones((3, 2)), level=0.5) == pytest.approx(
         2 * stats.norm.ppf(0.75)
     )
-    for level in (0.0, 1.0, 1.5):
+    for level in (0.0, 1.0, 1.5, None, [0.5, 0.9], "high"):  # ValueError, not TypeError
         with pytest.raises(ValueError, match="level"):
             interval_width([1.0], level=level)
 
@@ -354,3 +354,11 @@ def test_output_covariance_multioutput_hand(rng):
     expected = np.array([[1.0, -1.0], [-1.0, 1.0]]) + blocks.mean(axis=0) + 0.1 * np.eye(2)
     np.testing.assert_allclose(got, expected)
     np.testing.assert_allclose(got, np.cov(mu.T, bias=True) + blocks.mean(0) + 0.1 * np.eye(2))
+
+
+def test_output_covariance_noise_var_must_be_a_number():
+    from skfedgp.metrics import output_covariance
+
+    for bad in (None, "x", -1.0):
+        with pytest.raises(ValueError, match="noise_var"):
+            output_covariance(np.zeros((4, 2)), noise_var=bad)
