@@ -1657,16 +1657,18 @@ def make_stamping_waveforms(
         the paper's 13.77 % split, classifies the other cycles perfectly (5
         seeds); with ``variation=0.03`` it does not (about 0.86).
     noise : float, default=0.01
-        Standard deviation of the white measurement noise, relative to the
-        peak load (peak = 1).
+        Standard deviation of the white measurement noise, in units of the
+        shared press waveform's peak (1 before the per-channel gains of
+        ``1 + 0.15 cos(2 pi k / n_channels)``, so channel ``k``'s mean
+        normal curve peaks near that gain, e.g. 1.15 for channel 0).
     random_state : int, RandomState instance or None, default=None
 
     Returns
     -------
     X : ndarray of shape (n_normal + 4 * n_per_fault, n_channels * n_points)
         One cycle per row, channels side by side (columns
-        ``k * n_points : (k + 1) * n_points`` hold channel ``k``); load
-        relative to the peak of the mean normal waveform.
+        ``k * n_points : (k + 1) * n_points`` hold channel ``k``); load in
+        units of the shared waveform's peak (before the channel gains).
     y : ndarray of shape (n_normal + 4 * n_per_fault,), int64
         0 for normal cycles, ``k`` for fault class ``k``; rows are ordered by
         class (all normal cycles first), each class in generation order.
