@@ -402,7 +402,9 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 "OperatorClustering clusters clients: pass groups (the client label "
                 "of every row of X)"
             )
-        groups = np.asarray(groups)
+        # a list keeps its labels' types (as the regressor's check_groups does):
+        # [0, 1, "a"] is not ["0", "1", "a"]
+        groups = np.asarray(groups, dtype=object if not hasattr(groups, "dtype") else None)
         if groups.ndim != 1 or groups.shape[0] != X.shape[0]:
             raise ValueError(
                 f"groups must be 1-D with one label per row of X ({X.shape[0]}), "

@@ -383,3 +383,18 @@ def test_an_estimator_with_a_client_column_is_refused_up_front():
         with pytest.raises(ValueError, match="estimator has client_column=0; OperatorClustering "
                                              "takes the client labels as groups"):
             OperatorClustering(2, reg, operator=operator, random_state=0).fit(np.c_[g, X], y, g)
+
+
+def test_a_list_of_mixed_type_labels_keeps_its_types():
+    from skfedgp.datasets import make_hierarchical_regression
+
+    X, y, g = make_hierarchical_regression(n_clients=4, n_samples=20, random_state=0)
+    mixed = np.array([0, 1, "a", "b"], dtype=object)[g]
+    reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_rounds=1, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reg.fit(X, y, mixed)
+        a = OperatorClustering(2, reg, random_state=0).fit(X, groups=mixed)
+        b = OperatorClustering(2, reg, random_state=0).fit(X, groups=list(mixed))
+    assert list(b.clients_) == list(a.clients_)
+    np.testing.assert_array_equal(b.client_labels_, a.client_labels_)
