@@ -598,6 +598,13 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             raise TypeError(
                 "estimator must be a FederatedHierarchicalGPRegressor or None, got "
                 f"{type(self.estimator).__name__}")
+        if self.estimator is not None and self.estimator.client_column is not None:
+            # the classifier builds the regressor's inputs (the grid) and
+            # labels (the classes) itself
+            raise ValueError(
+                f"estimator has client_column={self.estimator.client_column!r}; the "
+                "classifier passes each class as the regressor's client itself: use an "
+                "estimator with client_column=None")
         reg = default_curve_regressor() if self.estimator is None else clone(self.estimator)
         params = reg.get_params(deep=False)
         upd = {}

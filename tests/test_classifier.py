@@ -549,3 +549,14 @@ def test_points_a_class_never_observed_keep_the_regressors_law():
     np.testing.assert_allclose(np.diag(cov)[15:], np.diag(reg_cov)[15:])
     np.testing.assert_allclose(mean[15:], reg_mean[15:])
     assert np.all(cov[15:, :15] == 0)
+
+
+def test_an_estimator_with_a_client_column_is_refused_by_name():
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    t = np.linspace(0, 1, 10)
+    X = np.vstack([np.sin(6 * t), np.cos(6 * t)] * 3)
+    y = np.array([0, 1] * 3)
+    reg = FederatedHierarchicalGPRegressor(client_column=0, n_rounds=1)
+    with pytest.raises(ValueError, match="estimator has client_column=0; the classifier passes"):
+        MaxEvidenceClassifier(reg, grid=t).fit(X, y)
