@@ -37,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import numbers
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -4699,10 +4701,12 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
         config=server.config)
 
 
-#: :class:`ModelConfig` fields that only steer the optimisation: a resumed or
-#: warm-started run may change them (every other field defines the model).
-TRAINING_ONLY_FIELDS = ("local_steps", "learning_rate", "global_learning_rate", "tol",
-                        "global_steps", "learn_inducing")
+#: :class:`ModelConfig` fields that define the model's vectors (their layout
+#: and meaning): a resumed or warm-started run must keep them. Every other
+#: field (the optimiser and its steps, learning rates, tolerances, starting
+#: values such as ``lengthscale`` or ``noise_variance``, priors) may change.
+MODEL_FIELDS = ("components", "n_inducing", "n_inducing_local", "variational_family",
+                "n_outputs", "n_latent", "noise", "client_scale")
 
 
 def check_same_model(saved, config, what):
@@ -4720,10 +4724,12 @@ def check_same_model(saved, config, what):
     Raises
     ------
     ValueError
-        If the number of target columns differs, or any field outside
-        :data:`TRAINING_ONLY_FIELDS` (components, inducing sizes, kernel and
-        noise settings, client scales, ...): the saved vectors belong to
-        another model, and continuing would mix the two silently.
+        If the number of target columns differs, or any of
+        :data:`MODEL_FIELDS` (components, inducing sizes, family, latent
+        counts, noise model, client scales): the saved vectors belong to
+        another model, and continuing would mix the two silently. Other
+        settings (optimiser, steps, tolerances, starting values, priors)
+        may change.
     """
     if saved is None:
         return
@@ -4734,20 +4740,62 @@ def check_same_model(saved, config, what):
             f"{q_now}; fit a new model (warm_start=False, resume_from=None)")
 
     def same(a, b):
-        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-            return (np.shape(a) == np.shape(b)
-                    and bool(np.array_equal(np.asarray(a), np.asarray(b))))
-        return type(a) is type(b) and a == b
+        if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+            return a == b
+        try:  # numbers, tuples, arrays: by value (1 == 1.0, (2, 2) == [2, 2])
+            return bool(np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
+        except (TypeError, ValueError):
+            return a == b
 
-    diff = [f.name for f in dataclasses.fields(config)
-            if f.name not in TRAINING_ONLY_FIELDS
-            and not same(getattr(saved, f.name, None), getattr(config, f.name, None))]
+    diff = [n for n in MODEL_FIELDS
+            if not same(getattr(saved, n, None), getattr(config, n, None))]
     if diff:
         parts = "; ".join(f"the saved model was trained with {n}={getattr(saved, n, None)!r}, "
                           f"this fit has {n}={getattr(config, n, None)!r}" for n in diff)
         raise ValueError(
-            f"{what}: {parts}. Continue with the saved settings or fit a new model (only "
-            f"{', '.join(TRAINING_ONLY_FIELDS)} may change)")
+            f"{what}: {parts}. These settings define the model's vectors; continue with "
+            "the saved ones or fit a new model")
+
+
+def check_run_setup(config, state, checkpoint, min_clients, n_clients):
+    """Checks of a structured run made before any client is asked anything.
+
+    Shared by :meth:`FederatedHierarchicalGPRegressor.fit` and the Flower
+    server (:func:`skfedgp.flower.fit_over_transport`).
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The run's settings.
+    state : TrainingState or None
+        The state to resume from (``resume_from``).
+    checkpoint : str, path-like, callable or None
+    min_clients : int
+    n_clients : int
+        Clients taking part.
+
+    Raises
+    ------
+    ValueError
+        If ``state`` was trained with other model settings
+        (:func:`check_same_model`), a checkpoint path names a folder or lies
+        in a folder that does not exist (found only after round 1
+        otherwise), or ``min_clients`` exceeds ``n_clients`` (every round
+        would be skipped).
+    """
+    if state is not None:
+        check_same_model(getattr(state, "config", None), config, "resume_from")
+    if isinstance(checkpoint, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(checkpoint))
+        if os.path.isdir(path):
+            raise ValueError(f"checkpoint: {os.fspath(checkpoint)!r} is a folder; give the path "
+                             "of the file to write")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise ValueError(f"checkpoint: the folder {os.path.dirname(path)!r} of "
+                             f"{os.fspath(checkpoint)!r} does not exist")
+    if isinstance(min_clients, numbers.Integral) and min_clients > n_clients:
+        raise ValueError(f"min_clients={min_clients} exceeds the number of clients in the "
+                         f"data ({n_clients}); no round could run")
 
 
 @single_threaded_blas()

@@ -1044,7 +1044,11 @@ def fit_over_transport(transport, est, config, n_rounds):
     ------
     ValueError
         With multi-output targets and parameters ``fit`` refuses for them
-        (``variance`` or ``local_variance`` given).
+        (``variance`` or ``local_variance`` given); as in ``fit``, before
+        any node is asked anything, for a ``resume_from`` state trained with
+        other model settings, a ``checkpoint`` path that names a folder or
+        lies in a missing one, or ``min_clients`` above the number of nodes
+        (:func:`skfedgp.federated.check_run_setup`).
     """
     from sklearn.utils import check_random_state
 
@@ -1060,6 +1064,8 @@ def fit_over_transport(transport, est, config, n_rounds):
     state = est.resume_from
     if isinstance(state, (str, os.PathLike)):
         state = _fed.TrainingState.load(state)
+    # as in fit: the resumed state's settings, the checkpoint path, min_clients
+    _fed.check_run_setup(config, state, est.checkpoint, est.min_clients, len(ids))
     callback = est.checkpoint
     if isinstance(callback, (str, os.PathLike)):
         path = callback

@@ -58,6 +58,7 @@ from .federated import (
     TrainingState,
     cap_inducing,
     check_participation,
+    check_run_setup,
     check_same_model,
     learns_inducing,
     run_federated_training,
@@ -599,9 +600,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         continue. A client not in the fitted model is initialised as in a
         first fit; a fitted client missing from the data is dropped. The
         target standardisation and input scaling of the first fit are kept.
-        The model settings must be those of the fitted model (only ``tol``,
-        ``local_steps``, ``global_steps``, the learning rates and
-        ``learn_inducing_locations`` may change; otherwise ``ValueError``).
+        The settings that define the model's vectors (``components``,
+        ``n_inducing``, ``n_inducing_local``, ``variational_family``, the
+        number of target columns, ``n_latent``, ``noise``,
+        ``client_scale``) must be those of the fitted model (otherwise
+        ``ValueError``); the optimiser, steps, tolerances, starting values
+        and priors may change.
     checkpoint : str, path-like, callable or None, default=None
         Structured family: after every round, save the
         :class:`~skfedgp.federated.TrainingState` to this path (overwritten;
@@ -1155,10 +1159,6 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         server = Server(config, Xf.shape[1], int(seeds[-1]))
         client_seeds = [int(s) for s in seeds[:-1]]
         if config.variational_family == "structured":
-            if isinstance(self.min_clients, numbers.Integral) and self.min_clients > len(labels):
-                # every round would be skipped: the set-up's model would come back untrained
-                raise ValueError(f"min_clients={self.min_clients} exceeds the number of "
-                                 f"clients in the data ({len(labels)}); no round could run")
             return self._fit_structured(clients, server, config, n_rounds, client_seeds,
                                         int(rng.randint(0, 2**31 - 1)))
         check_participation(self.client_fraction, self.min_clients, self.max_retries)
@@ -1240,8 +1240,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             state = TrainingState.load(state)
         elif state is not None and not isinstance(state, TrainingState):
             raise ValueError(f"resume_from must be a TrainingState or a path, got {state!r}")
-        if state is not None:
-            check_same_model(state.config, config, "resume_from")
+        # settings of a resumed state, checkpoint path, min_clients: before
+        # any client is asked anything (shared with the Flower server)
+        check_run_setup(config, state, self.checkpoint, self.min_clients, len(clients))
         if state is None and self.warm_start and getattr(self, "variational_family_", None) \
                 == "structured":
             # which clients carry a scale, the inducing sizes, the components:
@@ -1254,10 +1255,6 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         callback = self.checkpoint
         if isinstance(callback, (str, os.PathLike)):
             path = callback
-            folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-            if not os.path.isdir(folder):  # before the set-up's work, not after round 1
-                raise ValueError(f"checkpoint: the folder {folder!r} of {os.fspath(path)!r} "
-                                 "does not exist")
 
             def callback(r, st):
                 st.save(path)

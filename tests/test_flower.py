@@ -885,3 +885,42 @@ def test_secure_statistics_sum_gives_the_plain_posterior_and_elbo(task_identity,
         assert all(a.dtype.kind in "iu" and a.min() >= 0 and a.max() < 2**32 for a in arrs)
         alone = arrs[1] * (2.0 * c / T) - c  # dequantised on its own
         assert np.max(np.abs(alone - seen["vectors"][nid])) > 1.0
+
+
+def test_server_checks_the_run_set_up_as_fit_does(tmp_path):
+    """Over Flower, as in fit and before any node is asked anything: a resumed
+    state trained with other model settings, a checkpoint path in a missing
+    folder or naming a folder, and min_clients above the nodes are refused."""
+    import warnings
+
+    from skfedgp import FederatedHierarchicalGPRegressor
+    from skfedgp.federated import TrainingState
+
+    X, y, g = _client_data()
+    path = tmp_path / "state.joblib"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        FederatedHierarchicalGPRegressor(n_rounds=1, n_inducing=6, random_state=0,
+                                         checkpoint=str(path)).fit(X, y, g)
+    state = TrainingState.load(path)
+
+    class Untouchable:  # any call would mean the checks came too late
+        client_ids = sorted(set(g))
+        n_features_ = X.shape[1]
+        n_outputs_ = 1
+
+        def __getattr__(self, name):
+            raise AssertionError(f"the transport was used ({name}) before the checks")
+
+    cases = [
+        (dict(n_inducing=9, resume_from=state), "resume_from: the saved model was trained "
+                                                "with n_inducing=6"),
+        (dict(checkpoint=str(tmp_path / "missing" / "s.joblib")), "does not exist"),
+        (dict(checkpoint=str(tmp_path)), "is a folder"),
+        (dict(min_clients=len(set(g)) + 1), "exceeds the number of clients"),
+    ]
+    for params, match in cases:
+        est = FederatedHierarchicalGPRegressor(random_state=0, **params)
+        config, n_rounds = est._check_params()
+        with pytest.raises(ValueError, match=match):
+            fl.fit_over_transport(Untouchable(), est, config, 1)

@@ -510,10 +510,17 @@ def test_resume_and_warm_start_refuse_other_model_settings(data, tmp_path, chang
     with pytest.raises(ValueError, match=f"warm_start: the saved model was trained with {field}="):
         est.fit(X, y, g)
     assert_array_equal(est.elbo_history_, before)  # the fitted model is untouched
-    # training-only settings may change
+    # settings that do not define the model's vectors may change: the
+    # optimiser, steps, tolerances, starting values (also given as another
+    # type of the same value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        _fit(X, y, g, n_rounds=1, resume_from=path, local_steps=3, tol=1e-3)
+        _fit(X, y, g, n_rounds=1, resume_from=path, local_steps=3, tol=1e-3,
+             lengthscale=np.float64(0.5), noise_variance=0.1)
+        est2 = _fit(X, y, g, n_rounds=1, optimizer="adam")
+        est2.set_params(warm_start=True, optimizer="lbfgs", lengthscale=[0.5, 0.5], n_rounds=1)
+        est2.fit(X, y, g)
+        assert est2.n_iter_ == 2
 
 
 def test_continuing_a_one_column_model_with_two_columns_is_refused_by_name(data, tmp_path):
@@ -549,6 +556,8 @@ def test_checkpoint_and_resume_paths_are_checked_before_training(data, tmp_path)
     with pytest.raises(ValueError, match="checkpoint: the folder .* does not exist"):
         _fit(X, y, g, n_rounds=1, fault_hook=hook,
              checkpoint=str(tmp_path / "missing" / "state.joblib"))
+    with pytest.raises(ValueError, match="checkpoint: .* is a folder"):
+        _fit(X, y, g, n_rounds=1, fault_hook=hook, checkpoint=str(tmp_path))
     assert calls == []  # refused before any client was asked anything
     junk = tmp_path / "junk.joblib"
     junk.write_bytes(b"not a pickle at all")
