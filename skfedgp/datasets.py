@@ -1488,7 +1488,8 @@ def load_ucr_ts(path):
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If ``path`` is a folder or not UTF-8 text, the file has no ``@data``
+        If ``path`` is a folder or has a line that is not UTF-8 text (other
+        than a ``#`` comment; a byte-order mark is allowed), the file has no ``@data``
         section, no class labels (``@classLabel false``), time stamps
         (``@timeStamps true``, not supported), series of unequal length or
         channel count or of another length than ``@seriesLength``, a
@@ -1510,12 +1511,20 @@ def load_ucr_ts(path):
     header = {}
     rows, labels = [], []
     in_data = False
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = list(fh)
-    except UnicodeDecodeError as exc:
-        # decoding with replacement would merge distinct labels silently
-        raise ValueError(f"{path}: not UTF-8 text ({exc}); convert the file to UTF-8") from None
+    lines = []
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
+        data = data[3:]
+    for lineno, raw in enumerate(data.splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            if raw.lstrip().startswith(b"#"):  # a comment in another encoding: harmless
+                lines.append(raw.decode("utf-8", errors="replace"))
+                continue
+            # decoding with replacement would merge distinct labels silently
+            raise ValueError(f"{path}, line {lineno}: not UTF-8 text ({exc.reason} at byte "
+                             f"{exc.start}); convert the file to UTF-8") from None
     for lineno, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or line.startswith("#"):

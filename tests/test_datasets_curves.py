@@ -95,6 +95,13 @@ def test_ucr_file_that_is_not_utf8_is_refused(tmp_path):
                   .encode("latin-1"))
     with pytest.raises(ValueError, match="not UTF-8 text"):
         load_ucr_ts(p)
+    # a comment in another encoding is harmless (archive files carry cp1252
+    # bytes in comments); a byte-order mark and CRLF line ends load too
+    ok = tmp_path / "bom.ts"
+    ok.write_bytes(b"\xef\xbb\xbf# caf\xe9 \x96 notes\r\n@classLabel true a b\r\n@data\r\n"
+                   b"1,2:a\r\n3,4:b\r\n")
+    X, y = load_ucr_ts(ok)
+    assert X.shape == (2, 2) and list(y) == ["a", "b"]
 
 
 @pytest.mark.parametrize(
