@@ -45,6 +45,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 
 from ._validation import check_not_strings
 from .kernels import se_ard
+from .regressor import check_target_values
 
 __all__ = [
     "AsyncDGPRegressor",
@@ -808,6 +809,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         """
         check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
+        check_target_values(y)  # a spread float64 can hold (overflow, underflow)
         idx = self._start(X, y, groups, None)
         self._n_stream = X.shape[0]
         for i, e in enumerate(self.experts_):
@@ -845,6 +847,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         first = not hasattr(self, "experts_")
         check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)
+        check_target_values(y)
         if first:
             self._n_stream = 0
             idx = self._start(X, y, groups, 0)

@@ -51,9 +51,11 @@ from ._validation import (
     r2_observed,
     split_client_column,
     unique_labels,
+    warn_groups_overridden,
 )
 from .federated import input_scaling
 from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
+from .regressor import check_target_values
 
 __all__ = [
     "PFedGPRegressor",
@@ -574,6 +576,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         Y = y.reshape(-1, 1) if y.ndim == 1 else y
         if Y.shape[1] == 0:
             raise ValueError("y has no columns")
+        check_target_values(Y)  # a spread float64 can hold (overflow, underflow)
         empty = np.flatnonzero(np.all(np.isnan(Y), axis=1))
         if empty.size:
             raise ValueError(
@@ -583,6 +586,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
             check_labels_present(labels, f"client_column={self.client_column!r}")
+            warn_groups_overridden(groups, labels, self.client_column, "fit")
             groups = labels
         return X, Y, y.ndim, groups
 
@@ -723,8 +727,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             return X, check_groups(groups, X.shape[0], where)
         X, labels = split_client_column(self, X, self.client_column, reset=False)
         X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
-        check_groups(groups, X.shape[0], where)
+        groups = check_groups(groups, X.shape[0], where)
         check_labels_present(labels, f"client_column={self.client_column!r}")
+        warn_groups_overridden(groups, labels, self.client_column, where)
         return X, labels
 
     def _population(self):

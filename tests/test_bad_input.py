@@ -360,3 +360,18 @@ def test_tiny_initial_noise_variance_starts_at_the_floor():
                                            n_inducing=5, n_inducing_local=5, random_state=0)
     mean, std = est.fit(X, y).predict(X, return_std=True)
     assert np.all(np.isfinite(mean)) and np.all(std > 0)
+
+
+@pytest.mark.parametrize("factor, match", [(1e-200, "too small"), (1e200, "too large")])
+def test_other_estimators_refuse_targets_float64_cannot_standardise(data, factor, match):
+    """The same target check in the baseline and the Async DGP regressor (they
+    fitted y * 1e-200 with a predictive std 1e197 times too large)."""
+    from skfedgp import AsyncDGPRegressor, PFedGPRegressor
+
+    X, y, g = data
+    with pytest.raises(ValueError, match=f"y is {match} to standardise"):
+        PFedGPRegressor(n_rounds=1).fit(X, y * factor, g)
+    with pytest.raises(ValueError, match=f"y is {match} to standardise"):
+        AsyncDGPRegressor().fit(X, y * factor)
+    with pytest.raises(ValueError, match=f"y is {match} to standardise"):
+        AsyncDGPRegressor().partial_fit(X, y * factor)

@@ -315,3 +315,16 @@ def test_score_leaves_out_missing_outputs():
         want = np.mean([r2_score(Y[:, 0], P[:, 0]), r2_score(Y[seen, 1], P[seen, 1])])
         assert np.isclose(est.score(X, Yn, g), want)
         assert est.score(X, Y, g) == r2_score(Y, P)  # without NaN: r2_score exactly
+
+
+def test_groups_that_disagree_with_the_client_column_are_warned_about():
+    rng = np.random.default_rng(1)
+    X = np.c_[np.repeat([0, 1], 15), rng.uniform(0, 5, 30)]
+    y = np.sin(X[:, 1]) + 0.05 * rng.standard_normal(30)
+    other = 1 - X[:, 0].astype(int)
+    est = PFedGPRegressor(client_column=0, n_rounds=1, random_state=0)
+    with pytest.warns(ClientLabelWarning, match="groups passed to fit differs from "
+                                                "client_column=0 in 30 of 30 rows"):
+        est.fit(X, y, other)
+    with pytest.warns(ClientLabelWarning, match="groups passed to predict differs"):
+        est.predict(X, other)
