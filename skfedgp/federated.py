@@ -3971,6 +3971,7 @@ class _StructuredRun:
         self.callback = callback
         self.failures = []
         self.excluded = []
+        self.local_done = set()  # clients with a successful local phase in this run
         self.active = list(transport.client_ids)
         self.messages = {}
         self.fresh = set()
@@ -4395,6 +4396,7 @@ class _StructuredRun:
             _, _, lost = self.call("local_phase", (post, self.theta_g, gpack, cfg), live, r)
             self.fresh -= set(live)
             live = [c for c in live if c not in lost]
+            self.local_done.update(live)
             if len(live) < self.min_clients:
                 raise _TooFewClients
             changed = self.global_phase(r, live, N)
@@ -4661,6 +4663,7 @@ class _StructuredRun:
             "global_pack": gpack, "population": population,
             "n_evaluations": c["evals"],
             "failed_clients": [(f.round, f.client_id, f.method, f.error) for f in self.failures],
+            "local_phase_done": sorted(self.local_done, key=repr),
             "excluded_clients": list(self.excluded),
         }
 

@@ -166,27 +166,27 @@ def _warn_diagnostics(est, converged, n_rounds):
             ConvergenceWarning, stacklevel=3)
 
 
-def _warn_untrained_clients(est, failures, first, last):
-    """ConvergenceWarning naming the clients whose local phase failed in every round.
+def _warn_untrained_clients(est, failures, first, done):
+    """ConvergenceWarning naming the clients whose local phase never succeeded.
 
     Such a client stays in the model (it answered the set-up and the final
     exchange) but its own hyperparameters never moved from their initial
-    values; ``failed_clients_`` lists the failures, this says what they mean.
-    ``first``/``last``: the rounds of this fit are ``first + 1 .. last``.
+    values in this fit; ``failed_clients_`` lists the failures, this says
+    what they mean. Counted over the rounds of this fit (after ``first``,
+    the rounds of a resumed or warm-started run's history): a client whose
+    local phase failed at least once and never succeeded (``done``: the
+    clients with a successful one), whether it was asked every round or,
+    with partial participation, only in some.
     """
-    rounds = set(range(first + 1, last + 1))
-    if not rounds or len(rounds) < 2:  # one round: too little to call it a pattern
-        return
-    failed = {}
-    for r, cid, method, _ in failures:
-        if method == "local_phase" and r in rounds:
-            failed.setdefault(cid, set()).add(r)
-    stuck = [cid for cid, rs in failed.items() if rs >= rounds and cid in est.clients_]
+    failed = {cid for r, cid, method, _ in failures
+              if method == "local_phase" and r > first}
+    done = set(done)
+    stuck = [cid for cid in est.clients_ if cid in failed and cid not in done]
     if stuck:
         warnings.warn(
-            f"client(s) {stuck[:5]} failed their local phase in every round of this fit "
-            f"({len(rounds)} rounds; see failed_clients_): their own hyperparameters are "
-            "still the initial ones", ConvergenceWarning, stacklevel=3)
+            f"client(s) {stuck[:5]} failed their local phase whenever asked in this fit "
+            "(see failed_clients_): their own hyperparameters are still the initial ones",
+            ConvergenceWarning, stacklevel=3)
 
 
 def _n_target_columns(y):
@@ -1314,7 +1314,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                                             for lab, c in self.clients_.items()}
         _warn_diagnostics(self, res["converged"], n_rounds)
         _warn_untrained_clients(self, res["failed_clients"], n_rounds0,
-                                len(self.elbo_history_))
+                                res.get("local_phase_done", ()))
         return self
 
     def _population_block(self):
