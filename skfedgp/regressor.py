@@ -1179,7 +1179,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.clients_ = {c.client_id: c for c in clients}
         self.elbo_history_ = history
         self.communication_ = comm
-        self.n_iter_ = len(history)
+        # rounds run: with n_rounds=0 the one entry is the final ELBO, no round
+        self.n_iter_ = len(history) if n_rounds > 0 else 0
         self.n_outputs_ = 1
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale

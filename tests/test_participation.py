@@ -569,6 +569,8 @@ def test_no_round_is_reported_as_none_and_an_unreachable_min_clients_is_refused(
     X, y, g = data
     est = _fit(X, y, g, n_rounds=0)
     assert est.n_iter_ == 0 and len(est.elbo_history_) == 1
+    mf = _fit(X, y, g, n_rounds=0, variational_family="mean_field", optimizer="adam")
+    assert mf.n_iter_ == 0 and len(mf.elbo_history_) == 1
     with pytest.raises(ValueError, match="min_clients=6 exceeds the number of clients in the "
                                          "data \\(5\\)"):
         _fit(X, y, g, n_rounds=1, min_clients=6)
