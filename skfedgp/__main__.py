@@ -191,7 +191,7 @@ def _communication_table(results, n_clients):
     lines = [head, "-" * len(head)]
     for name, res in results.items():
         comm = res["estimator"].communication_
-        rounds = [c for c in comm if c["round"] > 0]  # the final exchange is no round
+        rounds = [c for c in comm if c["round"] > 0]  # rounds and the final exchange
         per_client = rounds[0]["bytes_up"] / n_clients if rounds else 0.0
         n_rounds = res["estimator"].n_iter_
         up = sum(c["bytes_up"] for c in comm)

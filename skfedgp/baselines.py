@@ -868,6 +868,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         ----------
         X : array-like of shape (n_samples, n_features)
         y : array-like of shape (n_samples,) or (n_samples, Q)
+            NaN entries (channels not recorded) are left out: each
+            channel's R^2 on its observed rows.
         groups : array-like of shape (n_samples,), default=None
         sample_weight : array-like of shape (n_samples,), default=None
 

@@ -100,6 +100,8 @@ def _check_std(y_std, shape, name="y_std"):
 
 
 def _check_level(level):
+    if isinstance(level, (str, bytes)):
+        raise ValueError(f"level must be a number strictly between 0 and 1, got {level!r}")
     try:
         level = float(level)
     except (TypeError, ValueError):

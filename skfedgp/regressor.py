@@ -1077,7 +1077,16 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             lengths, 1-D ``X``, wrong ``groups`` length, a
             missing (None/NaN) client label, a ``client_column`` that is
             not a column of ``X``, a client with fewer than 2 observations,
-            or bad hyperparameters.
+            targets whose spread float64 cannot hold (overflow or
+            underflow), or bad hyperparameters; before any client is asked
+            anything (structured family): a ``warm_start`` or
+            ``resume_from`` with other model settings (or another number of
+            target columns), a ``checkpoint`` path that names a folder or
+            lies in a missing one, or ``min_clients`` above the number of
+            clients.
+        TypeError
+            If ``resume_from`` is a file that cannot be read as a saved
+            :class:`~skfedgp.federated.TrainingState`.
         skfedgp._linalg.CholeskyError
             If a ``K_zz`` cannot be factorised even with jitter (names the
             matrix and client).
@@ -1095,8 +1104,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             hyperparameter ended at a bound of its range (named, with the
             likely reason: a noise variance at its floor means nearly
             noise-free data). Not for a variance or ``phi`` at its lower
-            bound (a component switched off) or a lengthscale at its upper
-            bound (an input switched off): both are regular outcomes.
+            bound (a component switched off), ``phi`` at its upper bound
+            (the shared part switched off relative to the deviations) or a
+            lengthscale at its upper bound (an input switched off): these
+            are regular outcomes. Also when a client's local phase failed
+            whenever it was asked (its own hyperparameters are the initial
+            ones).
         UserWarning
             When a given ``n_inducing`` exceeds the number of observations
             (it is reduced to it).
@@ -1980,7 +1993,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            NaN entries of a multi-output ``y`` (outputs not recorded) are
+            left out: each output's R^2 on its observed rows, averaged
+            uniformly.
         groups : array-like of shape (n_samples,), default=None
             As in :meth:`predict` (the same :class:`ClientLabelWarning` when
             the rows fall back to the population prediction).

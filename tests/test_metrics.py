@@ -142,7 +142,7 @@ def test_interval_width():
     assert interval_width(np.ones((3, 2)), level=0.5) == pytest.approx(
         2 * stats.norm.ppf(0.75)
     )
-    for level in (0.0, 1.0, 1.5, None, [0.5, 0.9], "high"):  # ValueError, not TypeError
+    for level in (0.0, 1.0, 1.5, None, [0.5, 0.9], "high", "0.9"):  # ValueError, not TypeError
         with pytest.raises(ValueError, match="level"):
             interval_width([1.0], level=level)
 
