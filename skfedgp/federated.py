@@ -4345,7 +4345,11 @@ class _StructuredRun:
         if state.rng_state is not None:
             self.rng.set_state(state.rng_state)
         self.round0 = state.round
-        if new or set(self.messages) != set(self.active) or state.post is None:
+        changed = (getattr(state, "config", None) is not None
+                   and configs_differ(state.config, cfg))
+        if new or changed or set(self.messages) != set(self.active) or state.post is None:
+            # (changed settings, e.g. a prior: the saved ELBO and log prior
+            # would be compared with the new objective's)
             # new clients or missing messages: every client sends fresh ones
             self.last = self.evaluate_all(self.theta_g, state.round)
         else:
@@ -4669,7 +4673,7 @@ class _StructuredRun:
 
 
 def warm_start_state(server, clients, history, objectives, communication, n_evaluations,
-                     failed_clients=()):
+                     failed_clients=(), n_iter=None):
     """A :class:`TrainingState` from a fitted structured model (``warm_start=True``).
 
     It holds the fitted global vector and every client's local vector but no
@@ -4688,11 +4692,16 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
     n_evaluations : int
     failed_clients : sequence of tuple, optional
         ``(round, client_id, method, error)``, kept in the history.
+    n_iter : int, optional
+        Rounds the fit ran (its ``n_iter_``): the history is cut to them (a
+        fit of no round keeps its final ELBO, which is no round).
 
     Returns
     -------
     TrainingState
     """
+    if n_iter is not None:  # a fit of no round keeps its final ELBO: not a round
+        history, objectives = list(history)[:n_iter], list(objectives)[:n_iter]
     return TrainingState(
         round=len(history), init=server.init_broadcast,
         server={name: copy.deepcopy(getattr(server, name, None)) for name in _SERVER_FIELDS},
@@ -4705,11 +4714,36 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
 
 
 #: :class:`ModelConfig` fields that define the model's vectors (their layout
-#: and meaning): a resumed or warm-started run must keep them. Every other
-#: field (the optimiser and its steps, learning rates, tolerances, starting
-#: values such as ``lengthscale`` or ``noise_variance``, priors) may change.
+#: and meaning): a resumed or warm-started run must keep them (``n_latent``
+#: and ``noise`` only with multi-output targets). Every other field (the
+#: optimiser and its steps, tolerances, starting values such as
+#: ``lengthscale`` or ``noise_variance``, priors) may change; Adam's state
+#: and learning rates continue from the saved run.
 MODEL_FIELDS = ("components", "n_inducing", "n_inducing_local", "variational_family",
-                "n_outputs", "n_latent", "noise", "client_scale")
+                "n_outputs", "n_latent", "noise", "client_scale", "normalize_y")
+
+
+def _same_setting(a, b):
+    """Whether two setting values are equal by value (1 == 1.0, a list == a tuple)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_setting(u, v) for u, v in zip(a, b))
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str) and a == b
+    try:  # numbers, arrays: by value
+        return bool(np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
+    except (TypeError, ValueError):
+        try:
+            return bool(a == b)
+        except (TypeError, ValueError):
+            return False
+
+
+def configs_differ(a, b):
+    """Whether two :class:`ModelConfig` differ in any field (by value)."""
+    return any(not _same_setting(getattr(a, f.name, None), getattr(b, f.name, None))
+               for f in dataclasses.fields(ModelConfig))
 
 
 def check_same_model(saved, config, what):
@@ -4742,16 +4776,10 @@ def check_same_model(saved, config, what):
             f"{what}: the saved model was trained on {q_saved} target column(s), y has "
             f"{q_now}; fit a new model (warm_start=False, resume_from=None)")
 
-    def same(a, b):
-        if a is None or b is None or isinstance(a, str) or isinstance(b, str):
-            return a == b
-        try:  # numbers, tuples, arrays: by value (1 == 1.0, (2, 2) == [2, 2])
-            return bool(np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
-        except (TypeError, ValueError):
-            return a == b
-
-    diff = [n for n in MODEL_FIELDS
-            if not same(getattr(saved, n, None), getattr(config, n, None))]
+    fields = MODEL_FIELDS if (config.n_outputs or 0) > 0 else tuple(
+        n for n in MODEL_FIELDS if n not in ("n_latent", "noise"))  # no vector for them in 1-D
+    diff = [n for n in fields
+            if not _same_setting(getattr(saved, n, None), getattr(config, n, None))]
     if diff:
         parts = "; ".join(f"the saved model was trained with {n}={getattr(saved, n, None)!r}, "
                           f"this fit has {n}={getattr(config, n, None)!r}" for n in diff)
@@ -4796,6 +4824,8 @@ def check_run_setup(config, state, checkpoint, min_clients, n_clients):
         if not os.path.isdir(os.path.dirname(path)):
             raise ValueError(f"checkpoint: the folder {os.path.dirname(path)!r} of "
                              f"{os.fspath(checkpoint)!r} does not exist")
+    if state is not None:  # clients the saved run excluded stay out
+        n_clients -= len(getattr(state, "excluded_clients", ()))
     if isinstance(min_clients, numbers.Integral) and min_clients > n_clients:
         raise ValueError(f"min_clients={min_clients} exceeds the number of clients in the "
                          f"data ({n_clients}); no round could run")

@@ -185,7 +185,8 @@ def _warn_untrained_clients(est, failures, first, done):
     if stuck:
         warnings.warn(
             f"client(s) {stuck[:5]} failed their local phase whenever asked in this fit "
-            "(see failed_clients_): their own hyperparameters are still the initial ones",
+            "(see failed_clients_): their own hyperparameters are still the values this fit "
+            "started from",
             ConvergenceWarning, stacklevel=3)
 
 
@@ -602,10 +603,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         target standardisation and input scaling of the first fit are kept.
         The settings that define the model's vectors (``components``,
         ``n_inducing``, ``n_inducing_local``, ``variational_family``, the
-        number of target columns, ``n_latent``, ``noise``,
-        ``client_scale``) must be those of the fitted model (otherwise
-        ``ValueError``); the optimiser, steps, tolerances, starting values
-        and priors may change.
+        number of target columns, ``client_scale``, ``normalize_y``; with
+        multi-output targets ``n_latent`` and ``noise``) must be those of
+        the fitted model (otherwise ``ValueError``; ``n_inducing="auto"``
+        must stay ``"auto"``); the optimiser, steps, tolerances, starting
+        values and priors may change (Adam's state and learning rates
+        continue from the fitted model).
     checkpoint : str, path-like, callable or None, default=None
         Structured family: after every round, save the
         :class:`~skfedgp.federated.TrainingState` to this path (overwritten;
@@ -1108,8 +1111,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             (the shared part switched off relative to the deviations) or a
             lengthscale at its upper bound (an input switched off): these
             are regular outcomes. Also when a client's local phase failed
-            whenever it was asked (its own hyperparameters are the initial
-            ones).
+            whenever it was asked (its own hyperparameters are still those
+            this fit started from).
         UserWarning
             When a given ``n_inducing`` exceeds the number of observations
             (it is reduced to it).
@@ -1265,7 +1268,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             check_same_model(self.server_.config, config, "warm_start")
             state = warm_start_state(self.server_, self.clients_, self.elbo_history_,
                                      self.objective_history_, self.communication_,
-                                     self.n_evaluations_, self.failed_clients_)
+                                     self.n_evaluations_, self.failed_clients_,
+                                     n_iter=self.n_iter_)
         callback = self.checkpoint
         if isinstance(callback, (str, os.PathLike)):
             path = callback

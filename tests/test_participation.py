@@ -603,3 +603,31 @@ def test_a_client_whose_local_phase_always_fails_is_named(data):
         FederatedHierarchicalGPRegressor(**dict(FAST, n_rounds=3, tol=0.0,
                                                 fault_hook=hook2)).fit(X, y, g)
     assert not any("failed their local phase" in str(w.message) for w in rec)
+
+
+def test_continuing_after_changed_settings_and_after_no_round(data, tmp_path):
+    """A resume with a changed prior re-evaluates first (its saved ELBO and log
+    prior belong to the old objective: the first resumed round's gain was
+    measured across two objectives and training stopped after it); a warm
+    start of a fit of no round counts only its own rounds."""
+    X, y, g = data
+    path = tmp_path / "state.joblib"
+    _fit(X, y, g, n_rounds=2, checkpoint=str(path), noise_prior_scale=None)
+
+    def before_first_local_phase(**kw):
+        rec = _Recorder()
+        _fit(X, y, g, n_rounds=1, resume_from=path, fault_hook=rec, **kw)
+        methods = [m for _, m, _ in rec.calls]
+        return set(methods[:methods.index("local_phase")])
+
+    # the same settings continue from the saved evaluation; a changed prior
+    # makes every client send fresh statistics first
+    assert "statistics" not in before_first_local_phase(noise_prior_scale=None)
+    assert "statistics" in before_first_local_phase(noise_prior_scale=0.05)
+    zero = _fit(X, y, g, n_rounds=0)
+    zero.set_params(warm_start=True, n_rounds=1)
+    zero.fit(X, y, g)
+    assert zero.n_iter_ == 1 and len(zero.elbo_history_) == 1
+    # normalize_y defines the meaning of the saved offsets: refused
+    with pytest.raises(ValueError, match="normalize_y"):
+        _fit(X, y, g, n_rounds=1, resume_from=path, normalize_y=False)
