@@ -3337,6 +3337,10 @@ class StructuredClient:
     def _adam_state(self, config):
         if getattr(self, "_adam", None) is None:
             self._adam = Adam(config.learning_rate)
+        elif not np.array_equal(self._adam.learning_rate, config.learning_rate):
+            # a warm start or resume with another learning rate: its moments
+            # continue, the new step size applies (scikit-learn's warm_start)
+            self._adam.learning_rate = Adam(config.learning_rate).learning_rate
         return self._adam
 
     def finish(self, post, theta_g, gpack, config):
@@ -4342,6 +4346,8 @@ class _StructuredRun:
         self.excluded = list(state.excluded_clients) + self.excluded
         self.adam = copy.deepcopy(state.adam) if state.adam is not None else Adam(
             cfg.global_learning_rate)
+        if not np.array_equal(self.adam.learning_rate, cfg.global_learning_rate):
+            self.adam.learning_rate = Adam(cfg.global_learning_rate).learning_rate
         if state.rng_state is not None:
             self.rng.set_state(state.rng_state)
         self.round0 = state.round
@@ -4717,8 +4723,8 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
 #: and meaning): a resumed or warm-started run must keep them (``n_latent``
 #: and ``noise`` only with multi-output targets). Every other field (the
 #: optimiser and its steps, tolerances, starting values such as
-#: ``lengthscale`` or ``noise_variance``, priors) may change; Adam's state
-#: and learning rates continue from the saved run.
+#: ``lengthscale`` or ``noise_variance``, priors, learning rates) may change;
+#: Adam's moments continue from the saved run.
 MODEL_FIELDS = ("components", "n_inducing", "n_inducing_local", "variational_family",
                 "n_outputs", "n_latent", "noise", "client_scale", "normalize_y")
 

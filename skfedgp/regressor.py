@@ -607,7 +607,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         multi-output targets ``n_latent`` and ``noise``) must be those of
         the fitted model (otherwise ``ValueError``; ``n_inducing="auto"``
         must stay ``"auto"``); the optimiser, steps, tolerances, starting
-        values and priors may change (Adam's state and learning rates
+        values, learning rates and priors may change (Adam's moments
         continue from the fitted model).
     checkpoint : str, path-like, callable or None, default=None
         Structured family: after every round, save the

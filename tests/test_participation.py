@@ -631,3 +631,20 @@ def test_continuing_after_changed_settings_and_after_no_round(data, tmp_path):
     # normalize_y defines the meaning of the saved offsets: refused
     with pytest.raises(ValueError, match="normalize_y"):
         _fit(X, y, g, n_rounds=1, resume_from=path, normalize_y=False)
+
+
+def test_a_warm_start_applies_new_learning_rates(data):
+    """scikit-learn's warm_start continues with the new parameters: Adam's
+    moments continue, at the new step sizes (the saved ones were kept)."""
+    X, y, g = data
+    est = _fit(X, y, g, n_rounds=1, optimizer="adam", learning_rate=0.05,
+               global_learning_rate=0.02)
+    seen = []
+    est.set_params(warm_start=True, n_rounds=1, learning_rate=1e-3, global_learning_rate=1e-4,
+                   checkpoint=lambda r, st: seen.append(st))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y, g)
+    assert all(c._adam.learning_rate == 1e-3 for c in est.clients_.values())
+    assert seen[-1].adam.learning_rate == 1e-4
+    assert seen[-1].adam.t > 1  # the moments continued
