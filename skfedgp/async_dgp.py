@@ -67,6 +67,21 @@ CONVENTIONS = ("paper", "gpgym")
 _LOG_BOUNDS = (-11.5, 11.5)
 
 
+def _reference_lengthscale(X):
+    """``sqrt(d)`` times each input's standard deviation (1 where it is 0 or
+    ``X`` has one row): the default starting lengthscales, and the centre of
+    the lengthscales' bounds.
+
+    With ``sqrt(d) * std`` the expected squared scaled distance between two
+    points is about 2 whatever ``d`` (with ``std`` alone it grows like
+    ``2 d``, and in 32 dimensions every kernel entry starts at about
+    ``exp(-32)``: a flat, white-noise start the optimiser cannot leave).
+    """
+    d = X.shape[1]
+    s = X.std(axis=0) if X.shape[0] > 1 else np.ones(d)
+    return np.sqrt(d) * np.where(s > 0, s, 1.0)
+
+
 # ---------------------------------------------------------------------------
 # Numba incremental Cholesky
 # ---------------------------------------------------------------------------
@@ -707,12 +722,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     def _init_hyper(self, X, y):
         d = X.shape[1]
         if self.lengthscale is None:
-            # sqrt(d) * std: the expected squared scaled distance between two
-            # points is then ~2 whatever d (with ell = std it grows like 2 d and
-            # in 32 dimensions every kernel entry starts at ~exp(-32): a flat,
-            # white-noise start the optimiser cannot leave)
-            ell = X.std(axis=0) if X.shape[0] > 1 else np.ones(d)
-            ell = np.sqrt(d) * np.where(ell > 0, ell, 1.0)
+            ell = _reference_lengthscale(X)
         else:
             ell = np.asarray(self.lengthscale, dtype=float)
             ell = np.full(d, float(ell)) if ell.ndim == 0 else ell
@@ -744,9 +754,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         # either side of sqrt(d) times each input's spread), as the variances'
         # follow the targets': with fixed bounds inputs in units of 1e-6 or
         # 1e6 pinned the lengthscale at a bound without a word
-        Xall = np.concatenate([X for X, _ in parts])
-        ref = Xall.std(axis=0) if Xall.shape[0] > 1 else np.ones(d)
-        ref = np.log(np.sqrt(d) * np.where(ref > 0, ref, 1.0))
+        ref = np.log(_reference_lengthscale(np.concatenate([X for X, _ in parts])))
         bounds = [(r + _LOG_BOUNDS[0], r + _LOG_BOUNDS[1]) for r in ref] + [_LOG_BOUNDS] * 2
         theta0 = np.log(np.concatenate([ell, [sf2 / s2, sn2 / s2]]))
         theta0 = np.clip(theta0, [b[0] for b in bounds], [b[1] for b in bounds])

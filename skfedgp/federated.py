@@ -3337,10 +3337,8 @@ class StructuredClient:
     def _adam_state(self, config):
         if getattr(self, "_adam", None) is None:
             self._adam = Adam(config.learning_rate)
-        elif not np.array_equal(self._adam.learning_rate, config.learning_rate):
-            # a warm start or resume with another learning rate: its moments
-            # continue, the new step size applies (scikit-learn's warm_start)
-            self._adam.learning_rate = Adam(config.learning_rate).learning_rate
+        else:  # a warm start or resume: the moments continue at this run's step size
+            self._adam.set_learning_rate(config.learning_rate)
         return self._adam
 
     def finish(self, post, theta_g, gpack, config):
@@ -4346,17 +4344,16 @@ class _StructuredRun:
         self.excluded = list(state.excluded_clients) + self.excluded
         self.adam = copy.deepcopy(state.adam) if state.adam is not None else Adam(
             cfg.global_learning_rate)
-        if not np.array_equal(self.adam.learning_rate, cfg.global_learning_rate):
-            self.adam.learning_rate = Adam(cfg.global_learning_rate).learning_rate
+        self.adam.set_learning_rate(cfg.global_learning_rate)  # the moments continue
         if state.rng_state is not None:
             self.rng.set_state(state.rng_state)
         self.round0 = state.round
         changed = (getattr(state, "config", None) is not None
                    and configs_differ(state.config, cfg))
         if new or changed or set(self.messages) != set(self.active) or state.post is None:
-            # (changed settings, e.g. a prior: the saved ELBO and log prior
-            # would be compared with the new objective's)
-            # new clients or missing messages: every client sends fresh ones
+            # new clients, missing messages, or changed settings (e.g. a prior,
+            # whose saved ELBO and log prior belong to the old objective):
+            # every client sends fresh ones
             self.last = self.evaluate_all(self.theta_g, state.round)
         else:
             self.last = (state.elbo, None, state.post, state.log_prior)
@@ -4822,6 +4819,7 @@ def check_run_setup(config, state, checkpoint, min_clients, n_clients):
     """
     if state is not None:
         check_same_model(getattr(state, "config", None), config, "resume_from")
+        n_clients -= len(getattr(state, "excluded_clients", ()))  # they stay out
     if isinstance(checkpoint, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(checkpoint))
         if os.path.isdir(path):
@@ -4830,8 +4828,6 @@ def check_run_setup(config, state, checkpoint, min_clients, n_clients):
         if not os.path.isdir(os.path.dirname(path)):
             raise ValueError(f"checkpoint: the folder {os.path.dirname(path)!r} of "
                              f"{os.fspath(checkpoint)!r} does not exist")
-    if state is not None:  # clients the saved run excluded stay out
-        n_clients -= len(getattr(state, "excluded_clients", ()))
     if isinstance(min_clients, numbers.Integral) and min_clients > n_clients:
         raise ValueError(f"min_clients={min_clients} exceeds the number of clients in the "
                          f"data ({n_clients}); no round could run")

@@ -42,18 +42,33 @@ class Adam:
     """
 
     def __init__(self, learning_rate=0.1, beta1=0.9, beta2=0.999, eps=1e-8):
-        lr = np.asarray(learning_rate, dtype=float)
-        if lr.size == 0 or not np.all(np.isfinite(lr)) or not np.all(lr > 0):
-            raise ValueError(f"learning_rate must be positive, got {learning_rate}")
+        self.set_learning_rate(learning_rate)
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError("beta1 and beta2 must lie in [0, 1)")
-        self.learning_rate = float(lr) if lr.ndim == 0 else lr
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
         self.eps = float(eps)
         self.t = 0
         self.m = None
         self.v = None
+
+    def set_learning_rate(self, learning_rate):
+        """Set the step size; the moments and the step count continue.
+
+        Parameters
+        ----------
+        learning_rate : float or ndarray of shape (p,)
+            As in the constructor.
+
+        Raises
+        ------
+        ValueError
+            If a step size is not positive and finite.
+        """
+        lr = np.asarray(learning_rate, dtype=float)
+        if lr.size == 0 or not np.all(np.isfinite(lr)) or not np.all(lr > 0):
+            raise ValueError(f"learning_rate must be positive, got {learning_rate}")
+        self.learning_rate = float(lr) if lr.ndim == 0 else lr
 
     def step(self, theta, grad):
         """Return ``theta`` moved one Adam step *up* the gradient.

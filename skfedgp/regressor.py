@@ -1128,8 +1128,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         try:
             return self._fit(X, y, groups)
         except BaseException:
-            for k in [k for k in vars(self) if _is_fit_attribute(k)]:
-                delattr(self, k)
+            self._drop_fit_attributes(keep=())
             self.__dict__.update(saved)
             raise
 
@@ -1209,10 +1208,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self._population_local = self._population_block()
         return self
 
-    def _drop_fit_attributes(self):
-        """Delete the fitted attributes of an earlier fit (before a new one is
-        committed), except those :meth:`_fit` has just set from the data."""
-        keep = {"n_features_in_", "feature_names_in_", "n_features_model_"}
+    def _drop_fit_attributes(self, keep=("n_features_in_", "feature_names_in_",
+                                          "n_features_model_")):
+        """Delete the fitted attributes but ``keep`` (by default those :meth:`_fit`
+        has just set from the data, before a new fit is committed)."""
         for k in [k for k in vars(self) if _is_fit_attribute(k) and k not in keep]:
             delattr(self, k)
 
@@ -1419,6 +1418,48 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return None
         return (np.asarray(obs) <= 0.5).astype(float)
 
+    def _part_prior_terms(self, outputs=None):
+        """The deviation and local parts' prior for a never-seen client.
+
+        One term per latent function ``r``: ``(name, c_r Gamma_r, lengthscale_r)``
+        with the population's coregionalisation ``Gamma_r`` (``c_r = phi``
+        for the deviation, 1 for the local part); the prior covariance of
+        the parts is ``sum_r k_r(x, x') c_r Gamma_r`` (unit-variance latent
+        functions). ``outputs`` (a 0/1 mask of shape (Q,)) restricts every
+        ``Gamma_r`` to those outputs' rows and columns.
+        """
+        pop = self._population_local
+        G = self.server_.global_pack.unpack(self.server_.theta_global)
+        D = None if outputs is None else np.outer(outputs, outputs)
+        terms = []
+        for name, ells in (("deviation", G.get("lengthscale_g")),
+                           ("local", pop.get("lengthscale_l"))):
+            if name not in self.components_:
+                continue
+            for r, Cr in enumerate(pop["coregionalisation"][name]):
+                C = self.phi_ * Cr if name == "deviation" else Cr
+                terms.append((name, C if D is None else C * D, ells[r]))
+        return terms
+
+    def _part_prior_blocks(self, n, outputs=None):
+        """Per-row ``Q x Q`` blocks of :meth:`_part_prior_terms` (``k_r(x, x) = 1``).
+
+        Returns
+        -------
+        dict
+            Component name to an ndarray of shape (n, Q, Q).
+        """
+        pop = self._population_local
+        out = {}
+        for name in ("deviation", "local"):
+            if name in self.components_:
+                C = ((self.phi_ if name == "deviation" else 1.0)
+                     * pop["coregionalisation"][name].sum(axis=0))
+                if outputs is not None:
+                    C = C * np.outer(outputs, outputs)
+                out[name] = np.broadcast_to(C, (n,) + C.shape).copy()
+        return out
+
     def _unobserved_prior(self, label, Xa, Xb=None):
         """Prior covariance of a fitted client's deviation and local parts on the
         outputs it never observed (multi-output), or None.
@@ -1426,11 +1467,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Such an output's rows of the client's loadings ``B_d``, ``B_l`` had no
         data and stay 0, so the client's own posterior gives those parts
         mean 0 and variance 0 there. Nothing was learned about them: they get
-        the prior a never-seen client has, with the population's
-        coregionalisations ``Gamma_r`` (from the clients that observed the
-        output) restricted to the unobserved outputs ``U``: ``sum_r c_r
-        k_r(x, x') Gamma_r[U, U]`` (``c_r = phi`` for the deviation, 1 for the
-        local part), uncorrelated with the observed outputs.
+        the prior a never-seen client has (:meth:`_part_prior_terms`)
+        restricted to the unobserved outputs, uncorrelated with the observed
+        outputs.
 
         Returns
         -------
@@ -1442,22 +1481,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         unseen = self._unobserved_outputs(label)
         if unseen is None:
             return None
-        pop = self._population_local
-        G = self.server_.global_pack.unpack(self.server_.theta_global)
-        D = np.outer(unseen, unseen)
-        Q = D.shape[0]
+        if Xb is None:
+            return self._part_prior_blocks(Xa.shape[0], unseen)
+        Q = unseen.shape[0]
         out = {}
-        for name, c, ells in (("deviation", getattr(self, "phi_", 0.0), G.get("lengthscale_g")),
-                              ("local", 1.0, pop.get("lengthscale_l"))):
-            if name not in self.components_:
-                continue
-            Cs = [c * Cr * D for Cr in pop["coregionalisation"][name]]
-            if Xb is None:  # unit-variance latent functions: k_r(x, x) = 1
-                out[name] = np.broadcast_to(sum(Cs, np.zeros((Q, Q))), (Xa.shape[0], Q, Q))
-            else:
-                out[name] = sum((np.einsum("ij,qp->iqjp", se_ard(Xa, Xb, ells[r], 1.0), Cr)
-                                 for r, Cr in enumerate(Cs)),
-                                np.zeros((Xa.shape[0], Q, Xb.shape[0], Q)))
+        for name, C, ell in self._part_prior_terms(unseen):
+            out[name] = out.get(name, np.zeros((Xa.shape[0], Q, Xb.shape[0], Q))) + np.einsum(
+                "ij,qp->iqjp", se_ard(Xa, Xb, ell, 1.0), C)
         return out
 
     def _client_offset(self, label, offset):
@@ -1608,14 +1638,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 Lg = {"noise_variance": s2, "offset": np.zeros(Q)}
                 mean, C = ilmm_predict(Xf, G, Lg, ("global",), self.global_posterior_["mean"],
                                        self.global_posterior_["covariance"], full_cov=True)
-            prior = []
-            if "deviation" in comps:
-                prior += [(self.phi_ * Cr, G["lengthscale_g"][r])
-                          for r, Cr in enumerate(pop["coregionalisation"]["deviation"])]
-            if "local" in comps:
-                prior += [(Cr, pop["lengthscale_l"][r])
-                          for r, Cr in enumerate(pop["coregionalisation"]["local"])]
-            for Cr, ell in prior:  # unit-variance latent GP mixed by the mean outer product
+            for _, Cr, ell in self._part_prior_terms():
+                # unit-variance latent GP mixed by the mean outer product
                 C = C + np.einsum("ij,qp->iqjp", se_ard(Xf, Xf, ell, 1.0), Cr)
         C = np.array(C, dtype=float).reshape(n * Q, n * Q)
         # a never-seen client's level is shared by all its rows
@@ -1728,11 +1752,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 out["global"] = ilmm_predict(Xs, G, Lg, ("global",),
                                              self.global_posterior_["mean"],
                                              self.global_posterior_["covariance"])
-            prior = {"deviation": self.phi_ if "deviation" in comps else 0.0, "local": 1.0}
-            for name in ("deviation", "local"):
-                if name in comps:
-                    C = prior[name] * pop["coregionalisation"][name].sum(axis=0)
-                    out[name] = (np.zeros((n, Q)), np.broadcast_to(C, (n, Q, Q)).copy())
+            for name, C in self._part_prior_blocks(n).items():
+                out[name] = (np.zeros((n, Q)), C)
             if not per_component:
                 mean = sum(m for m, _ in out.values()) if out else np.zeros((n, Q))
                 cov = sum(cv for _, cv in out.values()) if out else np.zeros((n, Q, Q))

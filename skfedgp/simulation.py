@@ -156,13 +156,6 @@ class _Network:
         return float(aggregate(mu, var, self.sf2, rule, mean)[0][0])
 
 
-def _aggregation_tuple(aggregations):
-    """``aggregations`` as a tuple of rule names (one name alone is one rule)."""
-    if isinstance(aggregations, str):  # "rbcm", not ("r", "b", "c", "m")
-        return (aggregations,)
-    return tuple(aggregations)
-
-
 def _check_hyper(lengthscale, variance, noise_variance):
     """The experts' fixed hyperparameters must be positive and finite."""
     for name, v in (("lengthscale", lengthscale), ("variance", variance),
@@ -172,7 +165,10 @@ def _check_hyper(lengthscale, variance, noise_variance):
             raise ValueError(f"{name} must be positive and finite, got {v!r}")
 
 
-def _check_common(n_experts, aggregations, max_info, convention, decision_time=0.0):
+def _check_common(n_experts, aggregations, max_info, convention, decision_time, hyper):
+    """Checks shared by the simulations; returns ``aggregations`` as a tuple."""
+    # one rule name is that rule ("rbcm", not ("r", "b", "c", "m"))
+    aggregations = (aggregations,) if isinstance(aggregations, str) else tuple(aggregations)
     if not (np.isfinite(decision_time) and 0.0 <= decision_time < 1.0):
         raise ValueError(f"decision_time must be in [0, 1), got {decision_time!r}")
     if not isinstance(n_experts, numbers.Integral) or n_experts < 1:
@@ -184,6 +180,8 @@ def _check_common(n_experts, aggregations, max_info, convention, decision_time=0
             raise ValueError(f"unknown aggregation {a!r}; expected one of {AGGREGATIONS}")
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
+    _check_hyper(*hyper)
+    return aggregations
 
 
 def simulate_stream(
@@ -281,9 +279,8 @@ def simulate_stream(
     y = column_or_1d(check_array(np.asarray(y).reshape(-1, 1), dtype=float))
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
-    aggregations = _aggregation_tuple(aggregations)
-    _check_common(n_experts, aggregations, max_info, convention, decision_time)
-    _check_hyper(lengthscale, variance, noise_variance)
+    aggregations = _check_common(n_experts, aggregations, max_info, convention, decision_time,
+                                 (lengthscale, variance, noise_variance))
     rng = np.random.default_rng(check_random_state(random_state).randint(2**31))
     net = _Network(
         X.shape[1], n_experts, (lengthscale, variance, noise_variance), max_points_per_expert,
@@ -407,9 +404,8 @@ def simulate_tracking(
     FloatingPointError
         If a plant diverges.
     """
-    aggregations = _aggregation_tuple(aggregations)
-    _check_common(n_experts, aggregations, max_info, convention, decision_time)
-    _check_hyper(lengthscale, variance, noise_variance)
+    aggregations = _check_common(n_experts, aggregations, max_info, convention, decision_time,
+                                 (lengthscale, variance, noise_variance))
     for name, v in (("dt", dt), ("duration", duration)):
         if not (isinstance(v, numbers.Real) and np.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive number, got {v!r}")
