@@ -4744,7 +4744,21 @@ def _same_setting(a, b):
 
 
 def configs_differ(a, b):
-    """Whether two :class:`ModelConfig` differ in any field (by value)."""
+    """Whether two :class:`ModelConfig` differ in any field, compared by value.
+
+    Beyond the paper (continuation of a federated run): a resumed run whose
+    settings changed re-evaluates before its first round.
+
+    Parameters
+    ----------
+    a, b : ModelConfig
+
+    Returns
+    -------
+    bool
+        True if any field differs (``1 == 1.0``; a list equals a tuple of
+        the same items). Raises nothing.
+    """
     return any(not _same_setting(getattr(a, f.name, None), getattr(b, f.name, None))
                for f in dataclasses.fields(ModelConfig))
 

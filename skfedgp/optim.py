@@ -53,7 +53,9 @@ class Adam:
         self.v = None
 
     def set_learning_rate(self, learning_rate):
-        """Set the step size; the moments and the step count continue.
+        """Set the step size; the moments and the step count continue (Kingma
+        and Ba, "Adam: a method for stochastic optimization", ICLR 2015,
+        Algorithm 1: the step size is a free parameter of each update).
 
         Parameters
         ----------
