@@ -140,8 +140,10 @@ def jittered_cholesky(
         the matrix and the client.
     """
     K = np.asarray(K, dtype=float)
-    where = f" of client {client!r}" if client is not None else ""
-    if not np.all(np.isfinite(K)):
+    where = ""
+    if client is not None:
+        where = f" of client {client!r}"
+    if not np.isfinite(float(np.sum(K))) and not np.all(np.isfinite(K)):
         raise CholeskyError(
             f"{name}{where} contains NaN or inf; cannot factorise",
             matrix=name,
@@ -149,12 +151,13 @@ def jittered_cholesky(
         )
     m = K.shape[0]
     eps = jitter * float(scale)
+    K = np.ascontiguousarray(K)
+    A = np.empty((m, m))
     for _ in range(max_tries):
-        A = np.tril(K)
-        A += np.tril(A, -1).T  # symmetric from the lower triangle
-        A.flat[:: m + 1] += eps
-        # LAPACK dpotrf called from Numba without the GIL
-        if _nb_potrf_c(A) == 0:
+        # the lower triangle of K plus eps on the diagonal, factorised in
+        # place by LAPACK dpotrf (which reads only that triangle), called
+        # from Numba without the GIL
+        if _nb_shifted_potrf(K, A, eps) == 0:
             return A, eps
         eps *= 10.0
     eps /= 10.0
@@ -289,8 +292,10 @@ def cholesky_backward(L, Lbar):
     ``S = L^{-T} P L^{-1}``, ``Kbar = (S + S^T) / 2`` (Murray 2016;
     docs/maths.md).
     """
-    P = np.tril(L.T @ np.tril(Lbar))
-    P.flat[:: P.shape[0] + 1] *= 0.5
+    Lbar = np.array(Lbar, dtype=float, order="C", copy=True)
+    _nb_phi_lower(Lbar, 1.0)
+    P = L.T @ Lbar
+    _nb_phi_lower(P, 0.5)
     S = solve_lower(L, solve_upper(L, P), trans=True)
     return 0.5 * (S + S.T)
 
@@ -707,6 +712,28 @@ def _nb_potrf_c(A):  # pragma: no cover - compiled
         for j in range(i + 1, m):
             A[i, j] = 0.0
     return info[0]
+
+
+@njit(nogil=True, cache=True)
+def _nb_shifted_potrf(K, A, eps):  # pragma: no cover - compiled
+    # A := lower Cholesky factor of (lower triangle of K) + eps I, zeros
+    # above the diagonal; returns LAPACK's info (0: success)
+    m = K.shape[0]
+    for i in range(m):
+        for j in range(i + 1):
+            A[i, j] = K[i, j]
+        A[i, i] += eps
+    return _nb_potrf_c(A)
+
+
+@njit(nogil=True, cache=True)
+def _nb_phi_lower(A, diag):  # pragma: no cover - compiled
+    # In place: zero the strict upper triangle and multiply the diagonal by diag
+    m = A.shape[0]
+    for i in range(m):
+        A[i, i] *= diag
+        for j in range(i + 1, m):
+            A[i, j] = 0.0
 
 
 @njit(nogil=True, cache=True)

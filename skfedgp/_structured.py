@@ -68,7 +68,7 @@ from ._linalg import (
     jittered_cholesky,
     solve_lower,
 )
-from .kernels import se_ard, se_ard_grad, se_ard_grad_sym
+from .kernels import se_ard, se_ard_grad, se_ard_grad_sym, se_grad_small, se_small
 
 __all__ = [
     "feature_blocks",
@@ -298,7 +298,6 @@ class ClientState:
     n: int
     s2: float
     phi: float
-    E: np.ndarray
     Lp: np.ndarray
     PiGt: np.ndarray
     Pir: np.ndarray
@@ -310,11 +309,20 @@ class ClientState:
     #: ``P^{-1}`` when the forward pass formed it (data-space elimination),
     #: else None (then taken from ``Lp``).
     Pinv: np.ndarray = None
+    #: The kernel rows ``K(X, Z)`` (``n x M_f``) when the client's rows fit
+    #: in one chunk (the backward pass reuses them), else None.
+    K_rows: np.ndarray = None
+
+    @property
+    def E(self):
+        """``E`` (``M_f x N_u``), the map from ``u`` to feature coefficients."""
+        return self.layout.E(self.phi)
 
 
 #: Below this many kernel entries, the structured family's kernel matrices and
-#: their gradient contractions use the plain NumPy forms below instead of
-#: :mod:`skfedgp.kernels` (whose row-group scheduling costs tens of
+#: their gradient contractions use serial compiled loops
+#: (:func:`skfedgp.kernels.se_small`, :func:`skfedgp.kernels.se_grad_small`) instead of
+#: :func:`skfedgp.kernels.se_ard` (whose row-group scheduling costs tens of
 #: microseconds per call, which dominates for the many small clients of a
 #: federation; same values to round-off).
 SMALL_KERNEL = 1 << 12
@@ -327,7 +335,7 @@ DATA_SPACE_MAX_RATIO = 1e8
 
 
 def _se(X, Z, ell, var):
-    """SE-ARD ``k(X, Z)`` (plain NumPy for small sizes, else :func:`se_ard`).
+    """SE-ARD ``k(X, Z)`` (a serial compiled loop for small sizes, else :func:`se_ard`).
 
     Both paths form the differences ``x - z`` themselves, never the expanded
     square ``|x|^2 + |z|^2 - 2 x.z``: with inputs far apart (clients at 0
@@ -337,19 +345,14 @@ def _se(X, Z, ell, var):
     """
     if X.shape[0] * Z.shape[0] > SMALL_KERNEL:
         return se_ard(X, Z, ell, var)
-    D = (X[:, None, :] - Z[None, :, :]) / ell
-    return var * np.exp(-0.5 * np.einsum("nmd,nmd->nm", D, D))
+    return se_small(X, Z, ell, var)
 
 
 def _se_grad(X, Z, K, Kbar, ell, var):
     """``(dZ, dlengthscale, dvariance)`` of ``sum(Kbar * K(X, Z))`` (see :func:`se_ard_grad`)."""
     if X.shape[0] * Z.shape[0] > SMALL_KERNEL:
         return se_ard_grad(X, Z, K, Kbar, ell, var)
-    A = Kbar * K
-    D = X[:, None, :] - Z[None, :, :]  # differences, not an expanded square (see _se)
-    dZ = np.einsum("nm,nmd->md", A, D) / ell**2
-    sq = np.einsum("nm,nmd->d", A, D * D)
-    return dZ, sq / ell**3, float(A.sum()) / var
+    return se_grad_small(X, Z, K, Kbar, ell, var)
 
 
 def _se_grad_sym(Z, K, Kbar, ell, var):
@@ -409,6 +412,11 @@ def _inducing_factor(name, Z, ell, var, jit, client):
                                   name=f"K_zz ({_BLOCK_NAMES[name]})", client=client)
         return K, L, e_
 
+    if name == "c":  # the level's 1 x 1 constant kernel, unjittered: sqrt(level_variance)
+        var = float(var)
+        if not (np.isfinite(var) and var > 0):
+            return factor()  # the factorisation's own error names the matrix
+        return np.full((1, 1), var), np.full((1, 1), np.sqrt(var)), 0.0
     if name != "g":  # a client's own blocks change with its own vector: not cached
         return factor()
     Z = np.asarray(Z, dtype=float)
@@ -497,17 +505,20 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
         Lam[off:off + m, off:off + m] = L
         off += m
     yy = float(y @ y)
-    E = lay.E(phi)
     mu0 = float(level_mean) if lay.has_level else 0.0
     small = None
-    if 0 < n < lay.n_c and n <= CHUNK_ROWS:
-        # fewer observations than client variables (one chunk at most):
-        # eliminate in data space (None when that is not accurate here: then
-        # in N_c space, with the same W_f and w_f)
-        F = _whitened_rows(X, blocks, Lam)
+    K_rows = None
+    if 0 < n <= CHUNK_ROWS and Mf:
+        # one chunk: the kernel rows are kept for the backward pass
+        K_rows = _kernel_rows(X, blocks)
+        F = solve_lower(Lam, K_rows.T).T
         Wf = F.T @ F
         Wf, wf = 0.5 * (Wf + Wf.T), F.T @ y  # as _whitened_statistics forms them
-        small = _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client)
+        if n < lay.n_c:
+            # fewer observations than client variables: eliminate in data
+            # space (None when that is not accurate here: then in N_c
+            # space, with the same W_f and w_f)
+            small = _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client)
     else:
         Wf, wf = _whitened_statistics(X, y, blocks, Lam)
     if small is not None:
@@ -530,16 +541,20 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
         quad = yy / s2 - float(r @ Pir) + mu0**2
         Pinv = None
     gam = lay.residual_coef(phi)
-    var_f = np.concatenate([np.full(Z.shape[0], var) for _, Z, _, var, _ in blocks]) \
-        if blocks else np.zeros(0)
     # tr_R = sum over feature blocks of gamma_b (n var_b - tr(W_b^T W_b))
-    tr_R = float(np.sum(gam * (n * var_f / np.maximum(_block_sizes(lay), 1) - np.diag(Wf))))
+    tr_R, off = 0.0, 0
+    for _, Z, _, var, _ in blocks:
+        m = Z.shape[0]
+        if m:
+            tr_R += float(gam[off]) * (n * var - float(np.trace(Wf[off:off + m, off:off + m])))
+        off += m
     e = n * (_LOG_2PI + np.log(s2)) + logdetP + quad + tr_R / s2
-    if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
+    # one sum tests every entry (a sum is finite only if its terms are)
+    if not np.isfinite(e + float(np.sum(S)) + float(np.sum(b))):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the structured statistics{where} are not finite")
-    return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi), E,
-                       Lp, PiGt, Pir, S, b, float(e), tr_R, mu0, Pinv)
+    return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi),
+                       Lp, PiGt, Pir, S, b, float(e), tr_R, mu0, Pinv, K_rows)
 
 
 def _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client):
@@ -600,9 +615,9 @@ def _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client):
     # least 1 (as P's), so that a huge level variance over a tiny noise
     # variance factorises whenever the N_c-space P would
     Cn = (B / s2) @ B.T
-    if not np.all(np.isfinite(Cn)) or float(np.max(np.diag(Cn))) > DATA_SPACE_MAX_RATIO:
+    if not np.isfinite(float(np.sum(Cn))) or float(Cn.diagonal().max()) > DATA_SPACE_MAX_RATIO:
         return None
-    Cn[np.diag_indices(n)] += 1.0
+    Cn.flat[:: n + 1] += 1.0
     try:
         Lc, _ = jittered_cholesky(Cn, scale=1.0, jitter=0.0, max_tries=1)
     except CholeskyError:
@@ -617,11 +632,12 @@ def _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client):
     if mu0:
         Pir[lay.n_c - 1] += mu0
     PiGt = B.T @ CiFg
-    logdetP = 2.0 * float(np.sum(np.log(np.diag(Lc))))
+    logdetP = 2.0 * float(np.log(Lc.diagonal()).sum())
     Wc = solve_lower(Lc, B) / np.sqrt(s2)  # P^{-1} = I - B^T C^{-1} B = I - Wc^T Wc
     Pinv = -(Wc.T @ Wc)
-    Pinv[np.diag_indices(lay.n_c)] += 1.0
+    Pinv.flat[:: lay.n_c + 1] += 1.0
     return None, PiGt, Pir, S, b, logdetP, Pinv, float(yt @ alpha)
+
 
 def _whitened_statistics(X, y, blocks, Lam):
     """``W_f = F^T F`` and ``w_f = F^T y`` with ``F = K Lambda^{-T}``, streamed over row chunks.
@@ -652,14 +668,6 @@ def _whitened_rows(X, blocks, Lam):
     """Whitened kernel rows ``F = K(X, Z) Lambda^{-T}`` (``n x M_f``) of one chunk."""
     return solve_lower(Lam, _kernel_rows(X, blocks).T).T
 
-
-
-def _block_sizes(lay):
-    """Per feature: the size of its block (to spread ``n var_b`` over its columns)."""
-    out = np.ones(lay.Mf)
-    out[: lay.Mg] = lay.Mg
-    out[lay.Mg:lay.Mg + lay.Ml] = lay.Ml
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -882,7 +890,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         a, b_ = offs[k]
         Lb = state.Ls[k]
         R = 2.0 * Wbar[a:b_] @ Wf[:, a:b_] + np.outer(wbar[a:b_], wf[a:b_])
-        Lbar = np.tril(-solve_lower(Lb, R, trans=True))
+        Lbar = -solve_lower(Lb, R, trans=True)  # only its lower triangle is read
         Kbar_zz = cholesky_backward(Lb, Lbar)
         dZ, dell, dvar = _block_grad(name, Z, Z, state.Kzz[k], Kbar_zz, ell, var, sym=True)
         dvar += (state.eps[k] / var) * float(np.trace(Kbar_zz))
@@ -890,15 +898,13 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
         dvar += -float(gam[a]) * n / (2.0 * s2)
         acc[name] = [dZ, dell, dvar]
         T = solve_lower(Lb, Wbar[a:b_], trans=True).T  # Wbar[:, b] L_b^{-1} (Wbar symmetric)
-        Pb = np.empty_like(T)
-        for (c0, c1), Lc in zip(offs, state.Ls):  # Lam^{-T} T, block by block
-            Pb[c0:c1] = solve_lower(Lc, T[c0:c1], trans=True)
+        Pb = solve_lower(state.Lam, T, trans=True)  # Lam^{-T} T (Lam block diagonal)
         cols[name] = (2.0 * Pb, solve_lower(Lb, wbar[a:b_], trans=True))
     # data pass: Kbar[:, b] = K (Phibar + Phibar^T)[:, b] + y psibar[b]^T
     if acc:
         for a0 in range(0, n, CHUNK_ROWS):
             Xc = X[a0:a0 + CHUNK_ROWS]
-            Kc = _kernel_rows(Xc, state.blocks)
+            Kc = state.K_rows if state.K_rows is not None else _kernel_rows(Xc, state.blocks)
             yc = y[a0:a0 + CHUNK_ROWS]
             for k, (name, Z, ell, var, _) in enumerate(state.blocks):
                 if name not in acc:
