@@ -1077,6 +1077,13 @@ def fit_over_transport(transport, est, config, n_rounds):
         transport=transport, client_fraction=est.client_fraction,
         min_clients=est.min_clients, max_retries=est.max_retries,
         random_state=participation_seed, state=state, callback=callback)
+    # as in fit: a client whose local phase failed whenever it was asked
+    from .regressor import warn_untrained_clients
+
+    first = 0 if state is None else len(state.history)
+    warn_untrained_clients([c for c in ids if c not in res.get("excluded_clients", [])],
+                           res.get("failed_clients", []), first,
+                           res.get("local_phase_done", ()))
     post = res["posterior"]
     return {
         "client_ids": ids,

@@ -166,7 +166,7 @@ def _warn_diagnostics(est, converged, n_rounds):
             ConvergenceWarning, stacklevel=3)
 
 
-def _warn_untrained_clients(est, failures, first, done):
+def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
     """ConvergenceWarning naming the clients whose local phase never succeeded.
 
     Such a client stays in the model (it answered the set-up and the final
@@ -176,18 +176,37 @@ def _warn_untrained_clients(est, failures, first, done):
     the rounds of a resumed or warm-started run's history): a client whose
     local phase failed at least once and never succeeded (``done``: the
     clients with a successful one), whether it was asked every round or,
-    with partial participation, only in some.
+    with partial participation, only in some. Used by ``fit`` and by the
+    Flower server (:func:`skfedgp.flower.fit_over_transport`).
+
+    Parameters
+    ----------
+    client_ids : iterable
+        The clients in the model, in their fixed order.
+    failures : list of tuple
+        ``(round, client_id, method, error)`` records (``failed_clients_``).
+    first : int
+        Rounds already in the history before this fit (resume, warm start).
+    done : iterable
+        Clients with at least one successful local phase in this fit.
+    stacklevel : int, default=3
+        Passed to :func:`warnings.warn`.
+
+    Warns
+    -----
+    sklearn.exceptions.ConvergenceWarning
+        Naming up to five such clients.
     """
     failed = {cid for r, cid, method, _ in failures
               if method == "local_phase" and r > first}
     done = set(done)
-    stuck = [cid for cid in est.clients_ if cid in failed and cid not in done]
+    stuck = [cid for cid in client_ids if cid in failed and cid not in done]
     if stuck:
         warnings.warn(
             f"client(s) {stuck[:5]} failed their local phase whenever asked in this fit "
             "(see failed_clients_): their own hyperparameters are still the values this fit "
             "started from",
-            ConvergenceWarning, stacklevel=3)
+            ConvergenceWarning, stacklevel=stacklevel)
 
 
 def _n_target_columns(y):
@@ -1330,8 +1349,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                     self.loadings_[name] = {lab: scale * c.local_values()[key]
                                             for lab, c in self.clients_.items()}
         _warn_diagnostics(self, res["converged"], n_rounds)
-        _warn_untrained_clients(self, res["failed_clients"], n_rounds0,
-                                res.get("local_phase_done", ()))
+        warn_untrained_clients(self.clients_, res["failed_clients"], n_rounds0,
+                               res.get("local_phase_done", ()))
         return self
 
     def _population_block(self):

@@ -546,6 +546,42 @@ def test_fault_hook_and_partial_participation_match_the_estimator(task_identity)
     np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
 
 
+def test_server_names_a_client_whose_local_phase_always_fails(task_identity):
+    """As fit does, the Flower server warns about a client whose local phase
+    failed whenever it was asked (its own hyperparameters never moved), and
+    stays quiet about one that failed in some rounds only."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y, groups = _client_data(n_clients=3, n=30, seed=4, d=1)
+
+    def run(hook):
+        params = dict(random_state=5, n_rounds=2, tol=0.0, fault_hook=hook, max_retries=0)
+        grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 3)
+        e, config, n_rounds = fl._check_server_params(params)
+        transport = fl.FlowerTransport(grid, min_nodes=3, fault_hook=hook).connect()
+        return fl.fit_over_transport(transport, e, config, n_rounds)
+
+    def always(cid, method, r):
+        if cid == "site-1" and method == "local_phase":
+            raise TimeoutError("late")
+
+    with pytest.warns(ConvergenceWarning, match=r"client\(s\) \['site-1'\] failed their local "
+                                                r"phase whenever asked in this fit"):
+        res = run(always)
+    assert "site-1" in res["client_ids"]
+
+    def once(cid, method, r):
+        if cid == "site-1" and method == "local_phase" and r == 1:
+            raise TimeoutError("late")
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        run(once)
+    assert not any("failed their local phase" in str(w.message) for w in rec)
+
+
 def test_partial_participation_communication_matches_flower_payload(task_identity,
                                                                     monkeypatch):
     """With partial participation (5 clients, client_fraction=0.6, 5 rounds)
