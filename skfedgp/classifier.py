@@ -378,23 +378,24 @@ def _cv_scores(X, y_idx, means, scales, log_prior, rank_table, n_folds=N_RANK_FO
 
 
 #: Largest temperature of :func:`proba_temperature` (probabilities then
-#: equal the prior to within ``score range / MAX_TEMPERATURE``).
+#: equal the prior to within ``log-likelihood range / MAX_TEMPERATURE``).
 MAX_TEMPERATURE = 1e8
 
 
-def proba_temperature(scores, own):
-    """Temperature ``T >= 1`` that calibrates ``softmax(scores / T)`` on held-out curves.
+def proba_temperature(loglik, own, log_prior=None, sample_weight=None):
+    """Temperature ``T >= 1`` that calibrates ``softmax(loglik / T + log_prior)``.
 
     Class scores of a generative classifier are log densities of whole
     curves: differences of hundreds of nats are common even between classes
     that cannot be told apart (finite-sample differences of their fitted
-    laws), so ``softmax(scores)`` is close to 0 or 1 whether or not the
-    assignment is right. The temperature minimises the mean held-out log
-    loss ``-log softmax(scores / T)[own]`` over ``1 <= T <=``
-    :data:`MAX_TEMPERATURE` (the loss is convex in ``1 / T``; bounded
-    Brent search on ``log T``). ``T`` only softens: probabilities are never
-    made sharper than the model's, and the arg max (``predict``) is
-    unchanged.
+    laws), so the posterior ``softmax(loglik + log_prior)`` is close to 0
+    or 1 whether or not the assignment is right. The temperature divides
+    the log-likelihoods (not the prior) and minimises the (weighted) mean
+    held-out log loss ``-log softmax(loglik / T + log_prior)[own]`` over
+    ``1 <= T <=`` :data:`MAX_TEMPERATURE` (the loss is convex in ``1 / T``;
+    bounded Brent search on ``log T``). ``T`` only softens: probabilities
+    are never made sharper than the model's; at the largest ``T`` they are
+    the prior. With a uniform prior the arg max is that of ``loglik``.
 
     Source: temperature scaling (Guo, Pleiss, Sun and Weinberger, "On
     Calibration of Modern Neural Networks", ICML 2017, section 4.2), fitted
@@ -403,29 +404,39 @@ def proba_temperature(scores, own):
 
     Parameters
     ----------
-    scores : ndarray of shape (n_curves, n_classes)
-        Held-out scores (log density plus log prior).
+    loglik : ndarray of shape (n_curves, n_classes)
+        Held-out log densities of the curves under every class (nats).
     own : ndarray of int of shape (n_curves,)
         Column of each curve's true class.
+    log_prior : ndarray of shape (n_classes,), default=None
+        Log prior class probabilities (None: uniform).
+    sample_weight : ndarray of shape (n_curves,), default=None
+        Weight of each curve in the mean (None: equal), e.g. ``prior_k /
+        frequency_k`` of its class when the prior is not the training
+        frequencies.
 
     Returns
     -------
     float
-        ``T`` (1.0 when softening does not lower the held-out log loss, or
-        with no held-out curve).
+        ``T`` (1.0 when softening does not lower the held-out log loss, with
+        no held-out curve, or with non-finite log-likelihoods).
     """
     from scipy.optimize import minimize_scalar
     from scipy.special import logsumexp
 
-    scores = np.asarray(scores, dtype=float)
-    if scores.shape[0] == 0:
+    loglik = np.asarray(loglik, dtype=float)
+    if loglik.shape[0] == 0 or not np.all(np.isfinite(loglik)):
         return 1.0
-    z = scores - scores.max(axis=1, keepdims=True)
+    z = loglik - loglik.max(axis=1, keepdims=True)
+    lp = np.zeros(z.shape[1]) if log_prior is None else np.asarray(log_prior, dtype=float)
+    w = (np.ones(z.shape[0]) if sample_weight is None
+         else np.asarray(sample_weight, dtype=float))
+    w = w / w.sum()
     rows = np.arange(z.shape[0])
 
     def loss(log_t):
-        s = z / np.exp(log_t)
-        return float(np.mean(logsumexp(s, axis=1) - s[rows, own]))
+        s = z / np.exp(log_t) + lp
+        return float(w @ (logsumexp(s, axis=1) - s[rows, own]))
 
     res = minimize_scalar(loss, bounds=(0.0, float(np.log(MAX_TEMPERATURE))), method="bounded",
                           options={"xatol": 1e-3})
@@ -552,10 +563,12 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         ``"n_curves"`` and ``"spread"`` (mean square of the centred scaled
         residuals). None with ``curve_variation="none"``.
     proba_temperature_ : float
-        Temperature ``T >= 1`` of :meth:`predict_proba`
-        (``softmax(scores / T)``), fitted on the cross-validated scores of
-        the training curves (:func:`proba_temperature`); 1.0 with
-        ``curve_variation="none"`` or too few curves to cross-validate.
+        Temperature ``T >= 1`` dividing the log-evidence in the scores
+        (:meth:`decision_function`, :meth:`predict_proba`:
+        ``softmax(log_evidence / T + log prior)``), fitted on the
+        cross-validated log-evidence of the training curves
+        (:func:`proba_temperature`); 1.0 with ``curve_variation="none"`` or
+        too few curves to cross-validate.
     inputs_ : ndarray of shape (n_channels * n_points,)
         Regressor input of each column of ``X`` (concatenate mode).
     channel_mode_ : {"concatenate", "multioutput"}
@@ -579,16 +592,23 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     same NaN pattern share one factorisation. NaN training points are left
     out of the class's rows. Infinite values are an error.
 
-    The scores are log densities of curves of ``n_channels * n_points``
-    values, so they are large in magnitude, and their softmax is close to 0
-    or 1 even when the classes cannot be told apart. ``predict_proba``
-    divides them by a temperature fitted on held-out training curves
-    (:func:`proba_temperature`; with ``curve_variation="ppca"``, from the
-    same 5-fold cross-validation of the within-class laws, the classes'
-    mean functions held at the regressor's): with two classes drawn from
-    one law (3 seeds, 80 training curves of 60 points) the held-out log
-    loss went from 3.0-15.2 to about chance, ``log 2``. ``predict`` and
-    ``decision_function`` do not use it.
+    The log-evidences are log densities of curves of ``n_channels *
+    n_points`` values, so they are large in magnitude, and the posterior
+    ``softmax(log_evidence + log prior)`` is close to 0 or 1 even when the
+    classes cannot be told apart. The scores therefore divide the
+    log-evidence (not the prior) by a temperature ``T >= 1`` fitted on
+    held-out training curves (:func:`proba_temperature`; with
+    ``curve_variation="ppca"``, from the same 5-fold cross-validation of
+    the within-class laws, the classes' mean functions held at the
+    regressor's, each held-out curve weighted by its class's prior over its
+    training frequency): with two classes drawn from one law (3 seeds, 80
+    training curves of 60 points) the held-out log loss went from 3.0-15.2
+    to about chance, ``log 2``. With the default uniform prior ``T`` does
+    not change ``predict``. The held-out scores are an approximation of the
+    test-time ones (NaN points count as zero residuals, the ``1 + 1/n_c``
+    factor and the regressor's covariance are left out, and the class means
+    saw the held-out curves), so ``T`` is somewhat below the one that
+    minimises the test log loss.
 
     References
     ----------
@@ -834,10 +854,18 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 for k, V in enumerate(self.curve_variation_):
                     # points no training curve of the class observed
                     V["observed"] = ~np.all(np.isnan(X[y_idx == k]), axis=0)
-                # the probabilities' temperature, from the same cross-validation
-                held, own = _cv_scores(X, y_idx, means, scales, log_prior,
+                # the probabilities' temperature, from the same cross-validation:
+                # held-out log-likelihoods, each curve weighted by prior /
+                # training frequency of its class
+                held, own = _cv_scores(X, y_idx, means, scales, np.zeros(K),
                                        [[V["rank"] for V in self.curve_variation_]])
-                self.proba_temperature_ = 1.0 if held is None else proba_temperature(held[0], own)
+                if held is None:
+                    self.proba_temperature_ = 1.0
+                else:
+                    freq = np.bincount(y_idx, minlength=K) / y_idx.size
+                    weight = np.exp(log_prior)[own] / freq[own]
+                    self.proba_temperature_ = proba_temperature(held[0], own, log_prior,
+                                                                weight)
         else:
             self.curve_variation_ = None
             self.proba_temperature_ = 1.0
@@ -1026,10 +1054,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
 
     def _joint(self, X):
         ll = self.log_evidence(X)  # checks the fitted state first
-        return ll + self.class_log_prior_
+        # a model pickled before the temperature was kept: T = 1
+        return ll / getattr(self, "proba_temperature_", 1.0) + self.class_log_prior_
 
     def decision_function(self, X):
-        """Class scores: log-evidence plus log prior.
+        """Class scores: log-evidence over the temperature, plus log prior.
 
         Parameters
         ----------
@@ -1038,7 +1067,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         scores : ndarray of shape (n_curves, n_classes) or (n_curves,)
-            ``log_evidence(X) + class_log_prior_``; with two classes, the
+            ``log_evidence(X) / proba_temperature_ + class_log_prior_`` (with
+            ``T = 1``, eq. 31 plus the log prior; with a uniform prior the
+            arg max is the same for any ``T``); with two classes, the
             difference ``score(classes_[1]) - score(classes_[0])`` (the
             scikit-learn convention: positive means ``classes_[1]``).
         """
@@ -1048,12 +1079,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         return j
 
     def predict_proba(self, X):
-        """Class probabilities: ``softmax(scores / proba_temperature_)``.
+        """Class probabilities: ``softmax(log_evidence / T + log prior)``.
 
-        The scores are log-evidence plus log prior (:meth:`decision_function`
-        for more than two classes); the temperature (:func:`proba_temperature`,
-        at least 1) calibrates them on held-out training curves, so the arg
-        max is that of :meth:`predict`.
+        ``T = proba_temperature_`` (:func:`proba_temperature`, at least 1)
+        calibrates the log-evidence on held-out training curves; the
+        arg max is that of :meth:`predict`.
 
         Parameters
         ----------
@@ -1063,7 +1093,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         -------
         proba : ndarray of shape (n_curves, n_classes)
         """
-        return softmax(self._joint(X) / self.proba_temperature_, axis=1)
+        return softmax(self._joint(X), axis=1)
 
     def predict_log_proba(self, X):
         """Log of :meth:`predict_proba` (computed stably).
@@ -1076,12 +1106,16 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         -------
         log_proba : ndarray of shape (n_curves, n_classes)
         """
-        j = self._joint(X) / self.proba_temperature_
+        j = self._joint(X)
         m = j.max(axis=1, keepdims=True)
         return j - (m + np.log(np.sum(np.exp(j - m), axis=1, keepdims=True)))
 
     def predict(self, X):
-        """Class with the largest log-evidence plus log prior.
+        """Class with the largest score (:meth:`decision_function`).
+
+        With a uniform prior (the default): the largest log-evidence
+        (pFedHGP paper, eq. 31). Otherwise the largest calibrated posterior
+        ``log_evidence / proba_temperature_ + log prior``.
 
         Parameters
         ----------

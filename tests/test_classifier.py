@@ -182,12 +182,14 @@ def test_nan_points_scored_on_observed_subset(fitted):
 def test_predict_proba_decision_consistent(fitted):
     clf, X, y, Xt, yt = fitted
     ll = clf.log_evidence(Xt)
-    joint = ll + clf.class_log_prior_
-    np.testing.assert_allclose(clf.class_log_prior_, np.log(np.full(3, 1 / 3)))
-    np.testing.assert_array_equal(clf.predict(Xt), clf.classes_[np.argmax(joint, axis=1)])
     T = clf.proba_temperature_
     assert T >= 1.0
-    np.testing.assert_allclose(clf.predict_proba(Xt), softmax(joint / T, axis=1))
+    joint = ll / T + clf.class_log_prior_
+    np.testing.assert_allclose(clf.class_log_prior_, np.log(np.full(3, 1 / 3)))
+    np.testing.assert_array_equal(clf.predict(Xt), clf.classes_[np.argmax(joint, axis=1)])
+    # uniform prior: the arg max of the log-evidence itself (eq. 31)
+    np.testing.assert_array_equal(clf.predict(Xt), clf.classes_[np.argmax(ll, axis=1)])
+    np.testing.assert_allclose(clf.predict_proba(Xt), softmax(joint, axis=1))
     np.testing.assert_allclose(clf.decision_function(Xt), joint)
     np.testing.assert_allclose(np.exp(clf.predict_log_proba(Xt)), clf.predict_proba(Xt))
     assert clf.score(Xt, yt) == 1.0  # well separated classes
@@ -215,8 +217,12 @@ def test_probabilities_are_calibrated_when_classes_cannot_be_told_apart():
     assert log_loss(yt, clf.predict_proba(Xt)) < 0.75
     raw = softmax(clf.log_evidence(Xt) + clf.class_log_prior_, axis=1)
     assert log_loss(yt, np.clip(raw, 1e-15, 1.0)) > 1.5  # what the temperature corrects
-    # predict and decision_function do not use it
+    # with the uniform prior, predict does not depend on it
     np.testing.assert_array_equal(clf.predict(Xt), np.argmax(raw, axis=1))
+    # a known prior is kept: indistinguishable classes get the prior, not 1/2
+    prior = MaxEvidenceClassifier(random_state=0, class_prior=[0.9, 0.1]).fit(X, y)
+    np.testing.assert_allclose(prior.predict_proba(Xt).mean(axis=0), [0.9, 0.1], atol=0.05)
+    assert np.all(prior.predict(Xt) == 0)
 
 
 def test_proba_temperature_minimises_the_held_out_log_loss():
@@ -247,6 +253,18 @@ def test_proba_temperature_minimises_the_held_out_log_loss():
     noise = proba_temperature(40.0 * rng.normal(size=(200, 3)), own)
     assert noise > 0.5 * MAX_TEMPERATURE
     assert proba_temperature(np.zeros((0, 3)), own[:0]) == 1.0
+    assert proba_temperature(np.full((2, 3), np.nan), own[:2]) == 1.0
+    # the prior is added unscaled and the weights enter the mean
+    lp = np.log([0.6, 0.3, 0.1])
+    w = rng.uniform(0.5, 2.0, 200)
+    Tw = proba_temperature(scores, own, lp, w)
+
+    def wloss(t):
+        s = scores / t + lp
+        return np.sum(w * (logsumexp(s, axis=1) - s[np.arange(200), own])) / w.sum()
+
+    best = grid[np.argmin([wloss(t) for t in grid])]
+    assert abs(np.log(Tw) - np.log(best)) < 0.01
 
 
 def test_concatenated_layout():
