@@ -143,7 +143,9 @@ def jittered_cholesky(
     where = ""
     if client is not None:
         where = f" of client {client!r}"
-    if not np.isfinite(float(np.sum(K))) and not np.all(np.isfinite(K)):
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(np.sum(K))
+    if not np.isfinite(total) and not np.all(np.isfinite(K)):
         raise CholeskyError(
             f"{name}{where} contains NaN or inf; cannot factorise",
             matrix=name,

@@ -327,6 +327,11 @@ class ClientState:
 #: federation; same values to round-off).
 SMALL_KERNEL = 1 << 12
 
+#: Largest ``n x M_f`` kernel-row block a client keeps from its forward pass
+#: for its backward pass (a few client rows: the many small clients of a
+#: federation; larger blocks are recomputed rather than held between rounds).
+KEEP_ROWS_ENTRIES = 1 << 16
+
 #: Largest ``||B_j||^2 / s2`` (prior variance of a client variable's share of
 #: one observation over the noise variance) for which a client with fewer
 #: observations than variables eliminates them in data space
@@ -509,9 +514,11 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
     small = None
     K_rows = None
     if 0 < n <= CHUNK_ROWS and Mf:
-        # one chunk: the kernel rows are kept for the backward pass
-        K_rows = _kernel_rows(X, blocks)
-        F = solve_lower(Lam, K_rows.T).T
+        # one chunk
+        Kr = _kernel_rows(X, blocks)
+        if n * Mf <= KEEP_ROWS_ENTRIES:  # small: kept for the backward pass
+            K_rows = Kr
+        F = solve_lower(Lam, Kr.T).T
         Wf = F.T @ F
         Wf, wf = 0.5 * (Wf + Wf.T), F.T @ y  # as _whitened_statistics forms them
         if n < lay.n_c:
@@ -550,7 +557,9 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
         off += m
     e = n * (_LOG_2PI + np.log(s2)) + logdetP + quad + tr_R / s2
     # one sum tests every entry (a sum is finite only if its terms are)
-    if not np.isfinite(e + float(np.sum(S)) + float(np.sum(b))):
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = e + float(np.sum(S)) + float(np.sum(b))
+    if not np.isfinite(total):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the structured statistics{where} are not finite")
     return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi),
@@ -615,7 +624,9 @@ def _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client):
     # least 1 (as P's), so that a huge level variance over a tiny noise
     # variance factorises whenever the N_c-space P would
     Cn = (B / s2) @ B.T
-    if not np.isfinite(float(np.sum(Cn))) or float(Cn.diagonal().max()) > DATA_SPACE_MAX_RATIO:
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(np.sum(Cn))
+    if not np.isfinite(total) or float(Cn.diagonal().max()) > DATA_SPACE_MAX_RATIO:
         return None
     Cn.flat[:: n + 1] += 1.0
     try:

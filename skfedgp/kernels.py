@@ -225,8 +225,9 @@ def se_small(X, Z, ell, var):
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
+    ell = np.ascontiguousarray(np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],)))
     out = np.empty((X.shape[0], Z.shape[0]))
-    _se_small_numba(X, Z, np.ascontiguousarray(ell, dtype=float), float(var), out)
+    _se_small_numba(X, Z, ell, float(var), out)
     return out
 
 
@@ -237,7 +238,7 @@ def se_grad_small(X, Z, K, Kbar, ell, var):
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
-    ell = np.asarray(ell, dtype=float)
+    ell = np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],))
     gz = np.zeros(Z.shape)
     gl = np.zeros(Z.shape[1])
     total = _se_grad_small_numba(X, Z, np.ascontiguousarray(K, dtype=float),
