@@ -3919,7 +3919,8 @@ class TrainingState:
 
 _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_inducing_",
                   "n_inducing_local_", "population_pilot", "level_upper", "learn_inducing_",
-                  "design_residual_", "design_residual_history_", "inducing_switch_round_")
+                  "design_residual_", "design_residual_history_", "inducing_switch_round_",
+                  "inducing_checked_at_", "design_n_samples_")
 
 
 def _is_finite_message(msg):
@@ -4280,7 +4281,8 @@ class _StructuredRun:
             # "auto": learn Z_g when the initial design leaves a large share of
             # the prior variance at the clients' inputs unexplained
             res, _ = self.setup_all("design_residual", (theta_g, gpack))
-            self._n_obs = {c: m.n_samples for c, m in res.items()}
+            # per client (on the server, so that checkpoints keep it)
+            server.design_n_samples_ = {c: m.n_samples for c, m in res.items()}
             self._book_up(comm, res)
             server.learn_inducing_ = self._decide_global_inducing(res, 0)
         server.population_pilot = pop
@@ -4508,7 +4510,7 @@ class _StructuredRun:
         share = residual / total if total > 0 else 0.0
         nats = float(sum(m.nats for m in res.values()))
         n = int(sum(m.n_samples for m in res.values()))
-        n_all = getattr(self, "_n_obs", None)
+        n_all = getattr(server, "design_n_samples_", None)
         if r > 0 and n_all and n > 0:
             # a subset answered (partial participation, failures): its trace
             # term per observation, over every active client's observations
@@ -4536,9 +4538,11 @@ class _StructuredRun:
                 or "Z_g" not in self.gpack.slices):
             return False
         key = self.theta_g.tobytes()
-        if getattr(self, "_checked", None) == key:
+        # kept on the server (and in checkpoints): a resumed run skips the
+        # check at the vector the interrupted run last checked, as that run would
+        if getattr(server, "inducing_checked_at_", None) == key:
             return False
-        self._checked = key
+        server.inducing_checked_at_ = key
         # the clients that evaluated the current vector (all of them with full
         # participation): they hold it, and they have fitted their noise
         ids = [cid for cid in self.active if cid in self.fresh] or list(self.active)
@@ -4578,7 +4582,7 @@ class _StructuredRun:
         self.gbounds = server.global_bounds(self.gpack, self.theta_g,
                                             learn_inducing=server.learn_inducing_)
         if state is None:
-            self._checked = self.theta_g.tobytes()  # set-up decided at this vector
+            server.inducing_checked_at_ = self.theta_g.tobytes()  # set-up decided at this vector
         converged = False
         c = self.counter
         for r in range(self.round0 + 1, self.round0 + self.n_rounds + 1):
@@ -4595,16 +4599,17 @@ class _StructuredRun:
                       f"time {time.perf_counter() - t0:6.2f}s  up {c['up']} B  "
                       f"down {c['down']} B", flush=True)
             c.update(up=0, down=0, msgs=0)
-            if self.callback is not None:
-                self.callback(r, self.snapshot(r))
             # stop when a whole round (local and global phase) gains less than
             # tol times max(|ELBO|, number of observations); not after a round
             # whose objective changed (a skipped round, a participant lost)
             if ok and elbo + lp - prev <= cfg.tol * max(abs(elbo + lp), N, 1.0):
                 # converged with Z_g held: go on only if "auto" now learns it
-                if r < self.round0 + self.n_rounds and self._recheck_global_inducing(r + 1):
-                    continue
-                converged = True
+                # (decided before the checkpoint, which must hold the decision)
+                converged = not (r < self.round0 + self.n_rounds
+                                 and self._recheck_global_inducing(r + 1))
+            if self.callback is not None:
+                self.callback(r, self.snapshot(r))
+            if converged:
                 break
         return self.final(converged)
 

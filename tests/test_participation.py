@@ -408,6 +408,38 @@ def test_resume_from_checkpoint_is_identical(data, tmp_path, kw):
     assert resumed.excluded_clients_ == full.excluded_clients_
 
 
+def test_resume_after_a_round_that_switched_to_learned_inducing_inputs(data):
+    """A round that meets the stopping rule with Z_g held makes the "auto"
+    rule check again, and training goes on if it now learns Z_g. The
+    checkpoint of that round must hold the decision: it was taken before
+    the check, and a run resumed from it held Z_g and gave another model."""
+    X, y, g = data
+    kw = dict(tol=0.1, n_inducing=10)
+    seen = {}
+    full = _fit(X, y, g, n_rounds=4, checkpoint=lambda r, s: seen.__setitem__(r, s), **kw)
+    # this set-up: the check after round 2 switches to learning Z_g for round 3
+    assert full.server_.inducing_switch_round_ == 3 and full.n_iter_ == 3
+    assert seen[2].server["learn_inducing_"] is True
+    resumed = _fit(X, y, g, n_rounds=2, resume_from=seen[2], **kw)
+    _same_model(resumed, full)
+
+
+def test_checkpoint_keeps_the_auto_inducing_bookkeeping(data):
+    """The "auto" rule for Z_g keeps, on the server and so in every
+    checkpoint, the clients' numbers of observations (which scale a subset's
+    trace term up to all clients) and the vector it last checked at (a
+    resumed run does not check it again). Both were run attributes that a
+    resume lost, so a resumed run could decide otherwise than the
+    uninterrupted one."""
+    X, y, g = data
+    seen = []
+    _fit(X, y, g, n_rounds=2, checkpoint=lambda r, s: seen.append(s))
+    for state in seen:
+        assert state.server["design_n_samples_"] == {c: 40 for c in IDS}
+        checked = state.server["inducing_checked_at_"]
+        assert isinstance(checked, bytes) and len(checked) == 8 * state.theta_global.size
+
+
 def test_checkpoint_callable_gets_every_round(data):
     seen = []
     est = _fit(*data, checkpoint=lambda r, s: seen.append((r, s)))
