@@ -3920,7 +3920,7 @@ class TrainingState:
 _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_inducing_",
                   "n_inducing_local_", "population_pilot", "level_upper", "learn_inducing_",
                   "design_residual_", "design_residual_history_", "inducing_switch_round_",
-                  "inducing_checked_at_", "design_n_samples_")
+                  "inducing_checked_at_", "design_n_samples_", "failed_last_round_")
 
 
 def _is_finite_message(msg):
@@ -4388,12 +4388,19 @@ class _StructuredRun:
         cfg, gpack = self.config, self.gpack
         N = max(sum(self.n_samples[c] for c in self.active), 1)
         live = self.sample()
+        server = self.server
+        # clients that failed in the previous round: a repeated failure does
+        # not hold the global vector again (a client that always fails must
+        # not stop training)
+        repeat = set(getattr(server, "failed_last_round_", None) or ())
+        failed = set()
         if not set(live) <= self.fresh:
             # a participant's stored message is stale: fresh messages from the
             # participants (the others' stored ones held fixed) first, so the
             # local phase works against the current q(v_g)
             self.last, lost = self.evaluate(self.theta_g, r, live)
             live = [c for c in live if c not in lost]
+            failed |= set(lost)
         elbo, grad, post, lp = self.last
         prev = elbo + lp
         start_theta, start_last = self.theta_g, self.last
@@ -4406,9 +4413,15 @@ class _StructuredRun:
             self.fresh -= set(live)
             live = [c for c in live if c not in lost]
             self.local_done.update(live)
+            failed |= set(lost)
             if len(live) < self.min_clients:
                 raise _TooFewClients
-            changed = self.global_phase(r, live, N)
+            # a participant that failed before the global phase (and not in
+            # the previous round too) holds the global vector this round; a
+            # held round does not count for the stopping rule
+            hold = bool(failed - repeat)
+            changed = self.global_phase(r, live, N, hold=hold, repeat=repeat,
+                                        failed=failed) or hold
         except _TooFewClients:
             warnings.warn(
                 f"round {r}: fewer than min_clients={self.min_clients} clients answered "
@@ -4417,11 +4430,21 @@ class _StructuredRun:
             self.theta_g, self.last = start_theta, start_last
             self.messages = saved_msgs
             self.fresh = set()
+            server.failed_last_round_ = sorted(failed, key=repr)
             return False, prev, N
+        server.failed_last_round_ = sorted(failed, key=repr)
         return not changed, prev, N
 
-    def global_phase(self, r, live, N):
-        """The server's L-BFGS-B (or Adam) steps on the global vector."""
+    def global_phase(self, r, live, N, hold=False, repeat=(), failed=None):
+        """The server's L-BFGS-B (or Adam) steps on the global vector.
+
+        ``hold``: a participant failed before this phase: the global vector
+        stays (only ``q(v_g)`` is refreshed). A participant lost inside the
+        phase stops it at the last iterate accepted with every participant's
+        message fresh, unless it is in ``repeat`` (it failed in the previous
+        round too): then L-BFGS-B starts again from that iterate with its
+        message held fixed. Lost participants are added to ``failed``.
+        """
         from scipy.optimize import minimize
 
         cfg, gpack = self.config, self.gpack
@@ -4429,6 +4452,7 @@ class _StructuredRun:
         cache = {}
         anchor = {"key": self.theta_g.tobytes()}
         changed = [False]
+        new = [False]  # a participant lost in this phase that did not fail last round
         lbfgs = cfg.optimizer == "lbfgs"
 
         def fun(tg):
@@ -4443,6 +4467,9 @@ class _StructuredRun:
                 if lost:
                     live[:] = [c for c in live if c not in lost]
                     changed[0] = True
+                    if failed is not None:
+                        failed.update(lost)
+                    new[0] = new[0] or bool(set(lost) - set(repeat))
                     if len(live) < self.min_clients:
                         raise _TooFewClients
                     if lbfgs:
@@ -4452,7 +4479,7 @@ class _StructuredRun:
             return -e / N, -g / N
 
         theta_g = self.theta_g
-        if gpack.size and cfg.global_steps:
+        if gpack.size and cfg.global_steps and not hold:
             gbounds = self.gbounds
             start = theta_g
             last = [theta_g]
@@ -4476,6 +4503,11 @@ class _StructuredRun:
                     f_c, _ = fun(cand)
                     break
                 except _MembershipChanged:
+                    if new[0]:
+                        # a participant failed: keep the last iterate accepted
+                        # with every participant's message fresh
+                        cand, f_c = last[0], 0.0  # evaluated below with those left
+                        break
                     # a participant failed: the objective changed; L-BFGS-B starts
                     # again from its last accepted iterate
                     start = last[0]
@@ -4490,6 +4522,8 @@ class _StructuredRun:
             if lost:
                 changed[0] = True
                 live[:] = [c for c in live if c not in lost]
+                if failed is not None:
+                    failed.update(lost)
                 if len(live) < self.min_clients:
                     raise _TooFewClients
         self.theta_g = theta_g
@@ -4889,10 +4923,18 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     **Failures.** A client call that raises, or returns a message with a
     NaN/inf (which never reaches ``combine``), is a failure: it is retried
     ``max_retries`` times, then the client is absent for the rest of the
-    round (its last message held fixed). If a participant is lost inside
-    the server's L-BFGS-B run, the objective has changed, and L-BFGS-B
-    restarts from its last accepted iterate; such a round does not count
-    for the convergence test. A numerical error of the client's own code
+    round (its last message held fixed), and the round does not count for
+    the convergence test. A participant that fails before the global phase
+    (round-start evaluation, local phase) holds the global vector for the
+    round (only ``q(v_g)`` is refreshed); one lost inside the global phase
+    stops it at the last iterate accepted with every participant fresh:
+    moving the global vector against a failed client's stale message
+    favours the others at its expense (docs/deployment.md, section 3). A
+    client that also failed in the previous round (server attribute
+    ``failed_last_round_``, kept in checkpoints) does not hold it again:
+    the global phase goes on with its message held fixed (L-BFGS-B
+    restarting from its last accepted iterate if it is lost inside the
+    phase), so a client that always fails cannot stop training. A numerical error of the client's own code
     (Cholesky failure, non-finite values) at a *trial* point of the global
     phase rejects the point (infinite objective), as in full participation.
     If fewer than ``min_clients`` clients answer in a round, the round is

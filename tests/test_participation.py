@@ -424,6 +424,42 @@ def test_resume_after_a_round_that_switched_to_learned_inducing_inputs(data):
     _same_model(resumed, full)
 
 
+def test_a_transient_failure_holds_the_global_vector_for_the_round(data):
+    """A participant that fails before the global phase (and did not fail in
+    the previous round) holds the global vector for that round: moving it
+    against the failed client's stored message, a constant on the whitened
+    v_g, favoured the others at its expense (KIN40K, 20 % dropout: a final
+    ELBO 4.6 % below the run without failures, 0.1 % with the hold). A
+    client failing round after round does not stop training: from its
+    second failure in a row it is held fixed as before."""
+    X, y, g = data
+    seen = {}
+
+    def once(cid, method, r):
+        if cid == "c2" and method == "local_phase" and r == 2:
+            raise TimeoutError("late")
+
+    _fit(X, y, g, n_rounds=3, tol=0.0, fault_hook=once, max_retries=0,
+         checkpoint=lambda r, s: seen.__setitem__(r, s))
+    assert_array_equal(seen[2].theta_global, seen[1].theta_global)
+    assert seen[2].server["failed_last_round_"] == ["c2"]
+    assert not np.array_equal(seen[3].theta_global, seen[2].theta_global)
+    assert seen[3].server["failed_last_round_"] == []
+
+    def always(cid, method, r):
+        if cid == "c2" and method == "local_phase":
+            raise TimeoutError("late")
+
+    seen.clear()
+    _fit(X, y, g, n_rounds=3, tol=0.0, fault_hook=always, max_retries=0,
+         checkpoint=lambda r, s: seen.__setitem__(r, s))
+    # round 1 (its first failure) is held; rounds 2 and 3 move on
+    start = _fit(X, y, g, n_rounds=0).server_.theta_global
+    assert_array_equal(seen[1].theta_global, start)
+    assert not np.array_equal(seen[2].theta_global, seen[1].theta_global)
+    assert not np.array_equal(seen[3].theta_global, seen[2].theta_global)
+
+
 def test_checkpoint_keeps_the_auto_inducing_bookkeeping(data):
     """The "auto" rule for Z_g keeps, on the server and so in every
     checkpoint, the clients' numbers of observations (which scale a subset's
