@@ -3920,7 +3920,11 @@ class TrainingState:
 _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_inducing_",
                   "n_inducing_local_", "population_pilot", "level_upper", "learn_inducing_",
                   "design_residual_", "design_residual_history_", "inducing_switch_round_",
-                  "inducing_checked_at_", "design_n_samples_", "failed_last_round_")
+                  "inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
+                  "held_last_round_")
+#: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
+_RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
+               "held_last_round_")
 
 
 def _is_finite_message(msg):
@@ -4389,10 +4393,12 @@ class _StructuredRun:
         N = max(sum(self.n_samples[c] for c in self.active), 1)
         live = self.sample()
         server = self.server
-        # clients that failed in the previous round: a repeated failure does
-        # not hold the global vector again (a client that always fails must
-        # not stop training)
-        repeat = set(getattr(server, "failed_last_round_", None) or ())
+        # clients whose last asked round failed: a repeated failure does not
+        # hold the global vector again (a client that always fails must not
+        # stop training); nor does any failure right after a held round
+        repeat = set(getattr(server, "failed_when_last_asked_", None) or ())
+        may_hold = not getattr(server, "held_last_round_", False)
+        sampled = set(live)
         failed = set()
         if not set(live) <= self.fresh:
             # a participant's stored message is stale: fresh messages from the
@@ -4419,9 +4425,10 @@ class _StructuredRun:
             # a participant that failed before the global phase (and not in
             # the previous round too) holds the global vector this round; a
             # held round does not count for the stopping rule
-            hold = bool(failed - repeat)
-            changed = self.global_phase(r, live, N, hold=hold, repeat=repeat,
-                                        failed=failed) or hold
+            hold = may_hold and bool(failed - repeat)
+            cut = [False]
+            changed = self.global_phase(r, live, N, hold=hold, repeat=repeat, failed=failed,
+                                        may_cut=may_hold, cut=cut) or hold
         except _TooFewClients:
             warnings.warn(
                 f"round {r}: fewer than min_clients={self.min_clients} clients answered "
@@ -4430,20 +4437,25 @@ class _StructuredRun:
             self.theta_g, self.last = start_theta, start_last
             self.messages = saved_msgs
             self.fresh = set()
-            server.failed_last_round_ = sorted(failed, key=repr)
+            server.failed_when_last_asked_ = sorted((repeat - sampled) | failed, key=repr)
+            server.held_last_round_ = False
             return False, prev, N
-        server.failed_last_round_ = sorted(failed, key=repr)
+        server.failed_when_last_asked_ = sorted((repeat - sampled) | failed, key=repr)
+        server.held_last_round_ = bool(hold or cut[0])
         return not changed, prev, N
 
-    def global_phase(self, r, live, N, hold=False, repeat=(), failed=None):
+    def global_phase(self, r, live, N, hold=False, repeat=(), failed=None, may_cut=False,
+                     cut=None):
         """The server's L-BFGS-B (or Adam) steps on the global vector.
 
         ``hold``: a participant failed before this phase: the global vector
-        stays (only ``q(v_g)`` is refreshed). A participant lost inside the
-        phase stops it at the last iterate accepted with every participant's
-        message fresh, unless it is in ``repeat`` (it failed in the previous
-        round too): then L-BFGS-B starts again from that iterate with its
-        message held fixed. Lost participants are added to ``failed``.
+        stays (only ``q(v_g)`` is refreshed). With ``may_cut``, a participant
+        lost inside an L-BFGS-B phase stops it at the last iterate accepted
+        with every participant's message fresh (``cut[0]`` set True), unless
+        it is in ``repeat`` (its last asked round failed too); otherwise
+        L-BFGS-B starts again from that iterate with its message held fixed.
+        Adam's steps go on with the message held fixed. Lost participants
+        are added to ``failed``.
         """
         from scipy.optimize import minimize
 
@@ -4503,7 +4515,9 @@ class _StructuredRun:
                     f_c, _ = fun(cand)
                     break
                 except _MembershipChanged:
-                    if new[0]:
+                    if new[0] and may_cut:
+                        if cut is not None:
+                            cut[0] = True
                         # a participant failed: keep the last iterate accepted
                         # with every participant's message fresh
                         cand, f_c = last[0], 0.0  # evaluated below with those left
@@ -4746,7 +4760,10 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
         history, objectives = list(history)[:n_iter], list(objectives)[:n_iter]
     return TrainingState(
         round=len(history), init=server.init_broadcast,
-        server={name: copy.deepcopy(getattr(server, name, None)) for name in _SERVER_FIELDS},
+        # bookkeeping that belongs to one run starts afresh: the "auto"
+        # check runs again before the first round, and no failure is recent
+        server={name: (None if name in _RUN_FIELDS else copy.deepcopy(getattr(server, name, None)))
+                for name in _SERVER_FIELDS},
         theta_global=server.theta_global.copy(), global_pack=server.global_pack,
         history=list(history), objectives=list(objectives),
         communication=copy.deepcopy(list(communication)), n_evaluations=int(n_evaluations),
@@ -4926,15 +4943,18 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     round (its last message held fixed), and the round does not count for
     the convergence test. A participant that fails before the global phase
     (round-start evaluation, local phase) holds the global vector for the
-    round (only ``q(v_g)`` is refreshed); one lost inside the global phase
-    stops it at the last iterate accepted with every participant fresh:
-    moving the global vector against a failed client's stale message
-    favours the others at its expense (docs/deployment.md, section 3). A
-    client that also failed in the previous round (server attribute
-    ``failed_last_round_``, kept in checkpoints) does not hold it again:
-    the global phase goes on with its message held fixed (L-BFGS-B
-    restarting from its last accepted iterate if it is lost inside the
-    phase), so a client that always fails cannot stop training. A numerical error of the client's own code
+    round (only ``q(v_g)`` is refreshed); one lost inside an L-BFGS-B
+    global phase stops it at the last iterate accepted with every
+    participant fresh: moving the global vector against a failed client's
+    stale message favours the others at its expense (docs/deployment.md,
+    section 3). Never two rounds in a row: after a held (or stopped) round
+    the next one goes on as below whatever fails, so a population of
+    clients that fail now and then moves the vector at least every other
+    round. Nor for a client whose last asked round failed too (server
+    attribute ``failed_when_last_asked_``, kept in checkpoints): the
+    global phase goes on with its message held fixed (L-BFGS-B restarting
+    from its last accepted iterate if it is lost inside the phase; Adam
+    steps on), so a client that always fails cannot stop training. A numerical error of the client's own code
     (Cholesky failure, non-finite values) at a *trial* point of the global
     phase rejects the point (infinite objective), as in full participation.
     If fewer than ``min_clients`` clients answer in a round, the round is

@@ -442,9 +442,10 @@ def test_a_transient_failure_holds_the_global_vector_for_the_round(data):
     _fit(X, y, g, n_rounds=3, tol=0.0, fault_hook=once, max_retries=0,
          checkpoint=lambda r, s: seen.__setitem__(r, s))
     assert_array_equal(seen[2].theta_global, seen[1].theta_global)
-    assert seen[2].server["failed_last_round_"] == ["c2"]
+    assert seen[2].server["failed_when_last_asked_"] == ["c2"]
+    assert seen[2].server["held_last_round_"] is True
     assert not np.array_equal(seen[3].theta_global, seen[2].theta_global)
-    assert seen[3].server["failed_last_round_"] == []
+    assert seen[3].server["failed_when_last_asked_"] == []
 
     def always(cid, method, r):
         if cid == "c2" and method == "local_phase":
@@ -458,6 +459,66 @@ def test_a_transient_failure_holds_the_global_vector_for_the_round(data):
     assert_array_equal(seen[1].theta_global, start)
     assert not np.array_equal(seen[2].theta_global, seen[1].theta_global)
     assert not np.array_equal(seen[3].theta_global, seen[2].theta_global)
+
+
+def test_holds_are_never_two_rounds_in_a_row_nor_for_a_repeated_failure(data):
+    """Review: with many clients failing now and then, holding the vector at
+    every new failure froze it; a client that always failed held it each
+    time it was sampled after a round it sat out."""
+    X, y, g = data
+    seen = {}
+
+    def staggered(cid, method, r):  # a new client fails in each round
+        if method == "local_phase" and (cid, r) in {("c2", 2), ("c3", 3), ("c4", 4)}:
+            raise TimeoutError("late")
+
+    _fit(X, y, g, n_rounds=4, tol=0.0, fault_hook=staggered, max_retries=0,
+         checkpoint=lambda r, s: seen.__setitem__(r, s))
+    held = [r for r in (2, 3, 4) if seen[r].server["held_last_round_"]]
+    assert held == [2, 4]
+    assert_array_equal(seen[2].theta_global, seen[1].theta_global)
+    assert not np.array_equal(seen[3].theta_global, seen[2].theta_global)
+    assert_array_equal(seen[4].theta_global, seen[3].theta_global)
+
+    def always(cid, method, r):
+        if cid == "c2" and method == "local_phase":
+            raise TimeoutError("late")
+
+    seen.clear()
+    _fit(X, y, g, n_rounds=10, tol=0.0, fault_hook=always, max_retries=0,
+         client_fraction=0.4, checkpoint=lambda r, s: seen.__setitem__(r, s))
+    asked = sorted({f.round for f in seen[10].failed_clients
+                    if f.client_id == "c2" and f.method == "local_phase"})
+    assert len(asked) >= 2  # sampled (and failing) in several rounds
+    held = [r for r in asked if seen[r].server["held_last_round_"]]
+    assert held == asked[:1]  # only its first failure holds the vector
+    # still on the list in rounds it sat out
+    assert all("c2" in seen[r].server["failed_when_last_asked_"] for r in range(asked[0], 11))
+
+
+def test_a_warm_start_resets_the_run_bookkeeping(data):
+    """A warm start is a new run: a client that failed in the last round of
+    the previous fit counts as newly failing (its failure holds the vector),
+    and the "auto" inducing check is not skipped."""
+    X, y, g = data
+
+    def fails(cid, method, r):
+        if cid == "c2" and method == "local_phase" and r == 2:
+            raise TimeoutError("late")
+
+    est = _fit(X, y, g, n_rounds=2, tol=0.0, fault_hook=fails, max_retries=0)
+    assert est.server_.failed_when_last_asked_ == ["c2"]
+    before = est.server_.theta_global.copy()
+    seen = {}
+    # the warm start's first round is round 3
+    est.set_params(warm_start=True, n_rounds=1,
+                   fault_hook=lambda cid, m, r: fails(cid, m, r - 1),
+                   checkpoint=lambda r, s: seen.__setitem__(r, s))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y, g)
+    assert seen[3].server["held_last_round_"] is True
+    assert_array_equal(seen[3].theta_global, before)
 
 
 def test_checkpoint_keeps_the_auto_inducing_bookkeeping(data):
