@@ -11,7 +11,6 @@ from joblib import Parallel, delayed
 from scipy.linalg import cho_factor, solve_triangular
 from scipy.special import softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
-from sklearn.utils import get_tags
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
