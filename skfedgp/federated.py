@@ -4465,6 +4465,11 @@ class _StructuredRun:
         anchor = {"key": self.theta_g.tobytes()}
         changed = [False]
         new = [False]  # a participant lost in this phase that did not fail last round
+        # evaluations at which every participant answered: the latest one, and
+        # the one at the last accepted iterate (result, messages, fresh set), so
+        # that a phase cut short ends with the messages sent at its end point
+        latest, accepted = {}, {}
+        start_key = self.theta_g.tobytes()
         lbfgs = cfg.optimizer == "lbfgs"
 
         def fun(tg):
@@ -4476,6 +4481,12 @@ class _StructuredRun:
                 except (np.linalg.LinAlgError, FloatingPointError, _TrialRejected):
                     return np.inf, np.zeros_like(tg)
                 cache[key] = res
+                if not lost:
+                    latest.clear()
+                    latest[key] = (res, dict(self.messages), set(self.fresh))
+                    if key == start_key:
+                        accepted.clear()
+                        accepted[key] = latest[key]
                 if lost:
                     live[:] = [c for c in live if c not in lost]
                     changed[0] = True
@@ -4498,6 +4509,10 @@ class _StructuredRun:
 
             def record(xk):
                 last[0] = np.array(xk, dtype=float, copy=True)
+                k = last[0].tobytes()
+                if k in latest:
+                    accepted.clear()
+                    accepted[k] = latest[k]
 
             while True:
                 try:
@@ -4520,7 +4535,16 @@ class _StructuredRun:
                             cut[0] = True
                         # a participant failed: keep the last iterate accepted
                         # with every participant's message fresh
-                        cand, f_c = last[0], 0.0  # evaluated below with those left
+                        cand, f_c = last[0], 0.0
+                        snap = accepted.get(cand.tobytes()) or latest.get(cand.tobytes())
+                        if snap is not None:
+                            # the messages every participant sent there (the
+                            # lost one's too, computed at its current local
+                            # vector): not those of later trial points
+                            cache.clear()
+                            cache[cand.tobytes()] = snap[0]
+                            self.messages, self.fresh = dict(snap[1]), set(snap[2])
+                        # else evaluated below with those left
                         break
                     # a participant failed: the objective changed; L-BFGS-B starts
                     # again from its last accepted iterate

@@ -496,6 +496,32 @@ def test_holds_are_never_two_rounds_in_a_row_nor_for_a_repeated_failure(data):
     assert all("c2" in seen[r].server["failed_when_last_asked_"] for r in range(asked[0], 11))
 
 
+@pytest.mark.parametrize("method", ["statistics", "global_gradient"])
+def test_a_phase_cut_short_keeps_the_messages_of_its_end_point(data, method):
+    """A client lost inside the global phase stops it at the last accepted
+    iterate; the round's bound there uses the messages every participant
+    sent at that point (review: the lost client's was the one from a later,
+    rejected trial point): it equals the exact ELBO of every client's fresh
+    statistics at the round's final vector."""
+    X, y, g = data
+    calls = {}
+
+    def hook(cid, m, r):
+        if cid == "c1" and m == method and r == 2:
+            calls[m] = calls.get(m, 0) + 1
+            if calls[m] == 3:
+                raise TimeoutError("late")
+
+    seen = {}
+    _fit(X, y, g, n_rounds=2, tol=0.0, fault_hook=hook, max_retries=0,
+         checkpoint=lambda r, s: seen.__setitem__(r, s))
+    state = seen[2]
+    assert state.server["held_last_round_"] is True  # the phase was cut short
+    assert any(f.method == method and f.client_id == "c1" for f in state.failed_clients)
+    exact = _fit(X, y, g, n_rounds=0, resume_from=state).elbo_history_[-1]
+    assert_allclose(state.elbo, exact, rtol=1e-9)
+
+
 def test_a_warm_start_resets_the_run_bookkeeping(data):
     """A warm start is a new run: a client that failed in the last round of
     the previous fit counts as newly failing (its failure holds the vector),
