@@ -65,6 +65,7 @@ from ._linalg import (
     single_threaded_blas,
     cholesky_backward,
     cholesky_inverse,
+    all_finite,
     jittered_cholesky,
     solve_lower,
 )
@@ -556,10 +557,7 @@ def client_forward(X, y, blocks, components, noise_variance, phi, *, level_mean=
             tr_R += float(gam[off]) * (n * var - float(np.trace(Wf[off:off + m, off:off + m])))
         off += m
     e = n * (_LOG_2PI + np.log(s2)) + logdetP + quad + tr_R / s2
-    # one sum tests every entry (a sum is finite only if its terms are)
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = e + float(np.sum(S)) + float(np.sum(b))
-    if not np.isfinite(total):
+    if not (np.isfinite(e) and all_finite(S, b)):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the structured statistics{where} are not finite")
     return ClientState(lay, blocks, Kzz, Ls, eps, Lam, Wf, wf, yy, n, s2, float(phi),
@@ -624,9 +622,7 @@ def _eliminate_in_data_space(F, y, lay, phi, s2, mu0, client):
     # least 1 (as P's), so that a huge level variance over a tiny noise
     # variance factorises whenever the N_c-space P would
     Cn = (B / s2) @ B.T
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = float(np.sum(Cn))
-    if not np.isfinite(total) or float(Cn.diagonal().max()) > DATA_SPACE_MAX_RATIO:
+    if not all_finite(Cn) or float(Cn.diagonal().max()) > DATA_SPACE_MAX_RATIO:
         return None
     Cn.flat[:: n + 1] += 1.0
     try:
