@@ -297,15 +297,32 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
     numpy.linalg.LinAlgError
         If an SVD of the residual curves does not converge.
     """
-    caps = _cv_folds(y_idx, len(means), X.shape[1], n_folds)[2]
+    return _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds)[0]
+
+
+def _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_FOLDS):
+    """:func:`select_rank_by_accuracy`, with the held-out log-likelihoods at the chosen rank.
+
+    Returns
+    -------
+    rank : int
+    loglik : ndarray of shape (n_held, n_classes) or None
+        Held-out log densities (no prior) at ``rank`` (None without a
+        cross-validation), for :func:`proba_temperature`.
+    own : ndarray of shape (n_held,) or None
+    """
+    K = len(means)
+    caps = _cv_folds(y_idx, K, X.shape[1], n_folds)[2]
     if caps is None:
-        return 0
+        return 0, None, None
     ranks = np.arange(max(caps) + 1)
-    ll, own = _cv_scores(X, y_idx, means, scales, log_prior, ranks[:, None], n_folds)
-    correct = np.sum(np.argmax(ll, axis=2) == own[None, :], axis=1)
-    fit = ll[:, np.arange(own.size), own].sum(axis=1)  # held-out log density, own classes
+    ll, own = _cv_scores(X, y_idx, means, scales, np.zeros(K), ranks[:, None], n_folds)
+    joint = ll + np.asarray(log_prior, dtype=float)
+    correct = np.sum(np.argmax(joint, axis=2) == own[None, :], axis=1)
+    fit = joint[:, np.arange(own.size), own].sum(axis=1)  # held-out log density, own classes
     best = np.flatnonzero(correct == correct.max())
-    return int(ranks[best[np.argmax(fit[best])]])
+    i = best[np.argmax(fit[best])]
+    return int(ranks[i]), ll[i], own
 
 
 def _cv_folds(y_idx, K, p, n_folds):
@@ -846,25 +863,31 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 resid = [np.nan_to_num(X[y_idx == k] - means[k], nan=0.0) for k in range(K)]
                 scales = [self._residual_scale(R) for R in resid]
                 rank = self.ppca_rank
+                held = None
                 if rank == "accuracy":
-                    rank = select_rank_by_accuracy(X, y_idx, means, scales, log_prior)
+                    # one cross-validation: the rank, and the held-out
+                    # log-likelihoods at it for the temperature below
+                    rank, held, own = _select_rank_by_accuracy(X, y_idx, means, scales,
+                                                               log_prior)
                 self.curve_variation_ = [
                     self._fit_variation(R, sc, rank) for R, sc in zip(resid, scales)]
                 for k, V in enumerate(self.curve_variation_):
                     # points no training curve of the class observed
                     V["observed"] = ~np.all(np.isnan(X[y_idx == k]), axis=0)
-                # the probabilities' temperature, from the same cross-validation:
-                # held-out log-likelihoods, each curve weighted by prior /
-                # training frequency of its class
-                held, own = _cv_scores(X, y_idx, means, scales, np.zeros(K),
-                                       [[V["rank"] for V in self.curve_variation_]])
+                # the probabilities' temperature from held-out log-likelihoods
+                # at the fitted ranks (for "accuracy", the rank selection's own
+                # cross-validation: its caps give the same per-class ranks),
+                # each curve weighted by prior / training frequency of its class
+                if self.ppca_rank != "accuracy":
+                    held, own = _cv_scores(X, y_idx, means, scales, np.zeros(K),
+                                           [[V["rank"] for V in self.curve_variation_]])
+                    held = None if held is None else held[0]
                 if held is None:
                     self.proba_temperature_ = 1.0
                 else:
                     freq = np.bincount(y_idx, minlength=K) / y_idx.size
                     weight = np.exp(log_prior)[own] / freq[own]
-                    self.proba_temperature_ = proba_temperature(held[0], own, log_prior,
-                                                                weight)
+                    self.proba_temperature_ = proba_temperature(held, own, log_prior, weight)
         else:
             self.curve_variation_ = None
             self.proba_temperature_ = 1.0
