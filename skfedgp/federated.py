@@ -4426,9 +4426,9 @@ class _StructuredRun:
             # the previous round too) holds the global vector this round; a
             # held round does not count for the stopping rule
             hold = may_hold and bool(failed - repeat)
-            cut = [False]
-            changed = self.global_phase(r, live, N, hold=hold, repeat=repeat, failed=failed,
-                                        may_cut=may_hold, cut=cut) or hold
+            changed, cut = self.global_phase(r, live, N, hold=hold, repeat=repeat,
+                                             failed=failed, may_cut=may_hold)
+            changed = changed or hold
         except _TooFewClients:
             warnings.warn(
                 f"round {r}: fewer than min_clients={self.min_clients} clients answered "
@@ -4441,21 +4441,28 @@ class _StructuredRun:
             server.held_last_round_ = False
             return False, prev, N
         server.failed_when_last_asked_ = sorted((repeat - sampled) | failed, key=repr)
-        server.held_last_round_ = bool(hold or cut[0])
+        server.held_last_round_ = bool(hold or cut)
         return not changed, prev, N
 
-    def global_phase(self, r, live, N, hold=False, repeat=(), failed=None, may_cut=False,
-                     cut=None):
+    def global_phase(self, r, live, N, hold=False, repeat=(), failed=None, may_cut=False):
         """The server's L-BFGS-B (or Adam) steps on the global vector.
 
         ``hold``: a participant failed before this phase: the global vector
         stays (only ``q(v_g)`` is refreshed). With ``may_cut``, a participant
         lost inside an L-BFGS-B phase stops it at the last iterate accepted
-        with every participant's message fresh (``cut[0]`` set True), unless
-        it is in ``repeat`` (its last asked round failed too); otherwise
-        L-BFGS-B starts again from that iterate with its message held fixed.
-        Adam's steps go on with the message held fixed. Lost participants
-        are added to ``failed``.
+        with every participant's message fresh, unless it is in ``repeat``
+        (its last asked round failed too); otherwise L-BFGS-B starts again
+        from that iterate with its message held fixed. Adam's steps go on
+        with the message held fixed. Lost participants are added to
+        ``failed`` as they are lost (also when :class:`_TooFewClients` ends
+        the phase).
+
+        Returns
+        -------
+        changed : bool
+            Whether a participant was lost (the objective changed).
+        cut : bool
+            Whether the phase was stopped early for a lost participant.
         """
         from scipy.optimize import minimize
 
@@ -4465,6 +4472,7 @@ class _StructuredRun:
         anchor = {"key": self.theta_g.tobytes()}
         changed = [False]
         new = [False]  # a participant lost in this phase that did not fail last round
+        cut = False
         # evaluations at which every participant answered: the latest one, and
         # the one at the last accepted iterate (result, messages, fresh set), so
         # that a phase cut short ends with the messages sent at its end point
@@ -4531,8 +4539,7 @@ class _StructuredRun:
                     break
                 except _MembershipChanged:
                     if new[0] and may_cut:
-                        if cut is not None:
-                            cut[0] = True
+                        cut = True
                         # a participant failed: keep the last iterate accepted
                         # with every participant's message fresh
                         cand, f_c = last[0], 0.0
@@ -4565,7 +4572,7 @@ class _StructuredRun:
                 if len(live) < self.min_clients:
                     raise _TooFewClients
         self.theta_g = theta_g
-        return changed[0]
+        return changed[0], cut
 
     # -- "auto" inducing inputs ---------------------------------------------------------
     def _decide_global_inducing(self, res, r):
