@@ -190,6 +190,11 @@ def all_finite(*arrays):
     Returns
     -------
     bool
+        Raises nothing for numeric input.
+
+    Notes
+    -----
+    A numerical utility, not from the papers.
     """
     for a in arrays:
         with np.errstate(over="ignore", invalid="ignore"):

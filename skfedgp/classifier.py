@@ -435,7 +435,8 @@ def proba_temperature(loglik, own, log_prior=None, sample_weight=None):
     -------
     float
         ``T`` (1.0 when softening does not lower the held-out log loss, with
-        no held-out curve, or with non-finite log-likelihoods).
+        no held-out curve, or with non-finite log-likelihoods). Raises
+        nothing.
     """
     from scipy.optimize import minimize_scalar
     from scipy.special import logsumexp

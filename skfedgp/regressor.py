@@ -195,7 +195,12 @@ def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
     Warns
     -----
     sklearn.exceptions.ConvergenceWarning
-        Naming up to five such clients.
+        Naming up to five such clients. Raises nothing.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (which assumes every client answers): the
+    failure policy of docs/deployment.md, section 3.
     """
     failed = {cid for r, cid, method, _ in failures
               if method == "local_phase" and r > first}
