@@ -182,6 +182,70 @@ def _elbo_block_chunk_numba(X, ZT, K, r, Pn, v, B, G, ktr, gz, glv, gs, need_gra
         _contract_rows_numba(X, ZT, K, B, r, v, gz, glv, gs)
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def _se_small_numba(X, Z, ell, var, out):  # pragma: no cover - compiled
+    # out[i, j] = var * exp(-0.5 * sum_k ((X[i, k] - Z[j, k]) / ell[k])^2):
+    # differences, never an expanded square (see _SEPlan.fill)
+    n, d = X.shape
+    m = Z.shape[0]
+    for i in range(n):
+        for j in range(m):
+            s = 0.0
+            for k in range(d):
+                t = (X[i, k] - Z[j, k]) / ell[k]
+                s += t * t
+            out[i, j] = var * np.exp(-0.5 * s)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _se_grad_small_numba(X, Z, K, Kbar, gz, gl):  # pragma: no cover - compiled
+    # With A = Kbar * K: gz[j, k] = sum_i A[i, j] (X[i, k] - Z[j, k]),
+    # gl[k] = sum_ij A[i, j] (X[i, k] - Z[j, k])^2; returns sum_ij A[i, j]
+    n, d = X.shape
+    m = Z.shape[0]
+    total = 0.0
+    for i in range(n):
+        for j in range(m):
+            a = Kbar[i, j] * K[i, j]
+            total += a
+            for k in range(d):
+                t = X[i, k] - Z[j, k]
+                gz[j, k] += a * t
+                gl[k] += a * t * t
+    return total
+
+
+def se_small(X, Z, ell, var):
+    """``K(X, Z)`` of the SE-ARD kernel in one serial compiled loop (internal).
+
+    For the many small matrices of a federation of small clients, where the
+    row-group scheduling of :func:`se_ard` and the temporaries of a NumPy
+    expression cost more than the arithmetic. No argument checks: the
+    callers pass validated float arrays.
+    """
+    X = np.ascontiguousarray(X, dtype=float)
+    Z = np.ascontiguousarray(Z, dtype=float)
+    ell = np.ascontiguousarray(np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],)))
+    out = np.empty((X.shape[0], Z.shape[0]))
+    _se_small_numba(X, Z, ell, float(var), out)
+    return out
+
+
+def se_grad_small(X, Z, K, Kbar, ell, var):
+    """``(dZ, dlengthscale, dvariance)`` of ``sum(Kbar * K(X, Z))``, serial (internal).
+
+    The small-size counterpart of :func:`se_ard_grad` (same formulas).
+    """
+    X = np.ascontiguousarray(X, dtype=float)
+    Z = np.ascontiguousarray(Z, dtype=float)
+    ell = np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],))
+    gz = np.zeros(Z.shape)
+    gl = np.zeros(Z.shape[1])
+    total = _se_grad_small_numba(X, Z, np.ascontiguousarray(K, dtype=float),
+                                 np.ascontiguousarray(Kbar, dtype=float), gz, gl)
+    return gz / ell**2, gl / ell**3, float(total) / float(var)
+
+
 # ---------------------------------------------------------------------------
 # Chunk-level building blocks
 # ---------------------------------------------------------------------------
@@ -315,34 +379,6 @@ def _as_params(lengthscale, variance, d):
     if not np.isfinite(variance) or variance <= 0:
         raise ValueError(f"variance must be finite and positive, got {variance}")
     return ell, variance
-
-
-def se_small(X, Z, ell, var):
-    """``K(X, Z)`` of the SE-ARD kernel in one serial compiled pass (internal).
-
-    For the many small matrices of a federation of small clients, where the
-    row-group scheduling of :func:`se_ard` costs more than the arithmetic:
-    the same serial Numba fill (:class:`_SEPlan`) without the scheduling.
-    No argument checks: the callers pass validated float arrays.
-    """
-    X = np.ascontiguousarray(X, dtype=float)
-    Z = np.ascontiguousarray(Z, dtype=float)
-    ell = np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],))
-    return _SEPlan(Z, ell, var, "numba").fill(X, np.empty((X.shape[0], Z.shape[0])))
-
-
-def se_grad_small(X, Z, K, Kbar, ell, var):
-    """``(dZ, dlengthscale, dvariance)`` of ``sum(Kbar * K(X, Z))``, serial (internal).
-
-    The small-size counterpart of :func:`se_ard_grad`: one
-    :class:`_GradAccumulator` pass without the row-group scheduling.
-    """
-    X = np.ascontiguousarray(X, dtype=float)
-    Z = np.ascontiguousarray(Z, dtype=float)
-    ell = np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],))
-    acc = _GradAccumulator(Z, "numba")
-    acc.add(X, np.ascontiguousarray(K, dtype=float), np.ascontiguousarray(Kbar, dtype=float))
-    return acc.finish(ell, float(var))
 
 
 # ---------------------------------------------------------------------------
