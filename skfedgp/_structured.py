@@ -846,7 +846,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
     mu_z = lay.apply_E(phi, mu_u)
     ES = lay.apply_E(phi, Sigma_u)  # E Sigma_u, (M_f, N_u)
     Sigma_z = lay.apply_E(phi, ES.T).T
-    Xi = Sigma_z + np.outer(mu_z, mu_z)
+    Xi = Sigma_z + mu_z[:, None] * mu_z  # an outer product (np.outer costs more)
     gam = lay.residual_coef(phi)
     Wf, wf = state.Wf, state.wf
     quad = state.yy - 2.0 * float(mu_z @ wf) + float(np.sum(Xi * Wf)) + state.tr_R
@@ -896,7 +896,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
             continue
         a, b_ = offs[k]
         Lb = state.Ls[k]
-        R = 2.0 * Wbar[a:b_] @ Wf[:, a:b_] + np.outer(wbar[a:b_], wf[a:b_])
+        R = 2.0 * Wbar[a:b_] @ Wf[:, a:b_] + wbar[a:b_, None] * wf[a:b_]
         Lbar = -solve_lower(Lb, R, trans=True)  # only its lower triangle is read
         Kbar_zz = cholesky_backward(Lb, Lbar)
         dZ, dell, dvar = _block_grad(name, Z, Z, state.Kzz[k], Kbar_zz, ell, var, sym=True)
@@ -918,7 +918,7 @@ def client_backward(state, X, y, mu, A_inv, *, want_global=True, want_local=True
                     continue
                 a, b_ = offs[k]
                 Pb2, psib = cols[name]
-                Kbar = Kc @ Pb2 + np.outer(yc, psib)
+                Kbar = Kc @ Pb2 + yc[:, None] * psib
                 dZ, dell, dvar = _block_grad(name, Xc, Z, Kc[:, a:b_], Kbar, ell, var)
                 acc[name][0] += dZ
                 acc[name][1] += dell

@@ -225,7 +225,8 @@ def se_small(X, Z, ell, var):
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
-    ell = np.ascontiguousarray(np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],)))
+    ell = np.asarray(ell, dtype=float)
+    ell = np.full(X.shape[1], float(ell)) if ell.ndim == 0 else np.ascontiguousarray(ell)
     out = np.empty((X.shape[0], Z.shape[0]))
     _se_small_numba(X, Z, ell, float(var), out)
     return out
@@ -238,7 +239,7 @@ def se_grad_small(X, Z, K, Kbar, ell, var):
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
-    ell = np.broadcast_to(np.asarray(ell, dtype=float), (X.shape[1],))
+    ell = np.asarray(ell, dtype=float)  # scalar or (d,): broadcasts below
     gz = np.zeros(Z.shape)
     gl = np.zeros(Z.shape[1])
     total = _se_grad_small_numba(X, Z, np.ascontiguousarray(K, dtype=float),

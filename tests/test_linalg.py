@@ -159,3 +159,23 @@ def test_nonnegative_variance_clips_round_off_and_refuses_real_negatives():
         nonnegative_variance(np.array([1.0, -1e-3]), 2.0)
     with pytest.raises(FloatingPointError, match="not finite"):
         nonnegative_variance(np.array([1.0, np.nan]), 2.0)
+
+
+def test_all_finite_finds_every_non_finite_entry_in_any_layout():
+    from skfedgp._linalg import all_finite
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(7, 5))
+    assert all_finite(A, A.T, A[:, ::2], A[0], 1.0, np.arange(3))
+    # finite entries whose sum overflows are finite
+    assert all_finite(np.full((2, 3), 1e308))
+    for bad in (np.nan, np.inf, -np.inf):
+        for i, j in [(0, 0), (3, 2), (6, 4)]:
+            B = A.copy()
+            B[i, j] = bad
+            assert not all_finite(B)
+            assert not all_finite(A, B.T)  # F-ordered view
+            assert all_finite(B[:, [c for c in range(5) if c != j]])
+            assert not all_finite(B[:, j::1])
+        assert not all_finite(bad)
+        assert not all_finite(np.array([1.0, bad], dtype=np.float32))
