@@ -226,7 +226,8 @@ def se_small(X, Z, ell, var):
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
     ell = np.asarray(ell, dtype=float)
-    ell = np.full(X.shape[1], float(ell)) if ell.ndim == 0 else np.ascontiguousarray(ell)
+    if ell.shape != (X.shape[1],) or not ell.flags.c_contiguous:  # a scalar, (1,), a view
+        ell = np.ascontiguousarray(np.broadcast_to(ell, (X.shape[1],)))
     out = np.empty((X.shape[0], Z.shape[0]))
     _se_small_numba(X, Z, ell, float(var), out)
     return out

@@ -200,3 +200,21 @@ def test_small_kernel_path_keeps_precision_for_far_apart_inputs():
         fused = se_ard_grad(X, Z, want, Kbar, ell, 1.7, backend=backend)
         for a, b in zip(mine, fused):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * np.max(np.abs(b)))
+
+
+@pytest.mark.parametrize("form", ["scalar", "one", "full", "strided"])
+def test_small_paths_take_any_lengthscale_form(form):
+    """``se_small``/``se_grad_small`` (the many-small-clients paths) agree with
+    the public functions for a scalar, a (1,), a (d,) and a strided lengthscale."""
+    from skfedgp.kernels import se_grad_small, se_small
+
+    rng = np.random.default_rng(5)
+    X, Z = rng.normal(size=(9, 3)), rng.normal(size=(6, 3))
+    full = np.array([0.6, 0.6, 0.6]) if form in ("scalar", "one") else np.array([0.5, 0.8, 1.3])
+    ell = {"scalar": 0.6, "one": np.array([0.6]), "full": full,
+           "strided": np.repeat(full, 2)[::2]}[form]
+    K = se_ard(X, Z, full, 1.4)
+    np.testing.assert_allclose(se_small(X, Z, ell, 1.4), K, rtol=1e-13)
+    Kbar = rng.normal(size=K.shape)
+    for a, b in zip(se_grad_small(X, Z, K, Kbar, ell, 1.4), se_ard_grad(X, Z, K, Kbar, full, 1.4)):
+        np.testing.assert_allclose(np.broadcast_to(a, np.shape(b)), b, rtol=1e-11, atol=1e-13)
