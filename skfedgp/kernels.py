@@ -215,16 +215,29 @@ def _se_grad_small_numba(X, Z, K, Kbar, gz, gl):  # pragma: no cover - compiled
     return total
 
 
+def _check_small_shapes(X, Z, *nm):
+    """``X`` (n, d), ``Z`` (m, d) and each of ``nm`` (n, m), or ``ValueError``."""
+    if X.ndim != 2 or Z.ndim != 2 or X.shape[1] != Z.shape[1]:
+        raise ValueError(f"X and Z must be 2-D with the same number of columns, got "
+                         f"shapes {X.shape} and {Z.shape}")
+    for a in nm:
+        if a.shape != (X.shape[0], Z.shape[0]):
+            raise ValueError(f"expected an array of shape {(X.shape[0], Z.shape[0])}, "
+                             f"got {a.shape}")
+
+
 def se_small(X, Z, ell, var):
     """``K(X, Z)`` of the SE-ARD kernel in one serial compiled loop (internal).
 
     For the many small matrices of a federation of small clients, where the
     row-group scheduling of :func:`se_ard` and the temporaries of a NumPy
-    expression cost more than the arithmetic. No argument checks: the
-    callers pass validated float arrays.
+    expression cost more than the arithmetic. The callers pass validated
+    values; only the shapes are checked, since the compiled loop does not
+    check its indices (``ValueError`` on a mismatch).
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
+    _check_small_shapes(X, Z)
     ell = np.asarray(ell, dtype=float)
     if ell.shape != (X.shape[1],) or not ell.flags.c_contiguous:  # a scalar, (1,), a view
         ell = np.ascontiguousarray(np.broadcast_to(ell, (X.shape[1],)))
@@ -237,14 +250,17 @@ def se_grad_small(X, Z, K, Kbar, ell, var):
     """``(dZ, dlengthscale, dvariance)`` of ``sum(Kbar * K(X, Z))``, serial (internal).
 
     The small-size counterpart of :func:`se_ard_grad` (same formulas).
+    Shapes are checked as in :func:`se_small` (``ValueError``).
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
+    K = np.ascontiguousarray(K, dtype=float)
+    Kbar = np.ascontiguousarray(Kbar, dtype=float)
+    _check_small_shapes(X, Z, K, Kbar)
     ell = np.asarray(ell, dtype=float)  # scalar or (d,): broadcasts below
     gz = np.zeros(Z.shape)
     gl = np.zeros(Z.shape[1])
-    total = _se_grad_small_numba(X, Z, np.ascontiguousarray(K, dtype=float),
-                                 np.ascontiguousarray(Kbar, dtype=float), gz, gl)
+    total = _se_grad_small_numba(X, Z, K, Kbar, gz, gl)
     return gz / ell**2, gl / ell**3, float(total) / float(var)
 
 

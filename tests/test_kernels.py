@@ -218,3 +218,20 @@ def test_small_paths_take_any_lengthscale_form(form):
     Kbar = rng.normal(size=K.shape)
     for a, b in zip(se_grad_small(X, Z, K, Kbar, ell, 1.4), se_ard_grad(X, Z, K, Kbar, full, 1.4)):
         np.testing.assert_allclose(np.broadcast_to(a, np.shape(b)), b, rtol=1e-11, atol=1e-13)
+
+
+def test_small_paths_refuse_mismatched_shapes():
+    """The compiled small-size loops do not check indices: the wrappers check shapes."""
+    from skfedgp.kernels import se_grad_small, se_small
+
+    X, Z = np.ones((4, 3)), np.zeros((2, 1))
+    with pytest.raises(ValueError, match="same number of columns"):
+        se_small(X, Z, 1.0, 1.0)
+    Z = np.zeros((2, 3))
+    K = se_small(X, Z, 1.0, 1.0)
+    with pytest.raises(ValueError, match="same number of columns"):
+        se_grad_small(X, Z[:, :1], K, K, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"shape \(4, 2\)"):
+        se_grad_small(X, Z, K[:3], K, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"shape \(4, 2\)"):
+        se_grad_small(X, Z, K, K.T, 1.0, 1.0)
