@@ -215,7 +215,7 @@ def _se_grad_small_numba(X, Z, K, Kbar, gz, gl):  # pragma: no cover - compiled
     return total
 
 
-def _check_small_shapes(X, Z, *nm):
+def _check_shapes(X, Z, *nm):
     """``X`` (n, d), ``Z`` (m, d) and each of ``nm`` (n, m), or ``ValueError``."""
     if X.ndim != 2 or Z.ndim != 2 or X.shape[1] != Z.shape[1]:
         raise ValueError(f"X and Z must be 2-D with the same number of columns, got "
@@ -234,10 +234,17 @@ def se_small(X, Z, ell, var):
     expression cost more than the arithmetic. The callers pass validated
     values; only the shapes are checked, since the compiled loop does not
     check its indices (``ValueError`` on a mismatch).
+
+    Not :class:`_SEPlan`'s fill, on purpose (nor, in :func:`se_grad_small`,
+    :class:`_GradAccumulator`): reusing them changes the order of the
+    floating-point operations, and the far-client fit of
+    ``tests/test_client_scales.py::test_far_client_2d`` has several optima
+    that round-off chooses between (client A's RMSE 1.40 times its own
+    instead of 1.09 times, with the same values to round-off).
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
-    _check_small_shapes(X, Z)
+    _check_shapes(X, Z)
     ell = np.asarray(ell, dtype=float)
     if ell.shape != (X.shape[1],) or not ell.flags.c_contiguous:  # a scalar, (1,), a view
         ell = np.ascontiguousarray(np.broadcast_to(ell, (X.shape[1],)))
@@ -256,7 +263,7 @@ def se_grad_small(X, Z, K, Kbar, ell, var):
     Z = np.ascontiguousarray(Z, dtype=float)
     K = np.ascontiguousarray(K, dtype=float)
     Kbar = np.ascontiguousarray(Kbar, dtype=float)
-    _check_small_shapes(X, Z, K, Kbar)
+    _check_shapes(X, Z, K, Kbar)
     ell = np.asarray(ell, dtype=float)  # scalar or (d,): broadcasts below
     gz = np.zeros(Z.shape)
     gl = np.zeros(Z.shape[1])
@@ -440,11 +447,7 @@ def se_ard(X, Z, lengthscale, variance, *, backend=None):
     """
     X = np.ascontiguousarray(X, dtype=float)
     Z = np.ascontiguousarray(Z, dtype=float)
-    if X.ndim != 2 or Z.ndim != 2 or X.shape[1] != Z.shape[1]:
-        raise ValueError(
-            f"X and Z must be 2-D with the same number of columns, got "
-            f"{X.shape} and {Z.shape}"
-        )
+    _check_shapes(X, Z)
     ell, variance = _as_params(lengthscale, variance, X.shape[1])
     backend = _check_backend(backend, "matrix")
     plan = _SEPlan(Z, ell, variance, backend)
