@@ -314,6 +314,11 @@ class ModelConfig:
     #: (docs/maths.md, section 10): False (none), True (all) or "auto" (those
     #: whose spread is clearly another scale, :func:`learns_client_scale`)
     client_scale: object = False
+    #: structured family, no given ``lengthscale``: factors of the starting
+    #: global lengthscales; with more than one, a whole run is trained from
+    #: each and the run with the largest final objective is kept
+    #: (:meth:`_StructuredRun.select_start`)
+    lengthscale_starts: tuple = (1.0,)
 
 
 #: ``learn_inducing="auto"`` (structured family): a set of inducing inputs
@@ -2911,7 +2916,9 @@ class StructuredClient:
                            float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
                            getattr(self, "_noise_mode", None),
                            copy.deepcopy(getattr(self, "prior_local", None)),
-                           getattr(self, "learn_local_inducing", None))
+                           getattr(self, "learn_local_inducing", None),
+                           bool(getattr(self, "_noise_fitted", False)),
+                           getattr(self, "_inducing_checked", None))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -2925,7 +2932,11 @@ class StructuredClient:
         self.prior_local = copy.deepcopy(getattr(state, "prior_local", None))
         learn = getattr(state, "learn_local_inducing", None)
         self.learn_local_inducing = True if learn is None else bool(learn)
-        self._noise_fitted = True  # saved after a round
+        fitted = getattr(state, "noise_fitted", None)
+        self._noise_fitted = True if fitted is None else bool(fitted)  # None: saved after a round
+        checked = getattr(state, "inducing_checked_at", None)
+        if checked is not None:
+            self._inducing_checked = checked
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -3418,6 +3429,12 @@ class ClientState:
     learn_local_inducing : bool or None
         The client's decision for its local inducing inputs under
         ``learn_inducing="auto"`` (None: not recorded; then learned).
+    noise_fitted : bool or None
+        Whether the client has run a local phase (its noise variance is its
+        own fit, not its pilot's); None: not recorded, then True.
+    inducing_checked_at : bytes or None
+        The local vector (its bytes) at the client's last ``"auto"`` check
+        of its local inducing inputs (None: not recorded).
     """
 
     theta: np.ndarray
@@ -3428,6 +3445,8 @@ class ClientState:
     noise_mode: str = None
     prior_local: dict = None
     learn_local_inducing: object = None
+    noise_fitted: object = None
+    inducing_checked_at: object = None
 
 
 @dataclass(frozen=True)
@@ -3921,7 +3940,7 @@ _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_in
                   "n_inducing_local_", "population_pilot", "level_upper", "learn_inducing_",
                   "design_residual_", "design_residual_history_", "inducing_switch_round_",
                   "inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
-                  "held_last_round_")
+                  "held_last_round_", "lengthscale_start_")
 #: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
 _RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                "held_last_round_")
@@ -4662,35 +4681,167 @@ class _StructuredRun:
                                             learn_inducing=server.learn_inducing_)
         if state is None:
             server.inducing_checked_at_ = self.theta_g.tobytes()  # set-up decided at this vector
+        self.last_round = self.round0 + self.n_rounds
+        first = self.round0 + 1
         converged = False
-        c = self.counter
-        for r in range(self.round0 + 1, self.round0 + self.n_rounds + 1):
-            t0 = time.perf_counter()
-            self._recheck_global_inducing(r)
-            ok, prev, N = self.round(r)
-            elbo, _, _, lp = self.last
-            self.history.append(float(elbo))
-            self.objectives.append(float(elbo + lp))
-            self.comm.append({"round": r, "bytes_up": int(c["up"]), "bytes_down": int(c["down"]),
-                              "n_messages": c["msgs"]})
-            if self.verbose:
-                print(f"[skfedgp] round {r:3d}/{self.round0 + self.n_rounds}  ELBO {elbo: .6e}  "
-                      f"time {time.perf_counter() - t0:6.2f}s  up {c['up']} B  "
-                      f"down {c['down']} B", flush=True)
-            c.update(up=0, down=0, msgs=0)
-            # stop when a whole round (local and global phase) gains less than
-            # tol times max(|ELBO|, number of observations); not after a round
-            # whose objective changed (a skipped round, a participant lost)
-            if ok and elbo + lp - prev <= cfg.tol * max(abs(elbo + lp), N, 1.0):
-                # converged with Z_g held: go on only if "auto" now learns it
-                # (decided before the checkpoint, which must hold the decision)
-                converged = not (r < self.round0 + self.n_rounds
-                                 and self._recheck_global_inducing(r + 1))
-            if self.callback is not None:
-                self.callback(r, self.snapshot(r))
-            if converged:
-                break
+        starts = self._start_factors() if state is None else ()
+        if tuple(starts) not in ((), (1.0,)) and self.n_rounds >= 1:
+            converged = self.select_start(starts)
+        else:
+            for r in range(first, self.last_round + 1):
+                if self.one_round(r):
+                    converged = True
+                    break
         return self.final(converged)
+
+    def one_round(self, r):
+        """Round ``r`` with its bookkeeping; returns whether training has converged."""
+        cfg, c = self.config, self.counter
+        t0 = time.perf_counter()
+        self._recheck_global_inducing(r)
+        ok, prev, N = self.round(r)
+        elbo, _, _, lp = self.last
+        self.history.append(float(elbo))
+        self.objectives.append(float(elbo + lp))
+        self.comm.append({"round": r, "bytes_up": int(c["up"]), "bytes_down": int(c["down"]),
+                          "n_messages": c["msgs"]})
+        if self.verbose:
+            print(f"[skfedgp] round {r:3d}/{self.last_round}  ELBO {elbo: .6e}  "
+                  f"time {time.perf_counter() - t0:6.2f}s  up {c['up']} B  "
+                  f"down {c['down']} B", flush=True)
+        c.update(up=0, down=0, msgs=0)
+        converged = False
+        # stop when a whole round (local and global phase) gains less than
+        # tol times max(|ELBO|, number of observations); not after a round
+        # whose objective changed (a skipped round, a participant lost)
+        if ok and elbo + lp - prev <= cfg.tol * max(abs(elbo + lp), N, 1.0):
+            # converged with Z_g held: go on only if "auto" now learns it
+            # (decided before the checkpoint, which must hold the decision)
+            converged = not (r < self.last_round and self._recheck_global_inducing(r + 1))
+        if self.callback is not None:
+            self.callback(r, self.snapshot(r))
+        return converged
+
+    # -- several starts of the global lengthscales ------------------------------------
+    def _start_factors(self):
+        """The factors of :attr:`ModelConfig.lengthscale_starts` that apply to this run."""
+        cfg = self.config
+        factors = tuple(getattr(cfg, "lengthscale_starts", (1.0,)) or (1.0,))
+        if (factors == (1.0,) or cfg.lengthscale is not None
+                or "lengthscale_g" not in self.gpack.slices
+                or not hasattr(self.transport, "client_states")):
+            return ()
+        return factors
+
+    def _scaled_start(self, theta, factor):
+        """``theta`` with every global lengthscale times ``factor`` (within its bounds)."""
+        values = self.gpack.unpack(theta)
+        lo, hi = self.server.lengthscale_range()
+        values["lengthscale_g"] = np.clip(np.asarray(values["lengthscale_g"]) * factor, lo, hi)
+        return self.gpack.pack(values)
+
+    def _restore(self, state):
+        """Go back to a :meth:`snapshot` of this run (the clients keep their data).
+
+        The server's fields and vectors, the clients' own states (restored
+        by each client), the stored messages, histories and optimiser
+        states; without a stored posterior (``state.post is None``) every
+        client sends fresh statistics at the restored vectors.
+        """
+        server = self.server
+        for name in _SERVER_FIELDS:
+            if name in state.server:
+                setattr(server, name, copy.deepcopy(state.server[name]))
+        server.theta_global = state.theta_global.copy()
+        self.theta_g = state.theta_global.copy()
+        self.setup_all("set_state", {c: (state.client_states[c],) for c in self.active})
+        self.messages = dict(state.messages)
+        self.fresh = set(state.fresh)
+        self.comm = copy.deepcopy(state.communication)
+        self.history, self.objectives = list(state.history), list(state.objectives)
+        self.counter["evals"] = state.n_evaluations
+        self.adam = copy.deepcopy(state.adam)
+        if state.rng_state is not None:
+            self.rng.set_state(state.rng_state)
+        self.round0 = state.round
+        self.gbounds = server.global_bounds(self.gpack, self.theta_g,
+                                            learn_inducing=bool(server.learn_inducing_))
+        if state.post is None:
+            self.last = self.evaluate_all(self.theta_g, state.round)
+        else:
+            self.last = (state.elbo, None, state.post, state.log_prior)
+
+    def select_start(self, factors):
+        """Train from each start of the global lengthscales; keep the best run.
+
+        Start ``k`` multiplies the set-up's starting global lengthscales
+        (the median of the clients' pilot lengthscales, which describe the
+        whole of each client's function) by ``factors[k]``, every other
+        starting value unchanged. When the global and local kernels start
+        at the same lengthscale, a shared component that is in truth
+        smoother than the clients' own ones is often not found from there;
+        a smoother start can instead end below the first (docs/maths.md,
+        section 11). Each start is trained as a whole run (up to
+        ``n_rounds`` rounds, the same stopping rule); the run with the
+        largest final objective (ELBO plus log hyperpriors) is kept (the
+        first one on a tie), as with several optimiser restarts. The other
+        runs' traffic and evaluations are counted in round 1's record and
+        in the evaluation count; their failures are kept. A start whose run
+        loses a client ends the selection (that run is kept). Between
+        starts the clients go back to the state they saved after the
+        set-up (each restores its own), so this needs a transport that
+        returns them (simulation). Returns whether the kept run converged.
+        """
+        s0 = self.snapshot(0)
+        base = s0.theta_global.copy()
+        runs = []  # (objective, converged, state, traffic, evaluations, failures)
+        for k, factor in enumerate(factors):
+            if k > 0:
+                st = copy.copy(s0)
+                st.theta_global = self._scaled_start(base, factor)
+                st.post, st.messages, st.fresh = None, {}, []
+                self._restore(st)
+            elif factor != 1.0:
+                self.theta_g = self._scaled_start(base, factor)
+                self.server.theta_global = self.theta_g.copy()
+                self.last = self.evaluate_all(self.theta_g, 0)
+            if self.verbose and len(factors) > 1:
+                print(f"[skfedgp] start {k + 1}/{len(factors)}: global lengthscales x {factor:g}",
+                      flush=True)
+            n_fail, evals0 = len(self.failures), s0.n_evaluations
+            converged = False
+            for r in range(1, self.last_round + 1):
+                if self.one_round(r):
+                    converged = True
+                    break
+            traffic = {key: sum(rec[key] for rec in self.comm[1:])
+                       for key in ("bytes_up", "bytes_down", "n_messages")}
+            runs.append((self.objectives[-1] if self.objectives else -np.inf, converged,
+                         self.snapshot(len(self.history)), traffic,
+                         self.counter["evals"] - evals0, list(self.failures[n_fail:])))
+            if len(self.active) != len(s0.client_states) or len(factors) == 1:
+                break
+        objectives = [r[0] if np.isfinite(r[0]) else -np.inf for r in runs]
+        best = int(np.argmax(objectives))
+        if len(self.active) != len(s0.client_states):
+            best = len(runs) - 1  # a start that lost a client ended the selection
+        if best != len(runs) - 1:
+            self._restore(runs[best][2])
+        # every other start's traffic and evaluations in round 1's record
+        rec = self.comm[1] if len(self.comm) > 1 and self.comm[1]["round"] == 1 else None
+        for k, run in enumerate(runs):
+            if k == best:
+                continue
+            if rec is not None:
+                for key in ("bytes_up", "bytes_down", "n_messages"):
+                    rec[key] += run[3][key]
+            self.counter["evals"] += run[4]
+            self.failures.extend(f for f in run[5] if f not in self.failures)
+        self.server.lengthscale_start_ = float(factors[best])
+        if self.verbose and len(factors) > 1:
+            print(f"[skfedgp] kept start {best + 1} (final objectives: "
+                  + ", ".join(f"{v:.6g}" for v in objectives) + ")", flush=True)
+        return runs[best][1]
 
     def final(self, converged):
         """Final exchange with every client at the final vectors; failing ones are excluded."""
@@ -4799,7 +4950,10 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
         history=list(history), objectives=list(objectives),
         communication=copy.deepcopy(list(communication)), n_evaluations=int(n_evaluations),
         failed_clients=[ClientFailure(c, m, r, e) for r, c, m, e in failed_clients],
-        client_states={cid: c.get_state() for cid, c in clients.items()},
+        # the data may have changed: each client checks its local inducing
+        # inputs again ("auto") rather than trusting its last check
+        client_states={cid: dataclasses.replace(c.get_state(), inducing_checked_at=None)
+                       for cid, c in clients.items()},
         config=server.config)
 
 

@@ -454,6 +454,24 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Initial global lengthscale(s), in input units; None: the median of
         the clients' pilot lengthscales (mean-field family: 0.2 times each
         feature's range).
+    lengthscale_starts : sequence of float or "multi", default=(1.0,)
+        Structured family, ``lengthscale=None``: factors of the starting
+        global lengthscales (the median of the clients' pilot lengthscales,
+        which describe each client's whole function, so the global and
+        local kernels start at the same lengthscale). With more than one
+        factor a whole run is trained from each start (every other starting
+        value the same) and the run with the largest final objective (ELBO
+        plus log hyperpriors) is kept, as with scikit-learn's
+        ``n_restarts_optimizer``; the other runs' traffic and evaluations are
+        counted in round 1's entry of ``communication_`` and in
+        ``n_evaluations_``. ``"multi"`` means ``(1, 3)``: the pilots' scale and a
+        three times smoother shared part, which finds a shared component
+        smoother than the clients' own ones where the single start does not.
+        It costs the runs of every start, and a higher objective is not
+        always a better predictor (docs/maths.md, section 11, has the
+        measurements). Not used by a warm start or a resumed run; a
+        ``checkpoint`` is written during every start's run, and resuming
+        from it continues that start's run only.
     local_lengthscale : float or array-like of shape (n_features,), default=None
         Initial local lengthscale(s); None: each client's own pilot
         lengthscales (mean-field family: 0.05 times the range).
@@ -675,6 +693,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         nor the deviation part). Each structured client's decision for its
         own local inducing inputs is ``clients_[label].learn_local_inducing``
         (False without a local part).
+    lengthscale_start_ : float
+        Structured family: the factor of ``lengthscale_starts`` whose start
+        was kept (1.0 with one start).
     client_offsets_ : dict
         Structured family: each client's constant mean in target units (with
         a 1-D ``y``, the posterior mean of its random level).
@@ -799,6 +820,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         learn_inducing_locations="auto",
         components=("global", "deviation", "local"),
         lengthscale=None,
+        lengthscale_starts=(1.0,),
         local_lengthscale=None,
         variance=None,
         local_variance=None,
@@ -835,6 +857,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.learn_inducing_locations = learn_inducing_locations
         self.components = components
         self.lengthscale = lengthscale
+        self.lengthscale_starts = lengthscale_starts
         self.local_lengthscale = local_lengthscale
         self.variance = variance
         self.local_variance = local_variance
@@ -947,11 +970,28 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             noise=self._check_noise(),
             learn_inducing=self._check_learn_inducing(),
             client_scale=client_scale if structured else False,
+            lengthscale_starts=self._check_lengthscale_starts(),
         )
         if config.learning_rate is None or config.global_learning_rate is None:
             raise ValueError("learning_rate and global_learning_rate must be positive numbers")
         n_rounds = _int("n_rounds", 0, default=100 if lbfgs else 20)
         return config, n_rounds
+
+    def _check_lengthscale_starts(self):
+        v = self.lengthscale_starts
+        if isinstance(v, str) and v == "multi":
+            return (1.0, 3.0)
+        try:
+            factors = tuple(v)
+        except TypeError:
+            factors = ()
+        if not factors or not all(
+                isinstance(f, numbers.Real) and not isinstance(f, bool) and np.isfinite(f)
+                and f > 0 for f in factors):
+            raise ValueError(
+                "lengthscale_starts must be 'multi' or a non-empty sequence of finite positive "
+                f"factors, got {v!r}")
+        return tuple(float(f) for f in factors)
 
     def _check_client_scale(self):
         v = self.client_scale
@@ -1329,6 +1369,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.n_inducing_ = server.n_inducing_
         # whether Z_g was learned (False without one; "auto": the decision at the end)
         self.learn_inducing_locations_ = bool(server.learn_inducing_)
+        # the kept factor of lengthscale_starts (1.0: one start, or not used)
+        self.lengthscale_start_ = float(getattr(server, "lengthscale_start_", None) or 1.0)
         self._population_local = res["population"]
         # the clients' levels: posterior means of the random levels
         self.client_offsets_ = {
