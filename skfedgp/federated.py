@@ -4796,6 +4796,7 @@ class _StructuredRun:
         base = s0.theta_global.copy()
         runs = []  # (objective, converged, state, traffic, evaluations, failures)
         for k, factor in enumerate(factors):
+            self.local_done = set()  # each run's own (untrained-client warning)
             if k > 0:
                 st = copy.copy(s0)
                 st.theta_global = self._scaled_start(base, factor)
@@ -4805,6 +4806,8 @@ class _StructuredRun:
                 self.theta_g = self._scaled_start(base, factor)
                 self.server.theta_global = self.theta_g.copy()
                 self.last = self.evaluate_all(self.theta_g, 0)
+            # recorded in this run's checkpoints too
+            self.server.lengthscale_start_ = float(factor)
             if self.verbose and len(factors) > 1:
                 print(f"[skfedgp] start {k + 1}/{len(factors)}: global lengthscales x {factor:g}",
                       flush=True)
@@ -4818,7 +4821,8 @@ class _StructuredRun:
                        for key in ("bytes_up", "bytes_down", "n_messages")}
             runs.append((self.objectives[-1] if self.objectives else -np.inf, converged,
                          self.snapshot(len(self.history)), traffic,
-                         self.counter["evals"] - evals0, list(self.failures[n_fail:])))
+                         self.counter["evals"] - evals0, list(self.failures[n_fail:]),
+                         set(self.local_done)))
             if len(self.active) != len(s0.client_states) or len(factors) == 1:
                 break
         objectives = [r[0] if np.isfinite(r[0]) else -np.inf for r in runs]
@@ -4827,6 +4831,9 @@ class _StructuredRun:
             best = len(runs) - 1  # a start that lost a client ended the selection
         if best != len(runs) - 1:
             self._restore(runs[best][2])
+            if self.callback is not None:  # the last checkpoint is the kept run's
+                self.callback(len(self.history), self.snapshot(len(self.history)))
+        self.local_done = runs[best][6]
         # every other start's traffic and evaluations in round 1's record
         rec = self.comm[1] if len(self.comm) > 1 and self.comm[1]["round"] == 1 else None
         for k, run in enumerate(runs):
@@ -5001,7 +5008,8 @@ def configs_differ(a, b):
         the same items). Raises nothing.
     """
     return any(not _same_setting(getattr(a, f.name, None), getattr(b, f.name, None))
-               for f in dataclasses.fields(ModelConfig))
+               for f in dataclasses.fields(ModelConfig)
+               if f.name != "lengthscale_starts")  # a set-up choice, not used by a resumed run
 
 
 def check_same_model(saved, config, what):

@@ -469,9 +469,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         smoother than the clients' own ones where the single start does not.
         It costs the runs of every start, and a higher objective is not
         always a better predictor (docs/maths.md, section 11, has the
-        measurements). Not used by a warm start or a resumed run; a
-        ``checkpoint`` is written during every start's run, and resuming
-        from it continues that start's run only.
+        measurements). Simulation (``fit``) only: not used by a warm start,
+        a resumed run or a fit over another transport. A ``checkpoint`` is
+        written after every round of every start's run and, at the end,
+        for the kept run; resuming from a checkpoint written during a run
+        continues that run only. ``failed_clients_`` includes the failures
+        of every start's run; a client lost while a later start is set up
+        is excluded, and that start's run is then kept.
     local_lengthscale : float or array-like of shape (n_features,), default=None
         Initial local lengthscale(s); None: each client's own pilot
         lengthscales (mean-field family: 0.05 times the range).
@@ -694,8 +698,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         own local inducing inputs is ``clients_[label].learn_local_inducing``
         (False without a local part).
     lengthscale_start_ : float
-        Structured family: the factor of ``lengthscale_starts`` whose start
-        was kept (1.0 with one start).
+        Structured family: the factor applied to the kept run (1.0 when none
+        was: the default, a given ``lengthscale``, no global kernel,
+        ``n_rounds=0``; a warm start or resume keeps its fit's value).
     client_offsets_ : dict
         Structured family: each client's constant mean in target units (with
         a 1-D ``y``, the posterior mean of its random level).
@@ -1369,7 +1374,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.n_inducing_ = server.n_inducing_
         # whether Z_g was learned (False without one; "auto": the decision at the end)
         self.learn_inducing_locations_ = bool(server.learn_inducing_)
-        # the kept factor of lengthscale_starts (1.0: one start, or not used)
+        # the factor applied to the kept run (1.0: none applied)
         self.lengthscale_start_ = float(getattr(server, "lengthscale_start_", None) or 1.0)
         self._population_local = res["population"]
         # the clients' levels: posterior means of the random levels

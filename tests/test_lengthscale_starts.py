@@ -148,3 +148,26 @@ def test_multioutput_targets_use_the_starts_too():
     b = _fit(X, Y, g, n_rounds=2, lengthscale_starts=(a.lengthscale_start_,))
     assert_allclose(a.server_.theta_global, b.server_.theta_global, rtol=1e-10, atol=1e-12)
     assert_allclose(a.elbo_history_, b.elbo_history_, rtol=1e-10)
+
+
+def test_the_last_checkpoint_is_the_kept_run(tmp_path):
+    from skfedgp.federated import TrainingState
+
+    X, y, g = _data()
+    path = tmp_path / "state.joblib"
+    est = _fit(X, y, g, lengthscale_starts=(1.0, 3.0), checkpoint=str(path))
+    st = TrainingState.load(path)
+    assert_array_equal(st.theta_global, est.server_.theta_global)
+    assert st.server["lengthscale_start_"] == est.lengthscale_start_
+    assert_allclose(st.objectives[:-1], est.objective_history_[:-1], rtol=1e-12)
+
+
+def test_changing_only_the_starts_does_not_change_a_resume(tmp_path):
+    X, y, g = _data()
+    path = tmp_path / "state.joblib"
+    _fit(X, y, g, n_rounds=2, client_fraction=0.6, checkpoint=str(path))
+    a = _fit(X, y, g, n_rounds=1, client_fraction=0.6, resume_from=str(path))
+    b = _fit(X, y, g, n_rounds=1, client_fraction=0.6, resume_from=str(path),
+             lengthscale_starts=(1.0, 3.0))
+    assert_array_equal(a.server_.theta_global, b.server_.theta_global)
+    assert_array_equal(a.objective_history_, b.objective_history_)
