@@ -4682,17 +4682,19 @@ class _StructuredRun:
         if state is None:
             server.inducing_checked_at_ = self.theta_g.tobytes()  # set-up decided at this vector
         self.last_round = self.round0 + self.n_rounds
-        first = self.round0 + 1
-        converged = False
         starts = self._start_factors() if state is None else ()
-        if tuple(starts) not in ((), (1.0,)) and self.n_rounds >= 1:
+        if starts and self.n_rounds >= 1:
             converged = self.select_start(starts)
         else:
-            for r in range(first, self.last_round + 1):
-                if self.one_round(r):
-                    converged = True
-                    break
+            converged = self._train(self.round0 + 1)
         return self.final(converged)
+
+    def _train(self, first):
+        """Rounds ``first`` .. ``last_round`` until the stopping rule; whether it stopped them."""
+        for r in range(first, self.last_round + 1):
+            if self.one_round(r):
+                return True
+        return False
 
     def one_round(self, r):
         """Round ``r`` with its bookkeeping; returns whether training has converged."""
@@ -4724,7 +4726,11 @@ class _StructuredRun:
 
     # -- several starts of the global lengthscales ------------------------------------
     def _start_factors(self):
-        """The factors of :attr:`ModelConfig.lengthscale_starts` that apply to this run."""
+        """The factors of :attr:`ModelConfig.lengthscale_starts` that apply to this run.
+
+        ``()`` when none does: the single factor 1, a given lengthscale, no
+        global kernel, or a transport that cannot return the clients' states.
+        """
         cfg = self.config
         factors = tuple(getattr(cfg, "lengthscale_starts", (1.0,)) or (1.0,))
         if (factors == (1.0,) or cfg.lengthscale is not None
@@ -4812,23 +4818,19 @@ class _StructuredRun:
                 print(f"[skfedgp] start {k + 1}/{len(factors)}: global lengthscales x {factor:g}",
                       flush=True)
             n_fail, evals0 = len(self.failures), s0.n_evaluations
-            converged = False
-            for r in range(1, self.last_round + 1):
-                if self.one_round(r):
-                    converged = True
-                    break
+            converged = self._train(1)
             traffic = {key: sum(rec[key] for rec in self.comm[1:])
                        for key in ("bytes_up", "bytes_down", "n_messages")}
             runs.append((self.objectives[-1] if self.objectives else -np.inf, converged,
                          self.snapshot(len(self.history)), traffic,
                          self.counter["evals"] - evals0, list(self.failures[n_fail:]),
                          set(self.local_done)))
-            if len(self.active) != len(s0.client_states) or len(factors) == 1:
+            lost = len(self.active) != len(s0.client_states)
+            if lost:
                 break
         objectives = [r[0] if np.isfinite(r[0]) else -np.inf for r in runs]
-        best = int(np.argmax(objectives))
-        if len(self.active) != len(s0.client_states):
-            best = len(runs) - 1  # a start that lost a client ended the selection
+        # a start that lost a client ends the selection, and its run is kept
+        best = len(runs) - 1 if lost else int(np.argmax(objectives))
         if best != len(runs) - 1:
             self._restore(runs[best][2])
             if self.callback is not None:  # the last checkpoint is the kept run's
@@ -4844,7 +4846,6 @@ class _StructuredRun:
                     rec[key] += run[3][key]
             self.counter["evals"] += run[4]
             self.failures.extend(f for f in run[5] if f not in self.failures)
-        self.server.lengthscale_start_ = float(factors[best])
         if self.verbose and len(factors) > 1:
             print(f"[skfedgp] kept start {best + 1} (final objectives: "
                   + ", ".join(f"{v:.6g}" for v in objectives) + ")", flush=True)
