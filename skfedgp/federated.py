@@ -39,6 +39,7 @@ import copy
 import dataclasses
 import numbers
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -98,6 +99,20 @@ __all__ = [
 # --------------------------------------------------------------------------
 # messages
 # --------------------------------------------------------------------------
+
+
+def _sobol_next(sob, n):
+    """The next ``n`` points of the Sobol engine ``sob``, drawn without a warning.
+
+    SciPy warns when a draw is not a power of 2 (the balance properties of
+    the full sequence need one), and a warnings filter set around the draw
+    is not thread-safe (clients set up in threads). The same ``n`` points
+    are drawn as power-of-2 chunks (the binary digits of ``n``): the
+    sequence continues exactly as one ``sob.random(n)`` would.
+    """
+    n = int(n)
+    parts = [sob.random(1 << b) for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1]
+    return np.vstack(parts) if parts else np.zeros((0, sob.d))
 
 
 @dataclass(frozen=True)
@@ -936,9 +951,7 @@ class Server:
         if "Z_g" in gp.slices:
             M = self.config.n_inducing
             sob = qmc.Sobol(self.d, scramble=True, seed=self.random_state)
-            with warnings.catch_warnings():  # balance needs a power of 2; not required here
-                warnings.simplefilter("ignore", UserWarning)
-                values["Z_g"] = sob.random(M)  # unit cube = scaled bounding box
+            values["Z_g"] = _sobol_next(sob, M)  # unit cube = scaled bounding box
             values["lengthscale_g"] = _default_lengthscale(self.config.lengthscale, ranges, 0.2)
             values["variance_g"] = float(self.config.variance)
         if "phi" in gp.slices:
@@ -1194,17 +1207,15 @@ class Server:
         sob = qmc.Sobol(d, scramble=True, seed=self.random_state)
         pts = np.zeros((0, d))
         frac = 1.0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            for k in range(12, 19):  # 4 096 ... 262 144 candidates
-                cand = sob.random_base2(k) if k == 12 else np.vstack([cand, sob.random(2**k - cand.shape[0])])
-                inside = np.zeros(cand.shape[0], dtype=bool)
-                for a, b in zip(lo, hi):
-                    inside |= np.all((cand >= a) & (cand <= b), axis=1)
-                pts = cand[inside]
-                frac = max(float(inside.mean()), 1.0 / cand.shape[0])
-                if pts.shape[0] >= max(at_least, AUTO_MAX_INDUCING):
-                    break
+        for k in range(12, 19):  # 4 096 ... 262 144 candidates
+            cand = sob.random_base2(k) if k == 12 else np.vstack([cand, _sobol_next(sob, 2**k - cand.shape[0])])
+            inside = np.zeros(cand.shape[0], dtype=bool)
+            for a, b in zip(lo, hi):
+                inside |= np.all((cand >= a) & (cand <= b), axis=1)
+            pts = cand[inside]
+            frac = max(float(inside.mean()), 1.0 / cand.shape[0])
+            if pts.shape[0] >= max(at_least, AUTO_MAX_INDUCING):
+                break
         if pts.shape[0] < max(at_least, AUTO_MIN_INDUCING):
             # a vanishing union: draw from it directly
             lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
@@ -2199,6 +2210,45 @@ def clip_to_bounds(theta, bounds):
     return np.clip(theta, lo, hi)
 
 
+_IGNORE_LOCK = threading.Lock()
+_IGNORE_USERS = {}  # warning category -> [number of active users, its filter entry]
+
+
+@contextlib.contextmanager
+def _convergence_warnings_ignored(category):
+    """Ignore ``category`` while the block runs, safely when clients run in threads.
+
+    :class:`warnings.catch_warnings` saves the whole filter list on entry and
+    puts it back on exit, which is not thread-safe: two overlapping blocks
+    in two threads (pilot fits of clients set up in a thread pool) can
+    leave the second one's ``"ignore"`` filter installed for good, and the
+    fit's own :class:`~sklearn.exceptions.ConvergenceWarning` (and the
+    user's) would then never be shown. Here the filter is installed by the
+    first block to enter and removed (that entry only) when the last one
+    leaves. Package plumbing; no paper source.
+    """
+    with _IGNORE_LOCK:
+        users = _IGNORE_USERS.setdefault(category, [0, None])
+        if users[0] == 0:
+            warnings.simplefilter("ignore", category)
+            users[1] = warnings.filters[0]
+        users[0] += 1
+    try:
+        yield
+    finally:
+        with _IGNORE_LOCK:
+            users[0] -= 1
+            if users[0] == 0:
+                entry, users[1] = users[1], None
+                try:
+                    warnings.filters.remove(entry)
+                except ValueError:  # a user's catch_warnings exit already restored the list
+                    pass
+                mutated = getattr(warnings, "_filters_mutated", None)
+                if mutated is not None:
+                    mutated()
+
+
 def pilot_fit(X, y, random_state):
     """Quick exact GP on at most :data:`PILOT_MAX_POINTS` rows (scikit-learn).
 
@@ -2270,8 +2320,7 @@ def pilot_fit(X, y, random_state):
                   + WhiteKernel(0.1 * v, (1e-6 * v, 10.0 * v)))
         gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", _CW)
+            with _convergence_warnings_ignored(_CW):
                 gp.fit(X, y - y.mean())
         except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
             error = exc
@@ -2546,18 +2595,16 @@ def union_design(lo, hi, n, random_state):
     d = lo.shape[1]
     sob = qmc.Sobol(d + 2, scramble=True, seed=random_state)
     pts, inv_count = [], []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        while sum(p.shape[0] for p in pts) < n:
-            u = sob.random(max(2 * n, 256))
-            b = np.minimum(np.searchsorted(cdf, u[:, 0], side="right"), len(vol) - 1)
-            x = lo[b] + u[:, 1:d + 1] * (hi[b] - lo[b])
-            count = np.zeros(x.shape[0])
-            for a, c in zip(lo, hi):
-                count += np.all((x >= a) & (x <= c), axis=1)
-            count = np.maximum(count, 1.0)
-            inv_count.append(1.0 / count)
-            pts.append(x[u[:, d + 1] < 1.0 / count])
+    while sum(p.shape[0] for p in pts) < n:
+        u = _sobol_next(sob, max(2 * n, 256))
+        b = np.minimum(np.searchsorted(cdf, u[:, 0], side="right"), len(vol) - 1)
+        x = lo[b] + u[:, 1:d + 1] * (hi[b] - lo[b])
+        count = np.zeros(x.shape[0])
+        for a, c in zip(lo, hi):
+            count += np.all((x >= a) & (x <= c), axis=1)
+        count = np.maximum(count, 1.0)
+        inv_count.append(1.0 / count)
+        pts.append(x[u[:, d + 1] < 1.0 / count])
     volume = 0.0 if flat else float(vol.sum() * np.mean(np.concatenate(inv_count)))
     return np.vstack(pts)[:n], volume
 
@@ -2786,9 +2833,7 @@ def _local_inducing(Xs, M_local, random_state, pad=0.0):
     pad = np.where(hi > lo, 0.0, np.broadcast_to(np.asarray(pad, float), lo.shape))
     lo, hi = lo - pad, hi + pad
     d = Xs.shape[1]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # Sobol balance for non powers of 2
-        u = qmc.Sobol(d, scramble=True, seed=random_state).random(int(M_local))
+    u = _sobol_next(qmc.Sobol(d, scramble=True, seed=random_state), int(M_local))
     return lo + u * (hi - lo)
 
 

@@ -1,0 +1,73 @@
+"""Warnings and threads: a fit leaves the process's warning filters as it found them.
+
+Clients set up in a thread pool (``n_jobs=2``) used to wrap their pilot fits
+in :class:`warnings.catch_warnings`, whose save-and-restore is not
+thread-safe: overlapping blocks left an ``"ignore"`` filter for
+scikit-learn's ``ConvergenceWarning`` installed for good, so the fit's own
+convergence warning (and every later one in the process) was lost.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy.stats import qmc
+from sklearn.exceptions import ConvergenceWarning
+
+from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp.federated import _convergence_warnings_ignored, _sobol_next
+
+
+def _data(n_clients=12, n_per=20, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, size=(n_clients * n_per, 2))
+    g = np.repeat(np.arange(n_clients), n_per)
+    y = np.sin(X[:, 0]) + 0.3 * np.cos(X[:, 1]) + 0.1 * rng.normal(size=X.shape[0])
+    return X, y, g
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_fit_leaves_warning_filters_unchanged_and_warns(n_jobs):
+    X, y, g = _data()
+    before = list(warnings.filters)
+    for seed in range(3):  # overlapping pilot fits in threads are a matter of timing
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            FederatedHierarchicalGPRegressor(n_rounds=1, n_jobs=n_jobs,
+                                             random_state=seed).fit(X, y, g)
+        # the training budget ran out: that ConvergenceWarning reaches the caller
+        assert any(issubclass(w.category, ConvergenceWarning)
+                   and "n_rounds=1" in str(w.message) for w in rec)
+        # and no Sobol balance warning leaks from the inducing designs
+        assert not any("balance properties of Sobol" in str(w.message) for w in rec)
+    assert list(warnings.filters) == before
+
+
+def test_ignored_block_is_reference_counted():
+    before = list(warnings.filters)
+    with _convergence_warnings_ignored(ConvergenceWarning):
+        with _convergence_warnings_ignored(ConvergenceWarning):
+            assert warnings.filters[0][:3:2] == ("ignore", ConvergenceWarning)
+        # the outer block is still active: the filter stays
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.warn("x", ConvergenceWarning)
+        assert warnings.filters[0][:3:2] == ("ignore", ConvergenceWarning)
+    assert list(warnings.filters) == before
+    with pytest.warns(ConvergenceWarning):
+        warnings.warn("shown again", ConvergenceWarning)
+    del rec
+
+
+@pytest.mark.parametrize("sizes", [(71,), (1, 2, 3), (256, 5), (0, 7)])
+def test_sobol_next_continues_the_sequence(sizes):
+    ref = qmc.Sobol(3, scramble=True, seed=4)
+    eng = qmc.Sobol(3, scramble=True, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        expected = [ref.random(n) for n in sizes]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        got = [_sobol_next(eng, n) for n in sizes]
+    for e, r in zip(expected, got):
+        assert r.shape == e.shape
+        np.testing.assert_array_equal(r, e)
