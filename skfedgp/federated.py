@@ -2227,11 +2227,15 @@ def _convergence_warnings_ignored(category):
     first block to enter and removed (that entry only) when the last one
     leaves. Package plumbing; no paper source.
     """
+    mutated = getattr(warnings, "_filters_mutated", lambda: None)
     with _IGNORE_LOCK:
         users = _IGNORE_USERS.setdefault(category, [0, None])
         if users[0] == 0:
-            warnings.simplefilter("ignore", category)
-            users[1] = warnings.filters[0]
+            # inserted by hand, not with simplefilter: that would move (and
+            # the exit then remove) a user's equal filter
+            users[1] = ("ignore", None, category, None, 0)
+            warnings.filters.insert(0, users[1])
+            mutated()
         users[0] += 1
     try:
         yield
@@ -2240,12 +2244,11 @@ def _convergence_warnings_ignored(category):
             users[0] -= 1
             if users[0] == 0:
                 entry, users[1] = users[1], None
-                try:
-                    warnings.filters.remove(entry)
-                except ValueError:  # a user's catch_warnings exit already restored the list
-                    pass
-                mutated = getattr(warnings, "_filters_mutated", None)
-                if mutated is not None:
+                # this entry only (by identity), wherever it is now; gone when
+                # a user's catch_warnings exit has restored the list meanwhile
+                keep = [f for f in warnings.filters if f is not entry]
+                if len(keep) < len(warnings.filters):
+                    warnings.filters[:] = keep
                     mutated()
 
 

@@ -71,3 +71,15 @@ def test_sobol_next_continues_the_sequence(sizes):
     for e, r in zip(expected, got):
         assert r.shape == e.shape
         np.testing.assert_array_equal(r, e)
+
+
+def test_a_users_equal_filter_survives():
+    """A user who already ignores ConvergenceWarning keeps that filter, in place."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        before = list(warnings.filters)
+        with _convergence_warnings_ignored(ConvergenceWarning):
+            pass
+        assert list(warnings.filters) == before
+        warnings.warn("still ignored", ConvergenceWarning)  # would raise if the filter were lost
