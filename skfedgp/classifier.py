@@ -15,7 +15,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._linalg import CholeskyError, single_threaded_blas
-from .federated import default_sizes_quiet
+from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor
 
 __all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "ppca_fit", "ppca_loglik",
@@ -1067,9 +1067,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 with single_threaded_blas():
                     return self._score_class(k, X, patterns, inv)
 
-            cols = Parallel(n_jobs=self.n_jobs, prefer="threads")(
-                delayed(_one)(k) for k in range(n_classes)
-            )
+            with warning_filters_kept():  # scikit-learn's validation in the threads
+                cols = Parallel(n_jobs=self.n_jobs, prefer="threads")(
+                    delayed(_one)(k) for k in range(n_classes)
+                )
         ll = np.column_stack(cols)
         if not np.all(np.isfinite(ll)):
             raise FloatingPointError("log-evidence produced non-finite values")

@@ -38,6 +38,7 @@ import contextlib
 import copy
 import dataclasses
 import numbers
+import operator
 import os
 import threading
 import time
@@ -104,13 +105,24 @@ __all__ = [
 def _sobol_next(sob, n):
     """The next ``n`` points of the Sobol engine ``sob``, drawn without a warning.
 
-    SciPy warns when a draw is not a power of 2 (the balance properties of
-    the full sequence need one), and a warnings filter set around the draw
-    is not thread-safe (clients set up in threads). The same ``n`` points
-    are drawn as power-of-2 chunks (the binary digits of ``n``): the
-    sequence continues exactly as one ``sob.random(n)`` would.
+    SciPy warns when the first draw from a fresh engine is not a power of 2
+    (the balance properties of the sequence need one), and a warnings filter
+    set around the draw is not thread-safe (clients are set up in threads).
+    The same ``n`` points are drawn as power-of-2 chunks, largest first (the
+    binary digits of ``n``): the sequence and the engine's state continue
+    exactly as after one ``sob.random(n)``.
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is negative or the engine has fewer than ``n`` points left.
     """
-    n = int(n)
+    n = operator.index(n)
+    if n < 0:
+        raise ValueError(f"cannot draw {n} Sobol points")
+    if sob.num_generated + n > sob.maxn:
+        raise ValueError(f"the Sobol engine has {sob.maxn - sob.num_generated} points left, "
+                         f"{n} were asked for")
     parts = [sob.random(1 << b) for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1]
     return np.vstack(parts) if parts else np.zeros((0, sob.d))
 
@@ -2214,20 +2226,28 @@ _IGNORE_LOCK = threading.Lock()
 _IGNORE_USERS = {}  # warning category -> [number of active users, its filter entry]
 
 
+def _filters_mutated():
+    """Tell the warnings machinery that ``warnings.filters`` changed in place."""
+    mutated = getattr(warnings, "_filters_mutated", None)  # CPython 3.10-3.13
+    if mutated is not None:
+        mutated()
+
+
 @contextlib.contextmanager
 def _convergence_warnings_ignored(category):
     """Ignore ``category`` while the block runs, safely when clients run in threads.
 
     :class:`warnings.catch_warnings` saves the whole filter list on entry and
-    puts it back on exit, which is not thread-safe: two overlapping blocks
-    in two threads (pilot fits of clients set up in a thread pool) can
-    leave the second one's ``"ignore"`` filter installed for good, and the
-    fit's own :class:`~sklearn.exceptions.ConvergenceWarning` (and the
-    user's) would then never be shown. Here the filter is installed by the
-    first block to enter and removed (that entry only) when the last one
-    leaves. Package plumbing; no paper source.
+    puts it back on exit, which is not thread-safe: with two overlapping
+    blocks in two threads (pilot fits of clients set up in a thread pool),
+    the one that leaves last puts back a list that holds the other's
+    ``"ignore"`` filter, installed for good, and the fit's own
+    :class:`~sklearn.exceptions.ConvergenceWarning` (and the user's) would
+    then never be shown. Here one filter is inserted by the first block to
+    enter and removed (that entry only, found by identity) when the last
+    one leaves. While any block runs, ``category`` is ignored in the whole
+    process. Package plumbing; no paper source.
     """
-    mutated = getattr(warnings, "_filters_mutated", lambda: None)
     with _IGNORE_LOCK:
         users = _IGNORE_USERS.setdefault(category, [0, None])
         if users[0] == 0:
@@ -2235,7 +2255,7 @@ def _convergence_warnings_ignored(category):
             # the exit then remove) a user's equal filter
             users[1] = ("ignore", None, category, None, 0)
             warnings.filters.insert(0, users[1])
-            mutated()
+            _filters_mutated()
         users[0] += 1
     try:
         yield
@@ -2244,12 +2264,33 @@ def _convergence_warnings_ignored(category):
             users[0] -= 1
             if users[0] == 0:
                 entry, users[1] = users[1], None
-                # this entry only (by identity), wherever it is now; gone when
-                # a user's catch_warnings exit has restored the list meanwhile
-                keep = [f for f in warnings.filters if f is not entry]
-                if len(keep) < len(warnings.filters):
-                    warnings.filters[:] = keep
-                    mutated()
+                # this entry only, wherever it is now; gone when a user's
+                # catch_warnings exit has restored the list meanwhile
+                for k, f in enumerate(warnings.filters):
+                    if f is entry:
+                        del warnings.filters[k]
+                        _filters_mutated()
+                        break
+
+
+@contextlib.contextmanager
+def warning_filters_kept():
+    """Put the process's warning filters back as they were if a threaded call changed them.
+
+    Code run in worker threads that uses :class:`warnings.catch_warnings`
+    (scikit-learn's input validation does, around every ``check_array``)
+    can, when two such blocks overlap, leave a filter installed after the
+    threads finish. The calling thread waits for its pool meanwhile, so any
+    change of the list seen after the call is such a leftover, and the
+    saved list is restored. Package plumbing; no paper source.
+    """
+    saved = list(warnings.filters)
+    try:
+        yield
+    finally:
+        if warnings.filters != saved:
+            warnings.filters[:] = saved
+            _filters_mutated()
 
 
 def pilot_fit(X, y, random_state):
@@ -3658,8 +3699,9 @@ class JoblibTransport:
             if way in ("loop", "warm-up"):
                 res = [_transport_call(self.clients[cid], method, a) for cid, a in todo]
             else:
-                res = parallel(delayed(_transport_call)(self.clients[cid], method, a)
-                               for cid, a in todo)
+                with warning_filters_kept():
+                    res = parallel(delayed(_transport_call)(self.clients[cid], method, a)
+                                   for cid, a in todo)
             if way in ("warm-up", "loop", "threads") and method not in self.dispatch_:
                 self._timings[method][way].append((time.perf_counter() - t0) / len(todo))
             for (cid, _), (client, ok, value) in zip(todo, res):

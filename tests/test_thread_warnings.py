@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+from numpy.exceptions import ComplexWarning
 from scipy.stats import qmc
 from sklearn.exceptions import ConvergenceWarning
 
@@ -29,17 +30,25 @@ def _data(n_clients=12, n_per=20, seed=0):
 @pytest.mark.parametrize("n_jobs", [1, 2])
 def test_fit_leaves_warning_filters_unchanged_and_warns(n_jobs):
     X, y, g = _data()
-    before = list(warnings.filters)
     for seed in range(3):  # overlapping pilot fits in threads are a matter of timing
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
+            before = list(warnings.filters)
             FederatedHierarchicalGPRegressor(n_rounds=1, n_jobs=n_jobs,
                                              random_state=seed).fit(X, y, g)
+            # compared inside the block: its exit would restore the list anyway
+            assert list(warnings.filters) == before
         # the training budget ran out: that ConvergenceWarning reaches the caller
         assert any(issubclass(w.category, ConvergenceWarning)
                    and "n_rounds=1" in str(w.message) for w in rec)
         # and no Sobol balance warning leaks from the inducing designs
         assert not any("balance properties of Sobol" in str(w.message) for w in rec)
+
+
+def test_fit_without_an_outer_block_leaves_no_filter():
+    X, y, g = _data()
+    before = list(warnings.filters)
+    FederatedHierarchicalGPRegressor(n_rounds=2, n_jobs=2, random_state=0).fit(X, y, g)
     assert list(warnings.filters) == before
 
 
@@ -48,14 +57,24 @@ def test_ignored_block_is_reference_counted():
     with _convergence_warnings_ignored(ConvergenceWarning):
         with _convergence_warnings_ignored(ConvergenceWarning):
             assert warnings.filters[0][:3:2] == ("ignore", ConvergenceWarning)
-        # the outer block is still active: the filter stays
+        # the outer block is still active: the filter stays, and works
+        assert warnings.filters[0][:3:2] == ("ignore", ConvergenceWarning)
         with warnings.catch_warnings(record=True) as rec:
             warnings.warn("x", ConvergenceWarning)
-        assert warnings.filters[0][:3:2] == ("ignore", ConvergenceWarning)
+        assert not rec
     assert list(warnings.filters) == before
-    with pytest.warns(ConvergenceWarning):
-        warnings.warn("shown again", ConvergenceWarning)
-    del rec
+
+
+def test_ignored_block_cleans_up_after_an_exception_and_a_nested_user_block():
+    before = list(warnings.filters)
+    with pytest.raises(RuntimeError):
+        with _convergence_warnings_ignored(ConvergenceWarning):
+            raise RuntimeError("inside")
+    assert list(warnings.filters) == before
+    with _convergence_warnings_ignored(ConvergenceWarning):
+        with warnings.catch_warnings():  # a user block that starts and ends inside
+            warnings.simplefilter("error", UserWarning)
+    assert list(warnings.filters) == before
 
 
 @pytest.mark.parametrize("sizes", [(71,), (1, 2, 3), (256, 5), (0, 7)])
@@ -71,6 +90,28 @@ def test_sobol_next_continues_the_sequence(sizes):
     for e, r in zip(expected, got):
         assert r.shape == e.shape
         np.testing.assert_array_equal(r, e)
+    assert eng.num_generated == ref.num_generated
+    np.testing.assert_array_equal(_sobol_next(eng, 4), ref.random(4))
+
+
+def test_sobol_next_refuses_bad_counts():
+    eng = qmc.Sobol(2, scramble=True, seed=0)
+    with pytest.raises(ValueError, match="cannot draw -1"):
+        _sobol_next(eng, -1)
+    with pytest.raises(TypeError):
+        _sobol_next(eng, 2.5)
+    with pytest.raises(ValueError, match="points left"):
+        _sobol_next(eng, eng.maxn + 1)
+    assert eng.num_generated == 0
+
+
+def test_warning_filters_kept_restores_a_leftover():
+    from skfedgp.federated import warning_filters_kept
+
+    before = list(warnings.filters)
+    with warning_filters_kept():
+        warnings.simplefilter("error", ComplexWarning)  # as a leaked check_array block would
+    assert list(warnings.filters) == before
 
 
 def test_a_users_equal_filter_survives():
