@@ -34,6 +34,7 @@ Sobol design, :mod:`scipy.stats.qmc`) and broadcasts an
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -4071,6 +4072,13 @@ def check_participation(client_fraction, min_clients, max_retries):
     return float(client_fraction), int(min_clients), int(max_retries)
 
 
+#: One start's run in :meth:`_StructuredRun.select_start`: its final objective,
+#: whether it converged, its snapshot, its traffic and evaluations after set-up,
+#: its client failures and the clients that ran a local phase.
+_StartRun = collections.namedtuple(
+    "_StartRun", "objective converged state traffic evaluations failures local_done")
+
+
 class _StructuredRun:
     """The server side of structured training (see :func:`run_structured_training`)."""
 
@@ -4890,7 +4898,7 @@ class _StructuredRun:
         """
         s0 = self.snapshot(0)
         base = s0.theta_global.copy()
-        runs = []  # (objective, converged, state, traffic, evaluations, failures)
+        runs = []
         for k, factor in enumerate(factors):
             self.local_done = set()  # each run's own (untrained-client warning)
             if k > 0:
@@ -4911,21 +4919,21 @@ class _StructuredRun:
             converged = self._train(1)
             traffic = {key: sum(rec[key] for rec in self.comm[1:])
                        for key in ("bytes_up", "bytes_down", "n_messages")}
-            runs.append((self.objectives[-1] if self.objectives else -np.inf, converged,
-                         self.snapshot(len(self.history)), traffic,
-                         self.counter["evals"] - evals0, list(self.failures[n_fail:]),
-                         set(self.local_done)))
+            runs.append(_StartRun(self.objectives[-1] if self.objectives else -np.inf,
+                                  converged, self.snapshot(len(self.history)), traffic,
+                                  self.counter["evals"] - evals0, list(self.failures[n_fail:]),
+                                  set(self.local_done)))
             lost = len(self.active) != len(s0.client_states)
             if lost:
                 break
-        objectives = [r[0] if np.isfinite(r[0]) else -np.inf for r in runs]
+        objectives = [r.objective if np.isfinite(r.objective) else -np.inf for r in runs]
         # a start that lost a client ends the selection, and its run is kept
         best = len(runs) - 1 if lost else int(np.argmax(objectives))
         if best != len(runs) - 1:
-            self._restore(runs[best][2])
+            self._restore(runs[best].state)
             if self.callback is not None:  # the last checkpoint is the kept run's
                 self.callback(len(self.history), self.snapshot(len(self.history)))
-        self.local_done = runs[best][6]
+        self.local_done = runs[best].local_done
         # every other start's traffic and evaluations in round 1's record
         rec = self.comm[1] if len(self.comm) > 1 and self.comm[1]["round"] == 1 else None
         for k, run in enumerate(runs):
@@ -4933,13 +4941,13 @@ class _StructuredRun:
                 continue
             if rec is not None:
                 for key in ("bytes_up", "bytes_down", "n_messages"):
-                    rec[key] += run[3][key]
-            self.counter["evals"] += run[4]
-            self.failures.extend(f for f in run[5] if f not in self.failures)
+                    rec[key] += run.traffic[key]
+            self.counter["evals"] += run.evaluations
+            self.failures.extend(f for f in run.failures if f not in self.failures)
         if self.verbose and len(factors) > 1:
             print(f"[skfedgp] kept start {best + 1} (final objectives: "
                   + ", ".join(f"{v:.6g}" for v in objectives) + ")", flush=True)
-        return runs[best][1]
+        return runs[best].converged
 
     def final(self, converged):
         """Final exchange with every client at the final vectors; failing ones are excluded."""
@@ -5096,11 +5104,16 @@ def configs_differ(a, b):
     -------
     bool
         True if any field differs (``1 == 1.0``; a list equals a tuple of
-        the same items). Raises nothing.
+        the same items), the set-up choices of :data:`_SETUP_ONLY_FIELDS`
+        excepted. Raises nothing.
     """
     return any(not _same_setting(getattr(a, f.name, None), getattr(b, f.name, None))
-               for f in dataclasses.fields(ModelConfig)
-               if f.name != "lengthscale_starts")  # a set-up choice, not used by a resumed run
+               for f in dataclasses.fields(ModelConfig) if f.name not in _SETUP_ONLY_FIELDS)
+
+
+#: :class:`ModelConfig` fields that only the set-up of a new run uses (a
+#: resumed run does not): :func:`configs_differ` ignores them.
+_SETUP_ONLY_FIELDS = ("lengthscale_starts",)
 
 
 def check_same_model(saved, config, what):
