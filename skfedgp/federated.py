@@ -2283,7 +2283,21 @@ def warning_filters_kept():
     can, when two such blocks overlap, leave a filter installed after the
     threads finish. The calling thread waits for its pool meanwhile, so any
     change of the list seen after the call is such a leftover, and the
-    saved list is restored. Package plumbing; no paper source.
+    saved list is restored.
+
+    Yields
+    ------
+    None
+
+    Raises
+    ------
+    Nothing of its own; an exception of the block propagates after the
+    filters are restored.
+
+    Notes
+    -----
+    Package plumbing; no paper source. Filter changes that other threads
+    of the user's make while the block runs are undone as well.
     """
     saved = list(warnings.filters)
     try:
