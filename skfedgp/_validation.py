@@ -31,7 +31,9 @@ Conventions
 
 from __future__ import annotations
 
+import copy
 import decimal
+import functools
 import numbers
 import warnings
 
@@ -43,6 +45,7 @@ __all__ = [
     "ClientLabelWarning",
     "unique_labels",
     "check_groups",
+    "normalise_labels",
     "check_labels_present",
     "check_label_types",
     "label_source",
@@ -52,6 +55,7 @@ __all__ = [
     "warn_groups_overridden",
     "warn_unmatched_labels",
     "warn_groups_missing",
+    "keep_state_on_error",
 ]
 
 #: How many labels a warning or error message lists before it shortens.
@@ -144,16 +148,83 @@ def unique_labels(labels):
     """
     if not isinstance(labels, np.ndarray):
         labels = _object_array(labels)
-    try:
+    if labels.dtype.kind != "O":
         uniq, inv = np.unique(labels, return_inverse=True)
         # plain Python labels (``0``, ``'a'``, not ``np.int64(0)``) in clients_ and messages
         return [u.item() if isinstance(u, np.generic) else u for u in uniq], inv.ravel()
-    except TypeError:
-        order = {}
-        inv = np.empty(len(labels), dtype=int)
-        for i, lab in enumerate(labels):
-            inv[i] = order.setdefault(lab, len(order))
-        return list(order), inv
+    # objects are grouped by equality and hash, as dictionary keys (np.unique
+    # sorts with ``<``, which for sets means "subset of", and then merges only
+    # neighbours, so frozenset labels split into many clients)
+    order = {}
+    inv = np.empty(len(labels), dtype=int)
+    for i, lab in enumerate(labels):
+        inv[i] = order.setdefault(lab, len(order))
+    uniq = [u.item() if isinstance(u, np.generic) else u for u in order]
+    try:
+        perm = sorted(range(len(uniq)), key=uniq.__getitem__)
+        ordered = all(uniq[a] < uniq[b] for a, b in zip(perm, perm[1:]))
+    except TypeError:  # labels of types that do not compare: first-seen order
+        ordered = False
+    if not ordered:  # no total order (mixed types, sets): first-seen order
+        return uniq, inv
+    rank = np.empty(len(uniq), dtype=int)
+    rank[perm] = np.arange(len(uniq))
+    return [uniq[k] for k in perm], rank[inv]
+
+
+def normalise_labels(labels, source):
+    """Client labels in the one form they are compared in.
+
+    * Dates and times (``datetime64`` arrays of any unit, ``datetime.date``,
+      ``datetime.datetime``, ``numpy.datetime64`` and ``pandas.Timestamp``
+      values) become ``pandas.Timestamp``, so the same day given as
+      ``datetime64[D]``, ``datetime64[ns]`` or a pandas Series is one
+      client (without this, ``datetime64[ns]`` labels turn into integers).
+    * Every label must be hashable (it keys the client's messages).
+
+    Parameters
+    ----------
+    labels : ndarray of shape (n,)
+    source : str
+        What the labels are, for the message.
+
+    Returns
+    -------
+    labels : ndarray of shape (n,)
+        ``labels`` itself when nothing changes, else an object array.
+
+    Raises
+    ------
+    ValueError
+        If a label is not hashable (a list, a dict, an array); names its row.
+    """
+    import datetime
+
+    labels = np.asarray(labels)
+    if labels.dtype.kind == "M":
+        import pandas as pd  # a dependency; imported only for date labels
+
+        out = np.empty(labels.shape[0], dtype=object)
+        out[:] = list(pd.DatetimeIndex(labels))
+        return out
+    if labels.dtype.kind != "O":
+        return labels
+    out = None
+    for i, lab in enumerate(labels):
+        try:
+            hash(lab)
+        except TypeError:
+            raise ValueError(
+                f"{source} holds an unhashable client label at row {i}: {lab!r} (of type "
+                f"{type(lab).__name__}); client labels must be hashable values such as "
+                "ints or strings (a tuple instead of a list)") from None
+        if isinstance(lab, (datetime.date, np.datetime64)):
+            import pandas as pd
+
+            if out is None:
+                out = labels.copy()
+            out[i] = pd.Timestamp(lab)
+    return labels if out is None else out
 
 
 def _missing_mask(labels):
@@ -215,7 +286,11 @@ def check_groups(groups, n, where):
     Raises
     ------
     ValueError
-        Wrong length or shape, or a missing label.
+        Wrong length or shape, a missing label or an unhashable one.
+
+    Notes
+    -----
+    Dates and times come back as ``pandas.Timestamp`` (:func:`normalise_labels`).
     """
     if groups is None:
         return None
@@ -228,7 +303,7 @@ def check_groups(groups, n, where):
             f"({n} rows), got shape {np.shape(groups)}"
         )
     check_labels_present(groups, f"groups passed to {where}")
-    return groups
+    return normalise_labels(groups, f"groups passed to {where}")
 
 
 def _column_position(X, column, n_columns):
@@ -666,4 +741,53 @@ def r2_observed(y, y_pred, sample_weight=None):
         scores.append(r2_score(y[seen, q], y_pred[seen, q],
                                sample_weight=None if w is None else w[seen]))
     return float(np.mean(scores))
+
+
+def keep_state_on_error(method=None, *, deep=()):
+    """Decorate a ``fit``-like method so that an error leaves the estimator as it was.
+
+    The instance's attributes are saved before the call (a shallow copy of
+    ``vars(self)``; the attributes named in ``deep`` are deep-copied, for
+    those the method changes in place) and put back, with any attribute the
+    call added removed, if the call raises. ``validate_data`` sets
+    ``n_features_in_`` before the later checks run, so without this a refit
+    that fails validation would leave a model whose fitted parts expect one
+    input width and whose ``n_features_in_`` says another.
+
+    Parameters
+    ----------
+    method : callable, optional
+        The method to wrap (``@keep_state_on_error`` or
+        ``@keep_state_on_error(deep=("experts_",))``).
+    deep : tuple of str, default=()
+        Attribute names to deep-copy before the call.
+
+    Returns
+    -------
+    callable
+        The wrapped method; it returns what ``method`` returns and re-raises
+        its exception unchanged.
+
+    Notes
+    -----
+    No paper source: an implementation convention (scikit-learn does not
+    require it; this package promises it for every estimator).
+    """
+    if method is None:
+        return functools.partial(keep_state_on_error, deep=tuple(deep))
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        saved = dict(vars(self))
+        for name in deep:
+            if name in saved:
+                saved[name] = copy.deepcopy(saved[name])
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            vars(self).clear()
+            vars(self).update(saved)
+            raise
+
+    return wrapper
 

@@ -30,6 +30,7 @@ compiled with Numba (:func:`chol_append`, :func:`chol_delete_first`).
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import warnings
@@ -41,9 +42,9 @@ from scipy.linalg import cho_solve, cholesky, solve_triangular
 from scipy.optimize import minimize
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import check_not_strings
+from ._validation import check_not_strings, keep_state_on_error
 from .kernels import se_ard
 from .regressor import check_target_values
 
@@ -707,7 +708,12 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         """Expert index of each of ``n`` points arriving after ``start`` others."""
         M = self.n_experts
         if groups is not None:
-            g = column_or_1d(groups)
+            g = np.asarray(groups)
+            if g.ndim == 2 and g.shape[1] == 1:
+                g = g[:, 0]
+            if g.ndim != 1:
+                raise ValueError(f"groups must be 1-D (one expert index per sample), "
+                                 f"got an array of shape {g.shape}")
             if g.shape[0] != n:
                 raise ValueError(f"groups has {g.shape[0]} labels for {n} samples")
             if not np.issubdtype(g.dtype, np.integer) or g.min() < 0 or g.max() >= M:
@@ -769,7 +775,12 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
 
     def _start(self, X, y, groups, start):
         self._check_params()
-        self._rng = np.random.default_rng(check_random_state(self.random_state).randint(2**31))
+        rs = self.random_state
+        if isinstance(rs, np.random.Generator):  # documented; check_random_state refuses it
+            seed = int(rs.integers(2**31))
+        else:
+            seed = check_random_state(rs).randint(2**31)
+        self._rng = np.random.default_rng(seed)
         self.n_features_in_ = X.shape[1]
         idx = self._assign(X.shape[0], groups, start)
         if self.optimize_hyperparameters and X.shape[0] < 2:
@@ -795,6 +806,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         ]
         return idx
 
+    @keep_state_on_error
     def fit(self, X, y, groups=None):
         """Partition the data, learn shared hyperparameters, factorise each expert.
 
@@ -814,6 +826,14 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         ValueError
             For NaN/inf, inconsistent shapes, invalid parameters, or fewer
             than 2 samples when the hyperparameters are learned.
+        numpy.linalg.LinAlgError
+            If an expert's kernel matrix cannot be factorised (a given noise
+            variance too small for duplicated inputs); names the expert.
+
+        Notes
+        -----
+        On any error the estimator keeps its previous fitted state (or stays
+        unfitted).
         """
         check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
@@ -821,7 +841,14 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         idx = self._start(X, y, groups, None)
         self._n_stream = X.shape[0]
         for i, e in enumerate(self.experts_):
-            e.set_batch(X[idx == i], y[idx == i])
+            try:
+                e.set_batch(X[idx == i], y[idx == i])
+            except np.linalg.LinAlgError as exc:
+                raise np.linalg.LinAlgError(
+                    f"the kernel matrix of expert {i} ({int(np.sum(idx == i))} points) is not "
+                    f"positive definite with noise_variance={self.noise_variance_:.3g}: the noise "
+                    "variance is too small for duplicated or nearly duplicated inputs; "
+                    "learn it (optimize_hyperparameters=True) or give a larger one") from exc
         self._finish()
         return self
 
@@ -851,23 +878,52 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             For NaN/inf, a different number of features than before,
             invalid parameters, or a first call with fewer than 2 samples
             when the hyperparameters are learned.
+        numpy.linalg.LinAlgError
+            If a rank-one update loses positive definiteness (a noise
+            variance too small for a duplicated input).
+
+        Notes
+        -----
+        A chunk is applied whole or not at all: on any error the experts,
+        the running mean and the stream position are as before the call.
         """
-        first = not hasattr(self, "experts_")
-        check_not_strings(y)
-        X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)
-        check_target_values(y)
-        if first:
-            self._n_stream = 0
-            idx = self._start(X, y, groups, 0)
-        else:
-            self._check_params()
-            idx = self._assign(X.shape[0], groups, self._n_stream)
-            self._y_sum += float(y.sum())
-            self._n_seen += X.shape[0]
-        self._n_stream += X.shape[0]
-        for k in range(X.shape[0]):
-            self.experts_[idx[k]].add(X[k], y[k])
-        self._finish()
+        # a chunk is applied whole or not at all: the experts it touches (changed
+        # in place by the rank-one updates) and the partition's generator are
+        # copied, the other attributes are replaced, not changed in place
+        saved = dict(vars(self))
+        if "_rng" in saved:
+            saved["_rng"] = copy.deepcopy(saved["_rng"])
+        touched = {}
+        try:
+            first = not hasattr(self, "experts_")
+            check_not_strings(y)
+            X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)
+            check_target_values(y)
+            if first:
+                self._n_stream = 0
+                idx = self._start(X, y, groups, 0)
+            else:
+                self._check_params()
+                idx = self._assign(X.shape[0], groups, self._n_stream)
+                touched = {int(i): copy.deepcopy(self.experts_[i]) for i in np.unique(idx)}
+                self._y_sum += float(y.sum())
+                self._n_seen += X.shape[0]
+            self._n_stream += X.shape[0]
+            for k in range(X.shape[0]):
+                try:
+                    self.experts_[idx[k]].add(X[k], y[k])
+                except np.linalg.LinAlgError as exc:
+                    raise np.linalg.LinAlgError(
+                        f"{exc} (point {k} of this chunk, expert {int(idx[k])}); "
+                        "nothing of the chunk was added") from exc
+            self._finish()
+        except BaseException:
+            experts = saved.get("experts_")
+            for i, e in touched.items():
+                experts[i] = e
+            vars(self).clear()
+            vars(self).update(saved)
+            raise
         return self
 
     def _finish(self):

@@ -9,12 +9,13 @@ import numbers
 import numpy as np
 from joblib import Parallel, delayed
 from scipy.linalg import cho_factor, solve_triangular
-from scipy.special import softmax
+from scipy.special import logsumexp, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._linalg import CholeskyError, single_threaded_blas
+from ._validation import keep_state_on_error
 from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor
 
@@ -439,7 +440,6 @@ def proba_temperature(loglik, own, log_prior=None, sample_weight=None):
         nothing.
     """
     from scipy.optimize import minimize_scalar
-    from scipy.special import logsumexp
 
     loglik = np.asarray(loglik, dtype=float)
     if loglik.shape[0] == 0 or not np.all(np.isfinite(loglik)):
@@ -739,7 +739,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"class_prior must hold {k} positive finite values (one per class), got {prior!r}"
             )
-        return np.log(p / p.sum())
+        # normalised in the log domain: weights whose sum overflows (1e308 each)
+        # give the same prior as any other weights in the same proportions
+        logp = np.log(p)
+        return logp - logsumexp(logp)
 
     def _make_regressor(self):
         if self.estimator is not None and not isinstance(self.estimator,
@@ -761,13 +764,14 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             upd["random_state"] = self.random_state
         if self.n_jobs is not None and "n_jobs" in params:
             upd["n_jobs"] = self.n_jobs
-        if self.verbose and "verbose" in params:
+        if self.verbose > 0 and "verbose" in params:
             upd["verbose"] = self.verbose
         return reg.set_params(**upd)
 
     # ------------------------------------------------------------------
     # fit
     # ------------------------------------------------------------------
+    @keep_state_on_error
     def fit(self, X, y):
         """Fit one regressor whose clients are the classes.
 
@@ -791,6 +795,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             channel, an all-NaN curve, a class with fewer than 2 observed
             points, inf values, bad parameters, or ``channel_mode=
             "multioutput"`` with a regressor that has no multi-output support.
+
+        Notes
+        -----
+        On any error the classifier keeps its previous fitted state (or
+        stays unfitted).
         """
         X, y = validate_data(self, X, y, ensure_all_finite="allow-nan", dtype=np.float64)
         check_classification_targets(y)

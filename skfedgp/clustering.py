@@ -14,7 +14,7 @@ from sklearn.cluster import SpectralClustering
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import unique_labels
+from ._validation import keep_state_on_error, normalise_labels, unique_labels
 from .federated import default_sizes_quiet
 from .regressor import FederatedHierarchicalGPRegressor
 
@@ -302,9 +302,14 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         if est is not None:
             try:
                 check_is_fitted(est, "clients_")
-                return est
             except NotFittedError:
                 pass
+            else:
+                if est.n_features_in_ != X.shape[1]:
+                    raise ValueError(
+                        f"X has {X.shape[1]} features, but the fitted estimator was fitted "
+                        f"on {est.n_features_in_}: pass the inputs it was fitted on")
+                return est
         reg = default_clustering_regressor() if est is None else clone(est)
         if self.random_state is not None and "random_state" in reg.get_params():
             reg.set_params(random_state=self.random_state)
@@ -371,6 +376,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         var = sum(parts[c][1] ** 2 for c in names if c != "offset")
         return mu, var
 
+    @keep_state_on_error
     def fit(self, X, y=None, groups=None):
         """Fit (or reuse) the regressor and cluster its clients.
 
@@ -393,7 +399,13 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         ValueError
             Without ``groups``, with fewer clients than ``n_clusters`` or
             fewer than 2 clients, a label unknown to a reused fitted
-            regressor, or invalid input (NaN/inf, wrong lengths).
+            regressor, X of another width than a reused fitted regressor's,
+            or invalid input (NaN/inf, wrong lengths).
+
+        Notes
+        -----
+        On any error the estimator keeps its previous fitted state (or
+        stays unfitted).
         """
         self._check_params()
         X = validate_data(self, X, dtype=np.float64)
@@ -410,6 +422,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 f"groups must be 1-D with one label per row of X ({X.shape[0]}), "
                 f"got shape {groups.shape}"
             )
+        groups = normalise_labels(groups, "groups")  # dates as Timestamps, hashable
         uniq, inv = unique_labels(groups)  # mixed label types too
         n_str = sum(isinstance(u, str) for u in uniq)
         if 0 < n_str < len(uniq):  # str and other labels: an object array, first-seen order
