@@ -527,6 +527,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
             return int(v)
 
+        if not isinstance(self.verbose, numbers.Integral):
+            raise ValueError(
+                f"verbose must be an int (0 or less: silent), got {self.verbose!r}")
         R = _int("n_latent", 1)
         n_rounds = _int("n_rounds", 0)
         steps = _int("local_steps", 1)
@@ -671,7 +674,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             history.append(float(sum(c.lml for c in clients)))
             comm.append({"round": rnd + 1, "upload_bytes": upload,
                          "download_bytes": len(clients) * ell.size * 8})
-            if self.verbose:
+            if self.verbose > 0:
                 print(f"[PFedGPRegressor] round {rnd + 1}/{n_rounds}: "
                       f"sum LML {history[-1]:.3f}")
             if np.max(np.abs(np.log(ell_hist[-1]) - np.log(ell_hist[-2]))) <= self.tol:

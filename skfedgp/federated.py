@@ -1449,7 +1449,7 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
                 "bytes_down": int(down + T * message_nbytes(bc)),
                 "n_messages": n_msg + T,
             })
-            if verbose:
+            if verbose > 0:
                 print(
                     f"[skfedgp] round {r:3d}/{n_rounds}  ELBO {elbo: .6e}  "
                     f"time {time.perf_counter() - t0:6.2f}s  "
@@ -4769,7 +4769,7 @@ class _StructuredRun:
         server.learn_inducing_ = True
         server.inducing_switch_round_ = int(r)
         self.gbounds = server.global_bounds(self.gpack, self.theta_g, learn_inducing=True)
-        if self.verbose:
+        if self.verbose > 0:
             print(f"[skfedgp] round {r:3d}: the global inducing inputs are learned from now on "
                   f"(design residual {server.design_residual_:.2e} of the prior variance, "
                   f"trace term {server.design_residual_history_[-1][2]:.3g} nats per "
@@ -4819,7 +4819,7 @@ class _StructuredRun:
         self.objectives.append(float(elbo + lp))
         self.comm.append({"round": r, "bytes_up": int(c["up"]), "bytes_down": int(c["down"]),
                           "n_messages": c["msgs"]})
-        if self.verbose:
+        if self.verbose > 0:
             print(f"[skfedgp] round {r:3d}/{self.last_round}  ELBO {elbo: .6e}  "
                   f"time {time.perf_counter() - t0:6.2f}s  up {c['up']} B  "
                   f"down {c['down']} B", flush=True)
@@ -4926,7 +4926,7 @@ class _StructuredRun:
                 self.last = self.evaluate_all(self.theta_g, 0)
             # recorded in this run's checkpoints too
             self.server.lengthscale_start_ = float(factor)
-            if self.verbose and len(factors) > 1:
+            if self.verbose > 0 and len(factors) > 1:
                 print(f"[skfedgp] start {k + 1}/{len(factors)}: global lengthscales x {factor:g}",
                       flush=True)
             n_fail, evals0 = len(self.failures), s0.n_evaluations
@@ -4958,7 +4958,7 @@ class _StructuredRun:
                     rec[key] += run.traffic[key]
             self.counter["evals"] += run.evaluations
             self.failures.extend(f for f in run.failures if f not in self.failures)
-        if self.verbose and len(factors) > 1:
+        if self.verbose > 0 and len(factors) > 1:
             print(f"[skfedgp] kept start {best + 1} (final objectives: "
                   + ", ".join(f"{v:.6g}" for v in objectives) + ")", flush=True)
         return runs[best].converged

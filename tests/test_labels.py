@@ -4,6 +4,7 @@ DataFrame, by position or by name; missing labels rejected by name; and no
 silent population prediction when ``groups`` is left out or its labels have
 another type than in ``fit``."""
 
+import contextlib
 import warnings
 from decimal import Decimal
 
@@ -573,3 +574,127 @@ def test_groups_that_disagree_with_the_client_column_are_warned_about(frame):
     assert sorted(est.clients_) == STATIONS  # the column was used
     with pytest.warns(ClientLabelWarning, match="groups passed to predict differs"):
         est.predict(X, groups=other)
+
+
+# ---------------------------------------------------------------------------
+# labels of other kinds: sets, dates, unhashable values; client_column after
+# set_params; a missing target written as None
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Any warning is an error, except the tiny training budget's ConvergenceWarning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        yield
+
+
+def _small(seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 5, (30, 1))
+    g = np.repeat([0, 1, 2], 10)
+    return X, np.sin(X[:, 0]) + 0.3 * g + 0.1 * rng.normal(size=30), g
+
+
+def test_frozenset_labels_are_three_clients():
+    """np.unique sorts sets by "subset of" and splits equal labels apart."""
+    X, y, g = _small()
+    labs = [frozenset({"a"}), frozenset({"b"}), frozenset({"c"})]
+    groups = np.empty(30, dtype=object)
+    groups[:] = [labs[k] for k in g]
+    with _quiet():
+        est = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, groups)
+        ref = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, g)
+    assert len(est.clients_) == 3
+    assert set(est.clients_) == set(labs)
+    with _quiet():
+        np.testing.assert_allclose(est.predict(X, groups), ref.predict(X, g), rtol=1e-10)
+
+
+def test_date_labels_match_whatever_their_unit():
+    X, y, g = _small()
+    days = np.array(["2020-01-01", "2020-01-02", "2020-01-03"], dtype="datetime64[D]")
+    with _quiet():
+        est = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, days[g])
+        ns = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, days[g].astype("datetime64[ns]"))
+    assert list(est.clients_) == list(pd.DatetimeIndex(days))
+    assert list(ns.clients_) == list(est.clients_)
+    with _quiet():
+        own = est.predict(X[:12], days[g[:12]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ClientLabelWarning)  # no population fallback
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for other in (pd.Series(days[g[:12]]), days[g[:12]].astype("datetime64[ns]"),
+                      [d.item() for d in days[g[:12]]]):
+            assert_array_equal(est.predict(X[:12], other), own)
+
+
+def test_unhashable_labels_named():
+    X, y, g = _small()
+    groups = np.empty(30, dtype=object)
+    groups[:] = [[k] for k in g]
+    with pytest.raises(ValueError, match="unhashable client label at row 0"):
+        FederatedHierarchicalGPRegressor(**FAST).fit(X, y, groups)
+    with _quiet():
+        est = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, g)
+    with pytest.raises(ValueError, match="groups passed to predict holds an unhashable"):
+        est.predict(X[:2], groups[:2])
+
+
+@pytest.mark.parametrize("make_y", [
+    lambda y: [None] + list(y[1:]),
+    lambda y: np.array([None] + list(y[1:]), dtype=object),
+    lambda y: pd.Series([None] + list(y[1:]), dtype=object),
+])
+def test_none_target_is_a_missing_value_error(make_y):
+    """sklearn's finite check passes None in object arrays; it must not drop a client."""
+    X, y, g = _small()
+    with pytest.raises(ValueError, match=r"y contains 1 missing value\(s\) .* row\(s\) 0"):
+        FederatedHierarchicalGPRegressor(**FAST).fit(X, make_y(y), g)
+
+
+def test_prediction_uses_the_client_column_of_the_fit(frame):
+    df, y = frame
+    with _quiet():
+        est = FederatedHierarchicalGPRegressor(client_column="station", **FAST).fit(df, y)
+        before = est.predict(df)
+    est.set_params(client_column=None)  # applies from the next fit on
+    assert est.client_column_ == "station"
+    with _quiet():
+        assert_array_equal(est.predict(df), before)
+    X = df[["temp", "hum", "wind"]].to_numpy()
+    with _quiet():
+        plain = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, df["station"])
+        own = plain.predict(X, df["station"])
+    plain.set_params(client_column=0)
+    # fitted without a label column: column 0 of X stays a feature, so
+    # without groups the rows get the population prediction (and the warning)
+    with pytest.warns(ClientLabelWarning, match="groups=None"):
+        pop = plain.predict(X)
+    assert pop.shape == (X.shape[0],)
+    with _quiet():
+        assert_array_equal(plain.predict(X, df["station"]), own)
+
+
+def test_negative_verbose_is_silent_and_none_rejected(capsys):
+    X, y, g = _small()
+    with _quiet():
+        FederatedHierarchicalGPRegressor(**dict(FAST, verbose=-1)).fit(X, y, g)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="verbose must be an int"):
+        FederatedHierarchicalGPRegressor(**dict(FAST, verbose=None)).fit(X, y, g)
+
+
+def test_copied_rows_warn_and_repeated_measurements_do_not():
+    X, y, g = _small()
+    idx = np.r_[np.arange(30), np.arange(10)]  # client 0's rows twice
+    with pytest.warns(UserWarning, match=r"client\(s\) 0 \(10 of 20 rows\) have rows that repeat"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            FederatedHierarchicalGPRegressor(**FAST).fit(X[idx], y[idx], g[idx])
+    # real repeats: the same inputs measured again with another (noisy) target
+    y2 = np.r_[y, y[:10] + 0.05]
+    with _quiet():
+        FederatedHierarchicalGPRegressor(**FAST).fit(X[idx], y2, g[idx])
