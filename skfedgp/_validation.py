@@ -58,6 +58,9 @@ __all__ = [
     "keep_state_on_error",
 ]
 
+#: What the population prediction is, in the warnings (the hierarchical model's).
+_POPULATION = "global part plus the prior of the client parts"
+
 #: How many labels a warning or error message lists before it shortens.
 _MAX_LISTED = 10
 
@@ -571,7 +574,7 @@ class _TypeMismatch:
         return repr(self.label)
 
 
-def match_labels(groups, fitted, where, stacklevel=2):
+def match_labels(groups, fitted, where, stacklevel=2, population=None):
     """Distinct labels of ``groups`` at prediction and their fitted clients.
 
     As :func:`unique_labels`, but a bool label is never a numeric fitted
@@ -589,6 +592,8 @@ def match_labels(groups, fitted, where, stacklevel=2):
     where : str
         Method name for the message.
     stacklevel : int, default=2
+    population : str, optional
+        Passed to :func:`warn_unmatched_labels`.
 
     Returns
     -------
@@ -624,11 +629,12 @@ def match_labels(groups, fitted, where, stacklevel=2):
         _TypeMismatch(lab) if lab in own and _is_bool(lab) != _is_bool(own[lab]) else lab
         for lab in labels
     ]
-    warn_unmatched_labels(labels, fitted, where, stacklevel=stacklevel + 1)
+    warn_unmatched_labels(labels, fitted, where, stacklevel=stacklevel + 1,
+                          population=population)
     return labels, inv
 
 
-def warn_unmatched_labels(labels, fitted, where, stacklevel=2):
+def warn_unmatched_labels(labels, fitted, where, stacklevel=2, population=None):
     """Warn about labels that are not fitted clients but look like one.
 
     Parameters
@@ -641,6 +647,10 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2):
     where : str
         Method name for the message.
     stacklevel : int, default=2
+    population : str, optional
+        What the model predicts for an unfitted label, for the message
+        (default: the hierarchical model's global part plus the prior of the
+        client parts).
 
     Warns
     -----
@@ -670,7 +680,7 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2):
     warnings.warn(
         f"{where}: {described}. Client labels must match the labels given to fit in value "
         "and type (1, '1' and True are three different clients), so these rows get the "
-        "population prediction (global part plus the prior of the client parts), not that "
+        f"population prediction ({population or _POPULATION}), not that "
         "client's. Convert the labels to the type used in fit.",
         ClientLabelWarning,
         stacklevel=stacklevel + 1,

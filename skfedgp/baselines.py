@@ -48,6 +48,7 @@ from ._validation import (
     check_labels_present,
     label_source,
     match_labels,
+    normalise_labels,
     r2_observed,
     split_client_column,
     unique_labels,
@@ -459,6 +460,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         Columns of ``X`` seen in fit, including a ``client_column``.
     feature_names_in_ : ndarray
         Column names of ``X`` (pandas input with string names).
+    client_column_ : int, str or None
+        The ``client_column`` of the fit, which prediction uses (a value set
+        with ``set_params`` after fit applies from the next fit on).
 
     Notes
     -----
@@ -590,7 +594,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         if labels is not None:
             check_labels_present(labels, f"client_column={self.client_column!r}")
             warn_groups_overridden(groups, labels, self.client_column, "fit")
-            groups = labels
+            groups = normalise_labels(labels, f"client_column={self.client_column!r}")
         return X, Y, y.ndim, groups
 
     # -- fit --------------------------------------------------------------------
@@ -630,7 +634,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         """
         saved = {k: v for k, v in vars(self).items() if _is_fit_attribute(k)}
         try:
-            return self._fit(X, y, groups)
+            out = self._fit(X, y, groups)
+            self.client_column_ = self.client_column
+            return out
         except BaseException:
             for k in [k for k in vars(self) if _is_fit_attribute(k)]:
                 delattr(self, k)
@@ -725,15 +731,18 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
 
     # -- prediction -------------------------------------------------------------
     def _validate_predict_X(self, X, groups, where):
-        if self.client_column is None:
+        # the label column of the fit (client_column_): a value set with
+        # set_params afterwards applies from the next fit on
+        column = getattr(self, "client_column_", self.client_column)
+        if column is None:
             X = validate_data(self, X, reset=False, dtype=np.float64)
             return X, check_groups(groups, X.shape[0], where)
-        X, labels = split_client_column(self, X, self.client_column, reset=False)
+        X, labels = split_client_column(self, X, column, reset=False)
         X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
         groups = check_groups(groups, X.shape[0], where)
-        check_labels_present(labels, f"client_column={self.client_column!r}")
-        warn_groups_overridden(groups, labels, self.client_column, where)
-        return X, labels
+        check_labels_present(labels, f"client_column={column!r}")
+        warn_groups_overridden(groups, labels, column, where)
+        return X, normalise_labels(labels, f"client_column={column!r}")
 
     def _population(self):
         """Average offsets (Q,), per-latent Q x Q loadings outer products, noise."""
@@ -793,7 +802,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
                     "(average loadings and channel means), not any client's posterior. Pass "
                     "groups= to predict for fitted clients.", ClientLabelWarning, stacklevel=2)
                 groups = np.array([_UNSEEN] * n, dtype=object)
-        labels, inv = match_labels(groups, self.clients_, "predict", stacklevel=2)
+        labels, inv = match_labels(
+            groups, self.clients_, "predict", stacklevel=2,
+            population="the population prior: the clients' averaged means and loadings")
         Xs = (X - self.x_offset_) / self.x_scale_
         mean = np.zeros((n, Q))
         blocks = np.zeros((n, Q, Q))

@@ -214,6 +214,8 @@ def load_beijing_air_quality(
     ------
     FileNotFoundError
         If ``data_dir`` does not exist or holds no matching file.
+    NotADirectoryError
+        If ``data_dir`` is a file.
     ValueError
         If ``target`` is not a numeric column of the files, ``hours`` are
         outside 0..23, a requested station is absent, ``start >= end``, or
@@ -227,6 +229,10 @@ def load_beijing_air_quality(
     import pandas as pd
 
     data_dir = Path(data_dir)
+    if data_dir.exists() and not data_dir.is_dir():
+        raise NotADirectoryError(
+            f"data_dir {str(data_dir)!r} is a file; pass the folder that holds the station "
+            "CSV files")
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data directory {str(data_dir)!r} does not exist")
     files = _find_station_files(data_dir)

@@ -431,6 +431,9 @@ def interval_width(y_std=None, level=0.95, *, y_cov=None):
         std = _check_std(std, std.shape)
     else:
         cov = _as_array(y_cov, "y_cov", ndims=(3,))
+        if cov.shape[1] != cov.shape[2]:
+            raise ValueError(
+                f"y_cov must hold square Q x Q blocks, shape (n, Q, Q); got shape {cov.shape}")
         std = _marginal_std(None, cov, cov.shape[:2])
     z = norm.ppf(0.5 + 0.5 * level)
     return float(np.mean(2.0 * z * std))

@@ -328,3 +328,20 @@ def test_groups_that_disagree_with_the_client_column_are_warned_about():
         est.fit(X, y, other)
     with pytest.warns(ClientLabelWarning, match="groups passed to predict differs"):
         est.predict(X, other)
+
+
+def test_prediction_uses_the_client_column_of_the_fit_and_names_its_prior():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (16, 1))
+    y = np.sin(X[:, 0])
+    g = np.repeat([0, 1], 8)
+    Xg = np.c_[X, g]  # column 1: the client label
+    est = PFedGPRegressor(client_column=1, n_rounds=2, local_steps=5, random_state=0).fit(Xg, y)
+    before = est.predict(Xg[:3])
+    est.set_params(client_column=None)  # applies from the next fit on
+    assert est.client_column_ == 1
+    np.testing.assert_array_equal(est.predict(Xg[:3]), before)
+    # a look-alike label's warning describes this model's fallback, not the hierarchy's
+    with pytest.warns(ClientLabelWarning, match="averaged means and loadings") as rec:
+        est.predict(np.c_[X[:1], ["0"]].astype(object))
+    assert "global part" not in str(rec[0].message)

@@ -362,3 +362,10 @@ def test_output_covariance_noise_var_must_be_a_number():
     for bad in (None, "x", -1.0):
         with pytest.raises(ValueError, match="noise_var"):
             output_covariance(np.zeros((4, 2)), noise_var=bad)
+
+
+def test_interval_width_names_non_square_blocks():
+    from skfedgp.metrics import interval_width
+
+    with pytest.raises(ValueError, match=r"square Q x Q blocks.*\(3, 1, 2\)"):
+        interval_width(y_cov=np.ones((3, 1, 2)))
