@@ -193,9 +193,12 @@ class Packer:
                     raise ValueError(f"parameter {name!r} must be finite and positive, got {v}")
                 t = np.log(v).ravel()
             elif kind == "noise":
-                if np.any(v <= NOISE_FLOOR):
-                    raise ValueError(f"noise variance must exceed {NOISE_FLOOR}, got {v}")
-                t = softplus_inv(v - NOISE_FLOOR).ravel()
+                if np.any(v < NOISE_FLOOR) or not np.all(np.isfinite(v)):
+                    raise ValueError(f"noise variance must be finite and at least {NOISE_FLOOR}, "
+                                     f"got {v}")
+                # a value at the floor itself (an unpacked vector whose
+                # softplus underflowed) packs to a large negative number
+                t = softplus_inv(np.maximum(v - NOISE_FLOOR, np.finfo(float).tiny)).ravel()
             else:
                 C = np.tril(v).copy()
                 d = np.diag_indices(shape[0])

@@ -648,7 +648,11 @@ def _default_lengthscale(value, ranges, fraction):
     """Initial lengthscales in scaled units (``ranges`` = input scales)."""
     if value is None:
         return np.full(ranges.shape, fraction)
-    ell = np.asarray(value, dtype=float)
+    try:
+        ell = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"lengthscale must be a positive number or an array of them, got "
+                         f"{value!r}") from None
     if ell.ndim == 0:
         ell = np.full(ranges.shape, float(ell))
     if ell.shape != ranges.shape:
@@ -1137,7 +1141,9 @@ class Server:
         ell = check_in_bounds("lengthscale_g", ell, cfg.lengthscale is not None,
                               self.lengthscale_range())
         cand, frac = self._union_candidates(ell)
-        if cfg.n_inducing == "auto":
+        if not {"global", "deviation"} & set(cfg.components):
+            M = 0  # no global inducing set (and no warning about its size)
+        elif cfg.n_inducing == "auto":
             # the number of lengthscale-sized cells in the union of the clients' boxes
             cap = max(AUTO_MAX_INDUCING, budget_inducing(
                 self.client_sizes, cfg.components,
@@ -1496,7 +1502,8 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
         up += sum(message_nbytes(f) for f in finals)
         down += T * message_nbytes(bc)
         communication.append({"round": n_rounds + 1, "bytes_up": int(up),
-                              "bytes_down": int(down), "n_messages": n_msg + 2 * T})
+                              "bytes_down": int(down), "n_messages": n_msg + 2 * T,
+                              "final": True})
         if elbo_history:
             elbo_history[-1] = float(elbo)
         else:
@@ -3395,7 +3402,9 @@ class StructuredClient:
                 return np.inf, np.zeros_like(t)
 
         theta0 = self.theta.copy()
-        if config.optimizer == "lbfgs":
+        if config.local_steps == 0:
+            pass  # held (SciPy's L-BFGS-B would still take one step with maxiter=0)
+        elif config.optimizer == "lbfgs":
             try:
                 res = minimize(fun_trial, theta0, jac=True, method="L-BFGS-B", bounds=bounds,
                                options={"maxiter": config.local_steps, "ftol": 1e-12,
@@ -4561,9 +4570,10 @@ class _StructuredRun:
                                              failed=failed, may_cut=may_hold)
             changed = changed or hold
         except _TooFewClients:
+            answered = len([c for c in live if c not in failed])
             warnings.warn(
                 f"round {r}: fewer than min_clients={self.min_clients} clients answered "
-                f"({len(live)}); the round is skipped (global vector unchanged)",
+                f"({answered}); the round is skipped (global vector unchanged)",
                 RoundSkippedWarning, stacklevel=4)
             self.theta_g, self.last = start_theta, start_last
             self.messages = saved_msgs
@@ -4827,8 +4837,13 @@ class _StructuredRun:
         converged = False
         # stop when a whole round (local and global phase) gains less than
         # tol times max(|ELBO|, number of observations); not after a round
-        # whose objective changed (a skipped round, a participant lost)
-        if ok and elbo + lp - prev <= cfg.tol * max(abs(elbo + lp), N, 1.0):
+        # whose objective changed (a skipped round, a participant lost). An
+        # L-BFGS-B round cannot lose (a loss is round-off: converged); an Adam
+        # round can, and a loss larger than the tolerance is not convergence
+        gain = elbo + lp - prev
+        if cfg.optimizer != "lbfgs":
+            gain = abs(gain)
+        if ok and gain <= cfg.tol * max(abs(elbo + lp), N, 1.0):
             # converged with Z_g held: go on only if "auto" now learns it
             # (decided before the checkpoint, which must hold the decision)
             converged = not (r < self.last_round and self._recheck_global_inducing(r + 1))
@@ -4990,8 +5005,11 @@ class _StructuredRun:
             self.exclude(lost)
         up += sum(message_nbytes(f) for f in finals.values())
         msgs += len(finals)
+        # "final": a warm start continues with round r_final, so an earlier
+        # fit's final exchange and the continued run's first round share it
         self.comm.append({"round": r_final, "bytes_up": int(c["up"] + up),
-                          "bytes_down": int(c["down"] + down), "n_messages": c["msgs"] + msgs})
+                          "bytes_down": int(c["down"] + down), "n_messages": c["msgs"] + msgs,
+                          "final": True})
         # every client forgets its data (excluded ones too)
         self.transport.call("close", (), self.transport.client_ids, round_=r_final)
         lp = float(sum(stats[k].log_prior for k in live))

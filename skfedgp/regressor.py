@@ -559,8 +559,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Per round, the L-BFGS-B iterations (or Adam steps) each client takes
         on its own hyperparameters; None: 20 with L-BFGS, 80 with Adam.
     global_steps : int, default=None
-        Per round, the server's L-BFGS-B iterations (or Adam steps) on the
-        global hyperparameters; None: 20 with L-BFGS, 1 with Adam.
+        Structured family: per round, the server's L-BFGS-B iterations (or
+        Adam steps) on the global hyperparameters; None: 20 with L-BFGS, 1
+        with Adam; 0 holds them. The mean-field family takes one Adam step
+        per round (the paper's Algorithm 1: the clients' gradients are those
+        of the broadcast vector), so it accepts only None or 1.
     tol : float, default=1e-4
         Structured family: stop when a round increases the objective by less
         than ``tol * max(|objective|, n_samples)``.
@@ -731,13 +734,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ELBO of the returned model.
     objective_history_ : list of float
         Structured family: ELBO plus the clients' log hyperpriors (the
-        objective that every round increases).
+        objective that every L-BFGS-B round increases; Adam rounds may lose
+        some of it).
     n_iter_ : int
         Number of rounds run (0 with ``n_rounds=0``: the set-up's model;
         with ``warm_start`` or ``resume_from`` it counts the earlier rounds
         too; a skipped round counts).
     n_inducing_ : int
-        Number of global inducing points used.
+        Number of global inducing points used (0 without the global and
+        deviation components, structured family).
     learn_inducing_locations_ : bool
         Whether the global inducing inputs were optimised
         (``learn_inducing_locations``; with "auto", the structured family's
@@ -760,9 +765,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Structured family, 1-D ``y``: fitted variance of the clients' random
         levels around ``y_offset_`` (target units squared).
     communication_ : list of dict
-        Bytes uploaded and downloaded per round: round 0 is the set-up
-        (summaries, pilot hyperparameters), the last record the final
-        exchange (structured) or the closed-form polish (mean-field).
+        Bytes uploaded and downloaded per round (keys ``"round"``,
+        ``"bytes_up"``, ``"bytes_down"``, ``"n_messages"``): round 0 is the
+        set-up (summaries, pilot hyperparameters), the last record the final
+        exchange (structured) or the closed-form polish (mean-field), marked
+        ``"final": True``. After a ``warm_start`` the earlier fit's final
+        record stays, with the number of the round that continued it.
     components_ : tuple of str
         Components used, in canonical order.
     variational_family_ : str
@@ -948,6 +956,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     # ------------------------------------------------------------------
     # validation helpers
     # ------------------------------------------------------------------
+    def _check_global_steps(self, steps, structured):
+        """``global_steps`` as validated; the mean-field family takes exactly one."""
+        if not structured and steps != 1:
+            raise ValueError(
+                f"global_steps={self.global_steps!r} applies to the structured family; "
+                "variational_family='mean_field' takes one Adam step on the global block "
+                "per round (the paper's Algorithm 1): leave global_steps=None")
+        return steps
+
     def _check_params(self):
         comps = self.components
         if isinstance(comps, str):
@@ -959,6 +976,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"components must be a non-empty subset of {COMPONENTS}, got {self.components!r}"
             )
         comps = tuple(c for c in COMPONENTS if c in comps)
+        if self.fault_hook is not None and not callable(self.fault_hook):
+            raise ValueError(
+                f"fault_hook must be a callable fault_hook(client_id, method, round) or None, "
+                f"got {self.fault_hook!r}")
         if not isinstance(self.verbose, numbers.Integral):
             raise ValueError(
                 f"verbose must be an int (0 or less: silent), got {self.verbose!r}")
@@ -1023,7 +1044,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             variational_family=family,
             optimizer=optimizer,
             tol=_nonneg_float(self.tol, "tol"),
-            global_steps=_int("global_steps", 0, default=20 if lbfgs else 1),
+            global_steps=self._check_global_steps(_int("global_steps", 0,
+                                                       default=20 if lbfgs else 1),
+                                                  structured),
             noise_prior_scale=_pos_float("noise_prior_scale"),
             n_latent=self._check_n_latent(comps),
             noise=self._check_noise(),
@@ -1401,8 +1424,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         # settings of a resumed state, checkpoint path, min_clients: before
         # any client is asked anything (shared with the Flower server)
         check_run_setup(config, state, self.checkpoint, self.min_clients, len(clients))
-        if state is None and self.warm_start and getattr(self, "variational_family_", None) \
-                == "structured":
+        fitted_family = getattr(self, "variational_family_", None)
+        if state is None and self.warm_start and fitted_family not in (None, "structured"):
+            raise ValueError(
+                f"warm_start continues the fitted model, whose variational_family is "
+                f"{fitted_family!r}, not 'structured'; set warm_start=False to fit the "
+                "structured family from scratch")
+        if state is None and self.warm_start and fitted_family == "structured":
             # which clients carry a scale, the inducing sizes, the components:
             # all decided at set-up; a change would leave the fitted clients
             # half one model, half the other

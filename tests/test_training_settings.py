@@ -1,0 +1,126 @@
+"""Training settings that must do what their documentation says.
+
+Each case was found by trying the setting on a tiny problem: the Adam
+stopping rule, ``local_steps=0``, ``global_steps`` of the mean-field family,
+a warm start across variational families, ``fault_hook`` validation, the
+global inducing set of a model without global parts, the skipped-round
+message, the final record of ``communication_`` and an Adam step that lands
+a noise variance on its floor.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+
+from skfedgp import FederatedHierarchicalGPRegressor as R
+from skfedgp.federated import RoundSkippedWarning
+
+
+def _data(n_clients=3, n=15, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, (n_clients * n, 1))
+    g = np.repeat(np.arange(n_clients), n)
+    return X, np.sin(X[:, 0]) + 0.3 * g + 0.1 * rng.standard_normal(len(g)), g
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        yield
+
+
+def test_adam_round_that_loses_ground_is_not_convergence():
+    """seed 3: Adam's second round lowers the objective; it used to stop there."""
+    X, y, g = _data(seed=3)
+    est = R(optimizer="adam", random_state=3, n_rounds=12).fit(X, y, g)
+    hist = np.asarray(est.objective_history_)
+    assert np.any(np.diff(hist) < 0)  # the case: a round that loses
+    assert est.n_iter_ > 3
+    assert R(optimizer="adam", random_state=3, n_rounds=6, tol=0).fit(X, y, g).n_iter_ == 6
+
+
+def test_local_steps_zero_holds_the_clients_hyperparameters():
+    X, y, g = _data()
+    start = R(n_rounds=0, random_state=0).fit(X, y, g)
+    for optimizer in ("lbfgs", "adam"):
+        est = R(n_rounds=2, random_state=0, local_steps=0, global_steps=0,
+                optimizer=optimizer).fit(X, y, g)
+        for c in est.clients_:
+            a, b = start.clients_[c].local_values(), est.clients_[c].local_values()
+            for key in ("lengthscale_l", "variance_l", "noise_variance"):
+                np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_mean_field_refuses_global_steps_it_cannot_take():
+    X, y, g = _data()
+    for steps in (0, 20):
+        with pytest.raises(ValueError, match="global_steps=.* applies to the structured"):
+            R(variational_family="mean_field", optimizer="adam", n_rounds=1,
+              global_steps=steps).fit(X, y, g)
+    R(variational_family="mean_field", optimizer="adam", n_rounds=1, global_steps=1).fit(X, y, g)
+
+
+def test_warm_start_from_mean_field_into_structured_is_refused():
+    X, y, g = _data()
+    est = R(variational_family="mean_field", optimizer="adam", n_rounds=2,
+            random_state=0).fit(X, y, g)
+    before = est.predict(X[:4], g[:4])
+    est.set_params(variational_family="structured", optimizer="lbfgs", warm_start=True)
+    with pytest.raises(ValueError, match="variational_family is 'mean_field'"):
+        est.fit(X, y, g)
+    np.testing.assert_array_equal(est.predict(X[:4], g[:4]), before)
+
+
+def test_fault_hook_must_be_callable():
+    X, y, g = _data()
+    with pytest.raises(ValueError, match="fault_hook must be a callable"):
+        R(n_rounds=1, fault_hook="not-a-function").fit(X, y, g)
+
+
+def test_no_global_inducing_set_without_global_parts():
+    X, y, g = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "reduced to" warning either
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = R(n_rounds=1, components=("local",), n_inducing=100).fit(X, y, g)
+    assert est.n_inducing_ == 0
+    assert est.global_posterior_["mean"].shape == (0,)
+
+
+def test_skipped_round_counts_the_clients_that_answered():
+    X, y, g = _data()
+
+    def hook(cid, method, r):
+        if r == 2 and method == "statistics":
+            raise TimeoutError("late")
+
+    with pytest.warns(RoundSkippedWarning, match=r"clients answered \(0\)"):
+        R(n_rounds=3, random_state=0, fault_hook=hook).fit(X, y, g)
+
+
+def test_final_exchange_marked_and_warm_start_rounds():
+    X, y, g = _data()
+    est = R(n_rounds=2, random_state=0, warm_start=True).fit(X, y, g)
+    assert est.communication_[-1].get("final") is True
+    assert not any(r.get("final") for r in est.communication_[:-1])
+    est.fit(X, y, g)
+    rounds = [r["round"] for r in est.communication_ if not r.get("final")]
+    assert rounds == sorted(set(rounds))  # each training round once
+    assert sum(bool(r.get("final")) for r in est.communication_) == 2
+
+
+def test_bad_lengthscale_type_named():
+    X, y, g = _data()
+    with pytest.raises(ValueError, match="lengthscale must be a positive number"):
+        R(n_rounds=1, lengthscale="a").fit(X, y, g)
+
+
+def test_adam_step_onto_the_noise_floor_is_not_an_error():
+    """A huge learning rate drives a noise variance's softplus to underflow."""
+    X, y, g = _data()
+    est = R(variational_family="mean_field", optimizer="adam", n_rounds=3, random_state=0,
+            learning_rate=100.0).fit(X, y, g)
+    assert np.all(np.isfinite(est.predict(X, g)))
