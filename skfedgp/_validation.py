@@ -31,7 +31,6 @@ Conventions
 
 from __future__ import annotations
 
-import copy
 import decimal
 import functools
 import numbers
@@ -205,11 +204,14 @@ def normalise_labels(labels, source):
 
     labels = np.asarray(labels)
     if labels.dtype.kind == "M":
-        import pandas as pd  # a dependency; imported only for date labels
-
-        out = np.empty(labels.shape[0], dtype=object)
-        out[:] = list(pd.DatetimeIndex(labels))
-        return out
+        # the distinct values only (a year of hourly rows has few clients)
+        uniq, inv = np.unique(labels, return_inverse=True)
+        stamps = np.empty(uniq.shape[0], dtype=object)
+        try:
+            stamps[:] = [_timestamp(u) for u in uniq]
+        except _OUT_OF_BOUNDS:  # beyond pandas' range: kept as they are
+            return labels
+        return stamps[inv.ravel()]
     if labels.dtype.kind != "O":
         return labels
     out = None
@@ -221,13 +223,26 @@ def normalise_labels(labels, source):
                 f"{source} holds an unhashable client label at row {i}: {lab!r} (of type "
                 f"{type(lab).__name__}); client labels must be hashable values such as "
                 "ints or strings (a tuple instead of a list)") from None
-        if isinstance(lab, (datetime.date, np.datetime64)):
-            import pandas as pd
-
+        if isinstance(lab, (datetime.date, np.datetime64)) and not _is_timestamp(lab):
+            try:
+                stamp = _timestamp(lab)
+            except _OUT_OF_BOUNDS:  # beyond pandas' range (pandas < 2): as it is
+                continue
             if out is None:
                 out = labels.copy()
-            out[i] = pd.Timestamp(lab)
+            out[i] = stamp
     return labels if out is None else out
+
+
+#: Errors of a date beyond ``pandas.Timestamp``'s range (and of NaT-like input).
+_OUT_OF_BOUNDS = (OverflowError, ValueError)
+
+
+def _timestamp(value):
+    """``pandas.Timestamp(value)`` (pandas' OutOfBoundsDatetime is a ValueError)."""
+    import pandas as pd  # a dependency; imported only for date labels
+
+    return pd.Timestamp(value)
 
 
 def _missing_mask(labels):
@@ -485,10 +500,22 @@ def _loose_keys(label):
     label = _plain(label)
     if isinstance(label, bool):
         return (("number", float(label)), ("text", str(label).casefold()))
+    if _is_timestamp(label):
+        # a date label (normalise_labels makes every date a Timestamp) looks
+        # like its ISO text, with and without the time of a midnight
+        keys = [("text", label.isoformat().casefold()), ("text", str(label).casefold())]
+        if label == label.normalize():
+            keys.append(("text", label.date().isoformat()))
+        return tuple(dict.fromkeys(keys))
     key = _loose_key(label)
     if key[0] == "other":  # its string form, as a label read as text would be
         return (("text", key[1]),)
     return (key,)
+
+
+def _is_timestamp(label):
+    """Whether ``label`` is a ``pandas.Timestamp`` (without importing pandas)."""
+    return type(label).__name__ == "Timestamp" and hasattr(label, "normalize")
 
 
 def _described(label):
@@ -753,24 +780,21 @@ def r2_observed(y, y_pred, sample_weight=None):
     return float(np.mean(scores))
 
 
-def keep_state_on_error(method=None, *, deep=()):
+def keep_state_on_error(method):
     """Decorate a ``fit``-like method so that an error leaves the estimator as it was.
 
     The instance's attributes are saved before the call (a shallow copy of
-    ``vars(self)``; the attributes named in ``deep`` are deep-copied, for
-    those the method changes in place) and put back, with any attribute the
-    call added removed, if the call raises. ``validate_data`` sets
-    ``n_features_in_`` before the later checks run, so without this a refit
-    that fails validation would leave a model whose fitted parts expect one
-    input width and whose ``n_features_in_`` says another.
+    ``vars(self)``: the method must replace attributes, not change them in
+    place) and put back, with any attribute the call added removed, if the
+    call raises. ``validate_data`` sets ``n_features_in_`` before the later
+    checks run, so without this a refit that fails validation would leave a
+    model whose fitted parts expect one input width and whose
+    ``n_features_in_`` says another.
 
     Parameters
     ----------
-    method : callable, optional
-        The method to wrap (``@keep_state_on_error`` or
-        ``@keep_state_on_error(deep=("experts_",))``).
-    deep : tuple of str, default=()
-        Attribute names to deep-copy before the call.
+    method : callable
+        The method to wrap.
 
     Returns
     -------
@@ -783,15 +807,10 @@ def keep_state_on_error(method=None, *, deep=()):
     No paper source: an implementation convention (scikit-learn does not
     require it; this package promises it for every estimator).
     """
-    if method is None:
-        return functools.partial(keep_state_on_error, deep=tuple(deep))
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         saved = dict(vars(self))
-        for name in deep:
-            if name in saved:
-                saved[name] = copy.deepcopy(saved[name])
         try:
             return method(self, *args, **kwargs)
         except BaseException:
@@ -800,4 +819,3 @@ def keep_state_on_error(method=None, *, deep=()):
             raise
 
     return wrapper
-

@@ -240,6 +240,30 @@ class _Expert:
         self.X[: self.n] = X[: self.n]
         self.y[: self.n] = y[: self.n]
 
+    def snapshot(self):
+        """What :meth:`restore` needs to undo later :meth:`add` calls.
+
+        An append writes only row ``n`` of the buffers (or moves them to
+        larger new ones), so the attributes suffice; dropping the oldest
+        point (a full window) rewrites the factor in place, so then the
+        used parts of the buffers are copied too.
+        """
+        snap = dict(vars(self))
+        if self.max_points is not None:
+            n = self.n
+            snap["_used"] = (self.L[:n, :n].copy(), self.X[:n].copy(), self.y[:n].copy())
+        return snap
+
+    def restore(self, snap):
+        """Undo every :meth:`add` since :meth:`snapshot` returned ``snap``."""
+        snap = dict(snap)
+        used = snap.pop("_used", None)
+        vars(self).clear()
+        vars(self).update(snap)
+        if used is not None:
+            n = self.n
+            self.L[:n, :n], self.X[:n], self.y[:n] = used
+
     def set_batch(self, X, y):
         """Factorise from scratch (used by ``fit``)."""
         X = np.ascontiguousarray(X, dtype=float)
@@ -905,7 +929,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             else:
                 self._check_params()
                 idx = self._assign(X.shape[0], groups, self._n_stream)
-                touched = {int(i): copy.deepcopy(self.experts_[i]) for i in np.unique(idx)}
+                touched = {int(i): self.experts_[i].snapshot() for i in np.unique(idx)}
                 self._y_sum += float(y.sum())
                 self._n_seen += X.shape[0]
             self._n_stream += X.shape[0]
@@ -919,8 +943,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             self._finish()
         except BaseException:
             experts = saved.get("experts_")
-            for i, e in touched.items():
-                experts[i] = e
+            for i, snap in touched.items():
+                experts[i].restore(snap)
             vars(self).clear()
             vars(self).update(saved)
             raise

@@ -593,8 +593,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
             check_labels_present(labels, f"client_column={self.client_column!r}")
+            labels = normalise_labels(labels, f"client_column={self.client_column!r}")
             warn_groups_overridden(groups, labels, self.client_column, "fit")
-            groups = normalise_labels(labels, f"client_column={self.client_column!r}")
+            groups = labels
         return X, Y, y.ndim, groups
 
     # -- fit --------------------------------------------------------------------
@@ -741,8 +742,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
         groups = check_groups(groups, X.shape[0], where)
         check_labels_present(labels, f"client_column={column!r}")
+        labels = normalise_labels(labels, f"client_column={column!r}")
         warn_groups_overridden(groups, labels, column, where)
-        return X, normalise_labels(labels, f"client_column={column!r}")
+        return X, labels
 
     def _population(self):
         """Average offsets (Q,), per-latent Q x Q loadings outer products, noise."""

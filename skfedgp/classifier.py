@@ -764,7 +764,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             upd["random_state"] = self.random_state
         if self.n_jobs is not None and "n_jobs" in params:
             upd["n_jobs"] = self.n_jobs
-        if self.verbose > 0 and "verbose" in params:
+        if self.verbose and self.verbose > 0 and "verbose" in params:
             upd["verbose"] = self.verbose
         return reg.set_params(**upd)
 
@@ -849,6 +849,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             rows, cols = np.nonzero(observed)
             fit_args = (inputs[cols][:, None], X[rows, cols], y_idx[rows])
             inputs_ = inputs
+        # identical training curves of a class are legitimate here (the
+        # within-class law handles them), not copies of a table
+        reg._check_copied_rows = False
         with default_sizes_quiet(self.estimator is None):
             reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
         lost = [classes[k].item() if hasattr(classes[k], "item") else classes[k]

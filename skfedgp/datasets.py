@@ -213,9 +213,7 @@ def load_beijing_air_quality(
     Raises
     ------
     FileNotFoundError
-        If ``data_dir`` does not exist or holds no matching file.
-    NotADirectoryError
-        If ``data_dir`` is a file.
+        If ``data_dir`` does not exist, is a file, or holds no matching file.
     ValueError
         If ``target`` is not a numeric column of the files, ``hours`` are
         outside 0..23, a requested station is absent, ``start >= end``, or
@@ -230,7 +228,7 @@ def load_beijing_air_quality(
 
     data_dir = Path(data_dir)
     if data_dir.exists() and not data_dir.is_dir():
-        raise NotADirectoryError(
+        raise FileNotFoundError(
             f"data_dir {str(data_dir)!r} is a file; pass the folder that holds the station "
             "CSV files")
     if not data_dir.is_dir():

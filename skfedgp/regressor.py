@@ -563,7 +563,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Adam steps) on the global hyperparameters; None: 20 with L-BFGS, 1
         with Adam; 0 holds them. The mean-field family takes one Adam step
         per round (the paper's Algorithm 1: the clients' gradients are those
-        of the broadcast vector), so it accepts only None or 1.
+        of the broadcast vector); another value is ignored there with a
+        ``UserWarning``.
     tol : float, default=1e-4
         Structured family: stop when a round increases the objective by less
         than ``tol * max(|objective|, n_samples)``.
@@ -959,10 +960,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def _check_global_steps(self, steps, structured):
         """``global_steps`` as validated; the mean-field family takes exactly one."""
         if not structured and steps != 1:
-            raise ValueError(
-                f"global_steps={self.global_steps!r} applies to the structured family; "
-                "variational_family='mean_field' takes one Adam step on the global block "
-                "per round (the paper's Algorithm 1): leave global_steps=None")
+            warnings.warn(
+                f"global_steps={self.global_steps!r} is ignored: it applies to the structured "
+                "family; variational_family='mean_field' takes one Adam step on the global "
+                "block per round (the paper's Algorithm 1)", UserWarning, stacklevel=4)
+            return 1
         return steps
 
     def _check_params(self):
@@ -1159,8 +1161,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         groups = check_groups(groups, X.shape[0], "fit")
         if self.client_column is not None:  # the column overrides groups
             check_labels_present(labels, f"client_column={self.client_column!r}")
+            labels = normalise_labels(labels, f"client_column={self.client_column!r}")
             warn_groups_overridden(groups, labels, self.client_column, "fit")
-            groups = normalise_labels(labels, f"client_column={self.client_column!r}")
+            groups = labels
         return X, y, groups
 
     def _validate_multioutput_fit_data(self, X, y, groups):
@@ -1175,8 +1178,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
             check_labels_present(labels, f"client_column={self.client_column!r}")
+            labels = normalise_labels(labels, f"client_column={self.client_column!r}")
             warn_groups_overridden(groups, labels, self.client_column, "fit")
-            groups = normalise_labels(labels, f"client_column={self.client_column!r}")
+            groups = labels
         return X, y, groups
 
     def _validate_predict_X(self, X, groups, where):
@@ -1194,8 +1198,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
         groups = check_groups(groups, X.shape[0], where)
         check_labels_present(labels, f"client_column={column!r}")
+        labels = normalise_labels(labels, f"client_column={column!r}")
         warn_groups_overridden(groups, labels, column, where)
-        return X, normalise_labels(labels, f"client_column={column!r}")
+        return X, labels
 
     # ------------------------------------------------------------------
     # fit
@@ -1313,7 +1318,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             )
         if y.ndim == 2:
             config = self._multioutput_config(config, y.shape[1])
-        else:
+        elif getattr(self, "_check_copied_rows", True):
             _warn_copied_rows(Xf, y, inv, labels)
         for name in ("lengthscale", "local_lengthscale"):  # before any client sees them
             if getattr(self, name) is not None:

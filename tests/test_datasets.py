@@ -350,7 +350,7 @@ def test_make_hierarchical_validation(kwargs, match):
 def test_beijing_loader_names_a_file_given_as_folder(tmp_path):
     path = tmp_path / "station.csv"
     path.write_text("x\n")
-    with pytest.raises(NotADirectoryError, match="is a file; pass the folder"):
+    with pytest.raises(FileNotFoundError, match="is a file; pass the folder"):
         load_beijing_air_quality(path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_beijing_air_quality(tmp_path / "absent")

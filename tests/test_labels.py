@@ -5,6 +5,7 @@ silent population prediction when ``groups`` is left out or its labels have
 another type than in ``fit``."""
 
 import contextlib
+import datetime
 import warnings
 from decimal import Decimal
 
@@ -698,3 +699,38 @@ def test_copied_rows_warn_and_repeated_measurements_do_not():
     y2 = np.r_[y, y[:10] + 0.05]
     with _quiet():
         FederatedHierarchicalGPRegressor(**FAST).fit(X[idx], y2, g[idx])
+
+
+def test_date_strings_look_like_date_labels():
+    X, y, g = _small()
+    days = np.array(["2020-01-01", "2020-01-02", "2020-01-03"], dtype="datetime64[D]")
+    with _quiet():
+        est = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, days[g])
+    with pytest.warns(ClientLabelWarning, match="2020-01-01"):
+        est.predict(X[:3], days[g[:3]].astype(str))
+    mixed = np.array([datetime.date(2020, 1, 1)] * 15 + ["2020-01-01"] * 15, dtype=object)
+    with pytest.raises(ValueError, match="look alike"):
+        FederatedHierarchicalGPRegressor(**FAST).fit(X, y, mixed)
+
+
+def test_same_dates_as_groups_and_client_column_do_not_warn():
+    X, y, g = _small()
+    days = [datetime.date(2020, 1, 1 + k) for k in g]
+    df = pd.DataFrame({"day": days, "x": X[:, 0]})
+    with _quiet():
+        est = FederatedHierarchicalGPRegressor(client_column="day", **FAST)
+        est.fit(df, y, groups=np.array(days, dtype=object))
+        est.predict(df, groups=np.array(days, dtype=object))
+    assert len(est.clients_) == 3
+
+
+def test_classifier_identical_curves_are_not_called_copies():
+    from skfedgp import MaxEvidenceClassifier
+
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 1, 20)
+    X = np.vstack([np.tile(np.sin(3 * t), (3, 1)),
+                   np.cos(3 * t) + 0.1 * rng.standard_normal((3, 20))])
+    reg = FederatedHierarchicalGPRegressor(n_rounds=2, n_inducing=6, n_inducing_local=4)
+    with _quiet():
+        MaxEvidenceClassifier(reg, verbose=None, random_state=0).fit(X, [0, 0, 0, 1, 1, 1])

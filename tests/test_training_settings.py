@@ -54,13 +54,17 @@ def test_local_steps_zero_holds_the_clients_hyperparameters():
                 np.testing.assert_array_equal(a[key], b[key])
 
 
-def test_mean_field_refuses_global_steps_it_cannot_take():
+def test_mean_field_says_it_ignores_global_steps():
     X, y, g = _data()
+    kw = dict(variational_family="mean_field", optimizer="adam", n_rounds=2, random_state=0)
+    ref = R(**kw).fit(X, y, g)
     for steps in (0, 20):
-        with pytest.raises(ValueError, match="global_steps=.* applies to the structured"):
-            R(variational_family="mean_field", optimizer="adam", n_rounds=1,
-              global_steps=steps).fit(X, y, g)
-    R(variational_family="mean_field", optimizer="adam", n_rounds=1, global_steps=1).fit(X, y, g)
+        with pytest.warns(UserWarning, match=r"global_steps=\d+ is ignored"):
+            est = R(global_steps=steps, **kw).fit(X, y, g)
+        np.testing.assert_array_equal(est.elbo_history_, ref.elbo_history_)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        R(global_steps=1, **kw).fit(X, y, g)
 
 
 def test_warm_start_from_mean_field_into_structured_is_refused():
