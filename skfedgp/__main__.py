@@ -275,6 +275,15 @@ def main(argv=None):
         parser.error(f"the folder of --output does not exist: {str(output.parent)!r}")
     if output.is_dir():
         parser.error(f"--output names a folder, not a file: {str(output)!r}")
+    # before the fits, not after them: the file must be writable
+    existed = output.exists()
+    try:
+        with open(output, "ab"):
+            pass
+    except OSError as exc:
+        parser.error(f"--output cannot be written: {str(output)!r} ({exc.strerror})")
+    if not existed:
+        output.unlink()
 
     t_start = time.perf_counter()
     data = make_hierarchical_regression(

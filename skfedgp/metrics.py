@@ -660,17 +660,25 @@ def regression_report(y_true, y_mean, y_std=None, *, y_cov=None):
     ValueError
         As the individual metrics (shape mismatch, non-finite values,
         non-positive ``y_std``, constant ``y_true``, both or neither of
-        ``y_std``/``y_cov``), or if ``y_cov`` is not positive definite.
+        ``y_std``/``y_cov``), if ``y_cov`` is not positive definite, or if
+        a metric overflows float64 (values near 1e200; rescale them).
     """
     y, mu = _pair(y_true, y_mean, "y_mean")
     std = _marginal_std(y_std, y_cov, y.shape)
-    nll = gaussian_nll(y, mu, std) if y_cov is None else gaussian_nll(y, mu, y_cov=y_cov)
-    return {
-        "RMSE": rmse(y, mu),
-        "SMSE": smse(y, mu),
-        "NLL": nll,
-        "CRPS": crps_gaussian(y, mu, std),
-        "coverage_95": coverage(y, mu, std, level=0.95),
-        "width_95": interval_width(std, level=0.95),
-        "ECE": expected_calibration_error(y, mu, std),
-    }
+    with np.errstate(over="ignore", invalid="ignore"):
+        nll = gaussian_nll(y, mu, std) if y_cov is None else gaussian_nll(y, mu, y_cov=y_cov)
+        report = {
+            "RMSE": rmse(y, mu),
+            "SMSE": smse(y, mu),
+            "NLL": nll,
+            "CRPS": crps_gaussian(y, mu, std),
+            "coverage_95": coverage(y, mu, std, level=0.95),
+            "width_95": interval_width(std, level=0.95),
+            "ECE": expected_calibration_error(y, mu, std),
+        }
+    bad = [k for k, v in report.items() if not np.isfinite(v)]
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)} overflowed float64 (largest |y_true| = "
+            f"{float(np.max(np.abs(y))):.3g}); rescale the targets and predictions")
+    return report

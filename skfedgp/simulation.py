@@ -165,13 +165,36 @@ def _check_hyper(lengthscale, variance, noise_variance):
             raise ValueError(f"{name} must be positive and finite, got {v!r}")
 
 
+def _check_network(max_points_per_expert, delays, rkhs_bound, lipschitz, beta):
+    """The experts' window, the delay model and the information set's constants."""
+    if max_points_per_expert is not None and (
+            not isinstance(max_points_per_expert, numbers.Integral)
+            or isinstance(max_points_per_expert, bool) or max_points_per_expert < 1):
+        raise ValueError(f"max_points_per_expert must be an integer >= 1 or None, got "
+                         f"{max_points_per_expert!r}")
+    for name, v in zip(("base_delay", "delay_per_point", "delay_spread"), delays):
+        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
+                and v >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    for name, v, optional in (("rkhs_bound", rkhs_bound, False), ("lipschitz", lipschitz, True),
+                              ("beta", beta, True)):
+        if v is None and optional:
+            continue
+        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
+                and v > 0):
+            raise ValueError(f"{name} must be a finite positive number"
+                             f"{' or None' if optional else ''}, got {v!r}")
+
+
 def _check_common(n_experts, aggregations, max_info, convention, decision_time, hyper):
     """Checks shared by the simulations; returns ``aggregations`` as a tuple."""
     # one rule name is that rule ("rbcm", not ("r", "b", "c", "m"))
     aggregations = (aggregations,) if isinstance(aggregations, str) else tuple(aggregations)
-    if not (np.isfinite(decision_time) and 0.0 <= decision_time < 1.0):
+    if not (isinstance(decision_time, numbers.Real) and np.isfinite(decision_time)
+            and 0.0 <= decision_time < 1.0):
         raise ValueError(f"decision_time must be in [0, 1), got {decision_time!r}")
-    if not isinstance(n_experts, numbers.Integral) or n_experts < 1:
+    if not isinstance(n_experts, numbers.Integral) or isinstance(n_experts, bool) \
+            or n_experts < 1:
         raise ValueError(f"n_experts must be an integer >= 1, got {n_experts!r}")
     if not isinstance(max_info, numbers.Integral) or max_info < 1:
         raise ValueError(f"max_info must be an integer >= 1, got {max_info!r}")
@@ -272,15 +295,25 @@ def simulate_stream(
     ------
     ValueError
         For NaN/inf, inconsistent shapes, unknown rules, ``max_info < 1``,
-        ``decision_time`` outside ``[0, 1)``, or a lengthscale, variance or
-        noise variance that is not positive and finite.
+        ``decision_time`` outside ``[0, 1)``, a lengthscale, variance or
+        noise variance that is not positive and finite,
+        ``max_points_per_expert`` not an integer >= 1 (or None), a negative
+        or non-finite delay parameter, a ``rkhs_bound``, ``lipschitz`` or
+        ``beta`` that is not positive and finite, or a non-finite
+        ``prior_mean``.
     """
     X = check_array(X, dtype=float)
+    if np.ndim(y) != 1 and not (np.ndim(y) == 2 and np.shape(y)[1] == 1):
+        raise ValueError(f"y must be 1-D (one target per row of X), got shape {np.shape(y)}")
     y = column_or_1d(check_array(np.asarray(y).reshape(-1, 1), dtype=float))
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
     aggregations = _check_common(n_experts, aggregations, max_info, convention, decision_time,
                                  (lengthscale, variance, noise_variance))
+    _check_network(max_points_per_expert, (base_delay, delay_per_point, delay_spread),
+                   rkhs_bound, lipschitz, beta)
+    if not (isinstance(prior_mean, numbers.Real) and np.isfinite(prior_mean)):
+        raise ValueError(f"prior_mean must be a finite number, got {prior_mean!r}")
     rng = np.random.default_rng(check_random_state(random_state).randint(2**31))
     net = _Network(
         X.shape[1], n_experts, (lengthscale, variance, noise_variance), max_points_per_expert,
@@ -399,13 +432,29 @@ def simulate_tracking(
     ------
     ValueError
         For bad rules, sizes, ``decision_time``, hyperparameters (not
-        positive and finite), or ``dt``/``duration`` (not positive, or
-        shorter than one step).
+        positive and finite), ``dt``/``duration`` (not positive, or
+        shorter than one step), the window, delay and information-set
+        constants (as :func:`simulate_stream`), ``n_runs < 1``, ``gains``
+        not two finite numbers, or a negative or non-finite ``amplitude``,
+        ``frequency``, ``noise_std`` or ``initial_state``.
     FloatingPointError
         If a plant diverges.
     """
     aggregations = _check_common(n_experts, aggregations, max_info, convention, decision_time,
                                  (lengthscale, variance, noise_variance))
+    _check_network(max_points_per_expert, (base_delay, delay_per_point, delay_spread),
+                   rkhs_bound, lipschitz, beta)
+    if not isinstance(n_runs, numbers.Integral) or isinstance(n_runs, bool) or n_runs < 1:
+        raise ValueError(f"n_runs must be an integer >= 1, got {n_runs!r}")
+    if np.shape(gains) != (2,) or not np.all(np.isfinite(np.asarray(gains, dtype=float))):
+        raise ValueError(f"gains must be two finite numbers (l1, l2), got {gains!r}")
+    for name, v in (("amplitude", amplitude), ("frequency", frequency),
+                    ("noise_std", noise_std)):
+        if not (isinstance(v, numbers.Real) and np.isfinite(v) and v >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if initial_state is not None and not np.all(np.isfinite(np.asarray(initial_state,
+                                                                        dtype=float))):
+        raise ValueError(f"initial_state must be finite, got {initial_state!r}")
     for name, v in (("dt", dt), ("duration", duration)):
         if not (isinstance(v, numbers.Real) and np.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive number, got {v!r}")

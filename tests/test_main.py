@@ -103,3 +103,19 @@ def test_main_job_full_model_beats_ablations_on_held_out_nll(seed, tmp_path, cap
     rows = _table_rows(capsys.readouterr().out)
     nll = {name: dict(zip(METRICS, values))["NLL"] for name, values in rows.items()}
     assert nll["pFedHGP"] < nll["Local-only"] and nll["pFedHGP"] < nll["Global-only"]
+
+
+def test_main_job_checks_that_output_is_writable_before_fitting(tmp_path, capsys):
+    target = tmp_path / "read-only" / "x.png"
+    target.parent.mkdir()
+    target.parent.chmod(0o500)  # read-only folder (root ignores it: then /proc below)
+    for path in (target, "/proc/skfedgp-test.png"):
+        try:
+            open(path, "ab").close()
+        except OSError:
+            with pytest.raises(SystemExit) as exc:
+                main(["--rounds", "1", "--quiet", "--output", str(path)])
+            assert exc.value.code == 2
+            assert "--output cannot be written" in capsys.readouterr().err
+            return
+    pytest.skip("every candidate path is writable here")

@@ -369,3 +369,11 @@ def test_interval_width_names_non_square_blocks():
 
     with pytest.raises(ValueError, match=r"square Q x Q blocks.*\(3, 1, 2\)"):
         interval_width(y_cov=np.ones((3, 1, 2)))
+
+
+def test_regression_report_names_an_overflow():
+    from skfedgp.metrics import regression_report
+
+    y = np.array([1e200, -1e200, 3e200])
+    with pytest.raises(ValueError, match="overflowed float64"):
+        regression_report(y, y * 0.5, np.full(3, 1e199))

@@ -202,3 +202,41 @@ def test_bad_decision_time(rng):
             simulate_stream(X, y, decision_time=bad)
         with pytest.raises(ValueError, match="decision_time"):
             simulate_tracking(decision_time=bad, duration=0.1)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(max_points_per_expert=0), "max_points_per_expert"),
+    (dict(max_points_per_expert=2.5), "max_points_per_expert"),
+    (dict(base_delay=np.nan), "base_delay"),
+    (dict(base_delay=-1.0), "base_delay"),
+    (dict(delay_per_point=np.inf), "delay_per_point"),
+    (dict(delay_spread=-1.0), "delay_spread"),
+    (dict(beta=np.nan), "beta"),
+    (dict(beta=-1.0), "beta"),
+    (dict(lipschitz=-1.0), "lipschitz"),
+    (dict(rkhs_bound=-1.0), "rkhs_bound"),
+    (dict(prior_mean=np.nan), "prior_mean"),
+    (dict(decision_time="x"), "decision_time"),
+])
+def test_stream_bad_network_parameters_named(kw, name):
+    """Such values crashed the interpreter (a window of 0) or silently gave
+    prior-only or NaN predictions (NaN delays, beta, prior mean)."""
+    X = np.random.default_rng(0).uniform(0, 5, (25, 1))
+    with pytest.raises(ValueError, match=name):
+        simulate_stream(X, np.sin(X[:, 0]), random_state=0, **kw)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(n_runs=0), "n_runs"), (dict(gains=(1.0,)), "gains"),
+    (dict(amplitude=np.nan), "amplitude"), (dict(initial_state=[np.nan, 0.0]), "initial_state"),
+    (dict(max_points_per_expert=0), "max_points_per_expert"),
+])
+def test_tracking_bad_parameters_named(kw, name):
+    with pytest.raises(ValueError, match=name):
+        simulate_tracking(duration=0.1, random_state=0, **kw)
+
+
+def test_stream_two_column_y_named():
+    X = np.random.default_rng(0).uniform(0, 5, (25, 1))
+    with pytest.raises(ValueError, match="y must be 1-D"):
+        simulate_stream(X, np.c_[X[:, 0], X[:, 0]], random_state=0)
