@@ -31,6 +31,7 @@ Conventions
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import functools
 import numbers
@@ -38,7 +39,7 @@ import warnings
 
 import numpy as np
 from scipy import sparse
-from sklearn.utils.validation import validate_data
+from sklearn.utils.validation import check_array, validate_data
 
 __all__ = [
     "ClientLabelWarning",
@@ -51,6 +52,8 @@ __all__ = [
     "match_labels",
     "check_not_strings",
     "split_client_column",
+    "labels_from_column",
+    "validate_predict_input",
     "warn_groups_overridden",
     "warn_unmatched_labels",
     "warn_groups_missing",
@@ -200,8 +203,6 @@ def normalise_labels(labels, source):
     ValueError
         If a label is not hashable (a list, a dict, an array); names its row.
     """
-    import datetime
-
     labels = np.asarray(labels)
     if labels.dtype.kind == "M":
         # the distinct values only (a year of hourly rows has few clients)
@@ -448,6 +449,75 @@ def split_client_column(estimator, X, column, *, reset):
         return X.iloc[:, keep], X.iloc[:, j].to_numpy(dtype=object)
     return X[:, keep], X[:, j]
 
+
+
+def labels_from_column(groups, labels, column, where):
+    """The client labels read from a ``client_column``, checked and normalised.
+
+    Parameters
+    ----------
+    groups : ndarray of shape (n,) or None
+        ``groups`` as given (from :func:`check_groups`); the column overrides
+        it, with a warning where they differ.
+    labels : ndarray of shape (n,)
+        The label column (from :func:`split_client_column`).
+    column : int or str
+        ``client_column``, for the messages.
+    where : str
+        ``"fit"``, ``"predict"``, ... for the messages.
+
+    Returns
+    -------
+    labels : ndarray of shape (n,)
+        As :func:`normalise_labels` returns them.
+
+    Raises
+    ------
+    ValueError
+        A missing or an unhashable label.
+    """
+    source = f"client_column={column!r}"
+    check_labels_present(labels, source)
+    labels = normalise_labels(labels, source)
+    warn_groups_overridden(groups, labels, column, where)
+    return labels
+
+
+def validate_predict_input(estimator, X, groups, where):
+    """Features (float64) and client labels (or None) of a prediction.
+
+    The label column is the one of the fit (``estimator.client_column_``;
+    ``client_column`` before any fit): a value set with ``set_params``
+    after fit applies from the next fit on.
+
+    Parameters
+    ----------
+    estimator : BaseEstimator
+        A fitted estimator with ``client_column``.
+    X : array-like or pandas.DataFrame of shape (n_samples, n_columns)
+    groups : array-like of shape (n_samples,) or None
+    where : str
+        Method name for the messages.
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_features)
+    labels : ndarray of shape (n_samples,) or None
+
+    Raises
+    ------
+    ValueError
+        As :func:`split_client_column`, :func:`check_groups` and
+        :func:`labels_from_column`, or for non-finite features.
+    """
+    column = getattr(estimator, "client_column_", estimator.client_column)
+    if column is None:
+        X = validate_data(estimator, X, reset=False, dtype=np.float64)
+        return X, check_groups(groups, X.shape[0], where)
+    X, labels = split_client_column(estimator, X, column, reset=False)
+    X = check_array(X, dtype=np.float64, estimator=estimator, input_name="X")
+    groups = check_groups(groups, X.shape[0], where)
+    return X, labels_from_column(groups, labels, column, where)
 
 def _loose_key(label):
     """A label with type, surrounding space and case ignored (for hints only)."""

@@ -45,14 +45,14 @@ from ._validation import (
     ClientLabelWarning,
     check_groups,
     check_label_types,
-    check_labels_present,
+    keep_state_on_error,
     label_source,
+    labels_from_column,
     match_labels,
-    normalise_labels,
     r2_observed,
     split_client_column,
     unique_labels,
-    warn_groups_overridden,
+    validate_predict_input,
 )
 from .federated import input_scaling
 from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
@@ -321,11 +321,6 @@ class _Client:
         return self
 
 
-def _is_fit_attribute(name):
-    """Whether an instance attribute belongs to the fitted state."""
-    return (name.endswith("_") and not name.startswith("__")) or name == "_y_ndim"
-
-
 def _bound_arrays(bounds):
     lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
     hi = np.array([np.inf if b[1] is None else b[1] for b in bounds])
@@ -592,13 +587,11 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
                 "missing channel, at least one channel per row must be observed)")
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
-            check_labels_present(labels, f"client_column={self.client_column!r}")
-            labels = normalise_labels(labels, f"client_column={self.client_column!r}")
-            warn_groups_overridden(groups, labels, self.client_column, "fit")
-            groups = labels
+            groups = labels_from_column(groups, labels, self.client_column, "fit")
         return X, Y, y.ndim, groups
 
     # -- fit --------------------------------------------------------------------
+    @keep_state_on_error
     def fit(self, X, y, groups=None):
         """Fit one exact LMC GP per client with FedAvg-averaged lengthscales.
 
@@ -633,16 +626,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         On any error the estimator keeps its previous fitted state (or stays
         unfitted).
         """
-        saved = {k: v for k, v in vars(self).items() if _is_fit_attribute(k)}
-        try:
-            out = self._fit(X, y, groups)
-            self.client_column_ = self.client_column
-            return out
-        except BaseException:
-            for k in [k for k in vars(self) if _is_fit_attribute(k)]:
-                delattr(self, k)
-            self.__dict__.update(saved)
-            raise
+        out = self._fit(X, y, groups)
+        self.client_column_ = self.client_column
+        return out
 
     def _fit(self, X, y, groups):
         """Body of :meth:`fit` (which restores the fitted state on error)."""
@@ -732,19 +718,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
 
     # -- prediction -------------------------------------------------------------
     def _validate_predict_X(self, X, groups, where):
-        # the label column of the fit (client_column_): a value set with
-        # set_params afterwards applies from the next fit on
-        column = getattr(self, "client_column_", self.client_column)
-        if column is None:
-            X = validate_data(self, X, reset=False, dtype=np.float64)
-            return X, check_groups(groups, X.shape[0], where)
-        X, labels = split_client_column(self, X, column, reset=False)
-        X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
-        groups = check_groups(groups, X.shape[0], where)
-        check_labels_present(labels, f"client_column={column!r}")
-        labels = normalise_labels(labels, f"client_column={column!r}")
-        warn_groups_overridden(groups, labels, column, where)
-        return X, labels
+        # the label column of the fit (validate_predict_input)
+        return validate_predict_input(self, X, groups, where)
 
     def _population(self):
         """Average offsets (Q,), per-latent Q x Q loadings outer products, noise."""

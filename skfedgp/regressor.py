@@ -39,16 +39,16 @@ from ._validation import (
     ClientLabelWarning,
     check_groups,
     check_label_types,
-    check_labels_present,
     check_not_strings,
+    keep_state_on_error,
     label_source,
+    labels_from_column,
     match_labels,
-    normalise_labels,
     r2_observed,
     split_client_column,
     unique_labels,
+    validate_predict_input,
     warn_groups_missing,
-    warn_groups_overridden,
 )
 from .federated import (
     _default_lengthscale,
@@ -1160,10 +1160,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         check_target_values(y)
         groups = check_groups(groups, X.shape[0], "fit")
         if self.client_column is not None:  # the column overrides groups
-            check_labels_present(labels, f"client_column={self.client_column!r}")
-            labels = normalise_labels(labels, f"client_column={self.client_column!r}")
-            warn_groups_overridden(groups, labels, self.client_column, "fit")
-            groups = labels
+            groups = labels_from_column(groups, labels, self.client_column, "fit")
         return X, y, groups
 
     def _validate_multioutput_fit_data(self, X, y, groups):
@@ -1177,34 +1174,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         y = check_multioutput_targets(y, X.shape[0], estimator=self)
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
-            check_labels_present(labels, f"client_column={self.client_column!r}")
-            labels = normalise_labels(labels, f"client_column={self.client_column!r}")
-            warn_groups_overridden(groups, labels, self.client_column, "fit")
-            groups = labels
+            groups = labels_from_column(groups, labels, self.client_column, "fit")
         return X, y, groups
 
     def _validate_predict_X(self, X, groups, where):
-        """Features (float64) and client labels (or None) at prediction.
-
-        The label column is the one of the fit (``client_column_``): a
-        ``client_column`` changed by ``set_params`` after fit applies from
-        the next fit on.
-        """
-        column = getattr(self, "client_column_", self.client_column)
-        if column is None:
-            X = validate_data(self, X, reset=False, dtype=np.float64)
-            return X, check_groups(groups, X.shape[0], where)
-        X, labels = split_client_column(self, X, column, reset=False)
-        X = check_array(X, dtype=np.float64, estimator=self, input_name="X")
-        groups = check_groups(groups, X.shape[0], where)
-        check_labels_present(labels, f"client_column={column!r}")
-        labels = normalise_labels(labels, f"client_column={column!r}")
-        warn_groups_overridden(groups, labels, column, where)
-        return X, labels
+        """Features (float64) and client labels (or None) at prediction
+        (:func:`skfedgp._validation.validate_predict_input`)."""
+        return validate_predict_input(self, X, groups, where)
 
     # ------------------------------------------------------------------
     # fit
     # ------------------------------------------------------------------
+    @keep_state_on_error
     def fit(self, X, y, groups=None):
         """Fit the model federatedly, one client per distinct ``groups`` label.
 
@@ -1289,16 +1270,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         unfitted): nothing half-fitted is left behind.
         """
         # validate_data sets n_features_in_ (and feature_names_in_) before
-        # training can fail: snapshot the fitted state and restore it on error
-        saved = {k: v for k, v in vars(self).items() if _is_fit_attribute(k)}
-        try:
-            out = self._fit(X, y, groups)
-            self.client_column_ = self.client_column
-            return out
-        except BaseException:
-            self._drop_fit_attributes(keep=())
-            self.__dict__.update(saved)
-            raise
+        # training can fail: keep_state_on_error restores the fitted state
+        out = self._fit(X, y, groups)
+        self.client_column_ = self.client_column
+        return out
 
     def _fit(self, X, y, groups):
         """Body of :meth:`fit` (which restores the fitted state on error)."""
