@@ -202,6 +202,10 @@ def normalise_labels(labels, source):
     ------
     ValueError
         If a label is not hashable (a list, a dict, an array); names its row.
+
+    Notes
+    -----
+    Input validation of the package (no paper source).
     """
     labels = np.asarray(labels)
     if labels.dtype.kind == "M":
@@ -475,6 +479,10 @@ def labels_from_column(groups, labels, column, where):
     ------
     ValueError
         A missing or an unhashable label.
+
+    Notes
+    -----
+    Input validation of the package (no paper source).
     """
     source = f"client_column={column!r}"
     check_labels_present(labels, source)
@@ -509,6 +517,10 @@ def validate_predict_input(estimator, X, groups, where):
     ValueError
         As :func:`split_client_column`, :func:`check_groups` and
         :func:`labels_from_column`, or for non-finite features.
+
+    Notes
+    -----
+    Input validation of the package (no paper source).
     """
     column = getattr(estimator, "client_column_", estimator.client_column)
     if column is None:
