@@ -1813,8 +1813,10 @@ class GlobalGradient:
 class LocalHyperparameters:
     """Final upload: a client's local kernel and noise hyperparameters.
 
-    The server keeps their geometric means as the population local block,
-    used to predict for clients never seen in fit.
+    The server forms the population local block from them (the mean of the
+    clients' local variances, the variance-weighted geometric mean of their
+    local lengthscales, the geometric mean of their noise variances), used to
+    predict for clients never seen in fit.
 
     Attributes
     ----------
@@ -3918,8 +3920,17 @@ def _population_from(hypers, components, noise="isotropic"):
         # scales is not propagated)
         pop["client_scale"] = float(np.exp(np.median(np.log(scales))))
     if "local" in components:
-        pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers], axis=0))
-        pop["variance_l"] = float(np.exp(np.mean([np.log(h.variance) for h in hypers])))
+        # a never-seen client's local part is a draw from a randomly chosen
+        # client's prior: its variance at a point is the mean of the clients'
+        # variances (a geometric mean is pulled to ~0 by the clients that
+        # switched their local part off, and made a never-seen client's band
+        # far too narrow); its lengthscale the variance-weighted geometric
+        # mean (a switched-off client's lengthscale is not identified)
+        var = np.array([float(h.variance) for h in hypers])
+        log_ell = np.array([np.log(h.lengthscale) for h in hypers])
+        w = var / var.sum() if var.sum() > 0 else np.full(len(hypers), 1.0 / len(hypers))
+        pop["lengthscale_l"] = np.exp(w @ log_ell)
+        pop["variance_l"] = float(var.mean())
     return pop
 
 
@@ -5356,8 +5367,9 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     result : dict
         ``elbo_history``, ``communication``, ``n_iter``, ``converged``,
         ``posterior`` (:class:`PosteriorBroadcast` at the final vectors),
-        ``theta_global``, ``global_pack``, ``population`` (geometric means of
-        the clients' local hyperparameters), ``n_evaluations``,
+        ``theta_global``, ``global_pack``, ``population`` (the population
+        local block formed from the clients' local hyperparameters,
+        :class:`LocalHyperparameters`), ``n_evaluations``,
         ``failed_clients`` (``(round, client_id, method, error)`` for every
         failed call), ``excluded_clients``.
 

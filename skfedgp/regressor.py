@@ -820,8 +820,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     only matches a fitted one up to type, white space or case) uses the
     exact posterior of the global part plus the *prior* of the deviation and
     local parts (``docs/maths.md`` section 8), with the population local
-    hyperparameters (geometric means of the clients', sent in their final
-    messages); a new client's level is a new draw. With a 1-D ``y`` it is
+    hyperparameters (from the clients' final messages: the mean of their
+    local variances, the variance-weighted geometric mean of their local
+    lengthscales, the geometric mean of their noise variances); a new client's level is a new draw. With a 1-D ``y`` it is
     centred at ``y_offset_`` with variance ``level_variance (T + 1) /
     (T - 1)`` for ``T`` fitted clients (the level variance and the pooled
     mean are estimates); with multi-output targets it is centred at the
@@ -1489,8 +1490,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     def _population_block(self):
         """Prior local block for never-seen clients (see Notes of the class).
 
-        The hyperparameters are the geometric means the server formed from the
-        clients' final :class:`~skfedgp.federated.LocalHyperparameters`
+        The hyperparameters are those the server formed (mean variance,
+        variance-weighted geometric mean lengthscales, geometric mean noise
+        variance) from the clients' final :class:`~skfedgp.federated.LocalHyperparameters`
         messages; the prior of the local part does not depend on the inducing
         inputs, so one point at the centre of the box stands in for them (no
         client's inducing inputs are kept).
@@ -1956,7 +1958,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         a separate value). A label not seen in fit gets the exact posterior of
         the global part and the *prior* of its deviation, local and level
         parts (docs/maths.md), with the
-        population local hyperparameters (geometric means of the clients'); any
+        population local hyperparameters (formed from the clients'); any
         inducing set gives the exact prior, so one point at the centre of the
         box is used (no client's inducing inputs are kept).
         """
