@@ -60,6 +60,9 @@ __all__ = [
 #: Aggregation rules understood by :class:`AsyncDGPRegressor`.
 AGGREGATIONS = ("async", "moe", "poe", "gpoe", "bcm", "rbcm")
 
+#: Rules that :func:`aggregate` computes (all but "async").
+_BASELINES = tuple(r for r in AGGREGATIONS if r != "async")
+
 #: Conventions of the "async" rule (docs/async_dgp.md).
 CONVENTIONS = ("paper", "gpgym")
 
@@ -240,16 +243,17 @@ class _Expert:
         self.X[: self.n] = X[: self.n]
         self.y[: self.n] = y[: self.n]
 
-    def snapshot(self):
+    def snapshot(self, copy_used=False):
         """What :meth:`restore` needs to undo later :meth:`add` calls.
 
         An append writes only row ``n`` of the buffers (or moves them to
         larger new ones), so the attributes suffice; dropping the oldest
-        point (a full window) rewrites the factor in place, so then the
-        used parts of the buffers are copied too.
+        point (a full window, or :meth:`set_window` with ``copy_used``)
+        rewrites the factor in place, so then the used parts of the
+        buffers are copied too.
         """
         snap = dict(vars(self))
-        if self.max_points is not None:
+        if self.max_points is not None or copy_used:
             n = self.n
             snap["_used"] = (self.L[:n, :n].copy(), self.X[:n].copy(), self.y[:n].copy())
         return snap
@@ -263,6 +267,15 @@ class _Expert:
         if used is not None:
             n = self.n
             self.L[:n, :n], self.X[:n], self.y[:n] = used
+
+    def set_window(self, max_points):
+        """Change the window; drops the oldest points down to it (rank-one downdates)."""
+        self.max_points = max_points
+        if max_points is not None and self.n > max_points:
+            while self.n > max_points:
+                chol_delete_first(self.L, self.X, self.y, self.n, self.work)
+                self.n -= 1
+            self._alpha = None
 
     def set_batch(self, X, y):
         """Factorise from scratch (used by ``fit``)."""
@@ -388,13 +401,17 @@ def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
     Parameters
     ----------
     mu : ndarray of shape (q, M)
-        Expert posterior means (units of the target).
+        Expert posterior means (units of the target), finite; ``M >= 1``.
+        Must be 2-D (one query: ``mu[None, :]``).
     var : ndarray of shape (q, M)
-        Expert latent posterior variances, ``0 < var <= prior_var``.
+        Expert latent posterior variances, ``0 < var <= prior_var`` (excess
+        round-off, up to a relative ``1e-6``, is clipped to ``prior_var``).
     prior_var : float
-        Prior (signal) variance ``sigma_f^2`` of the shared kernel.
+        Prior (signal) variance ``sigma_f^2`` of the shared kernel, finite
+        and positive.
     rule : {"moe", "poe", "gpoe", "bcm", "rbcm"}
-        Aggregation rule.
+        Aggregation rule ("async" is :class:`InformationSet`: it needs the
+        inputs of the predictions).
     prior_mean : float, default=0.0
         Constant prior mean ``m``; the BCM family subtracts it before
         combining and adds it back (with ``m = 0`` the formulas are those
@@ -404,9 +421,19 @@ def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
     -------
     mean, var : ndarray of shape (q,)
 
+    Raises
+    ------
+    ValueError
+        For an unknown ``rule`` (including "async"), ``prior_var`` not
+        finite and positive, a non-finite ``prior_mean``, ``mu`` or ``var``
+        not 2-D or of different shapes, no expert (``M = 0``), NaN/inf in
+        ``mu``, or ``var`` not in ``(0, prior_var]``.
+
     Notes
     -----
-    With ``s_k^2`` the expert variances and ``s_**^2`` the prior variance:
+    Every column is an expert that votes: leave out experts that hold no
+    data (their prediction is the prior, which carries no information);
+    :meth:`AsyncDGPRegressor.predict` does.  With ``s_k^2`` the expert variances and ``s_**^2`` the prior variance:
 
     * ``"moe"`` (uniform mixture of experts, Tresp 2000): ``mean = (1/M)
       sum mu_k``; variance of the uniform mixture ``(1/M) sum (s_k^2 +
@@ -428,8 +455,37 @@ def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
     ``beta_1 < 1`` and, where the expert is confident (``beta_1 > 1``), gives
     the prior a negative weight and a band narrower than the expert's.
     """
+    if rule not in _BASELINES:
+        raise ValueError(
+            f"unknown aggregation {rule!r} for aggregate(); it takes one of {_BASELINES} "
+            "(the 'async' rule needs each prediction's input: use InformationSet)")
+    if (not isinstance(prior_var, numbers.Real) or isinstance(prior_var, bool)
+            or not np.isfinite(prior_var) or prior_var <= 0):
+        raise ValueError(f"prior_var must be a finite positive number, got {prior_var!r}")
+    if (not isinstance(prior_mean, numbers.Real) or isinstance(prior_mean, bool)
+            or not np.isfinite(prior_mean)):
+        raise ValueError(f"prior_mean must be a finite number, got {prior_mean!r}")
+    prior_var, prior_mean = float(prior_var), float(prior_mean)
     mu = np.asarray(mu, dtype=float)
-    var = np.clip(np.asarray(var, dtype=float), 1e-300, prior_var)
+    var = np.asarray(var, dtype=float)
+    for name, a in (("mu", mu), ("var", var)):
+        if a.ndim != 2:
+            raise ValueError(
+                f"{name} must be 2-D of shape (n_queries, n_experts), got shape {a.shape}; "
+                f"for one query pass {name}[None, :], for one expert {name}[:, None]")
+    if mu.shape != var.shape:
+        raise ValueError(f"mu and var must have the same shape (n_queries, n_experts), "
+                         f"got {mu.shape} and {var.shape}")
+    if mu.shape[1] == 0:
+        raise ValueError("aggregate needs at least one expert (mu and var have 0 columns)")
+    if not np.all(np.isfinite(mu)):
+        raise ValueError("mu contains NaN or inf")
+    if not np.all(np.isfinite(var)) or np.any(var <= 0):
+        raise ValueError("var must be finite and positive (0 < var <= prior_var)")
+    if np.any(var > prior_var * (1 + 1e-6)):
+        raise ValueError(f"var exceeds prior_var={prior_var:.6g} (max {var.max():.6g}): an "
+                         "expert's latent variance is at most the prior variance")
+    var = np.clip(var, 1e-300, prior_var)  # round-off above the prior
     M = mu.shape[1]
     if rule == "moe":
         m = mu.mean(axis=1)
@@ -449,7 +505,7 @@ def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
         prec = (b / var).sum(axis=1) + (1.0 - b.sum(axis=1)) / prior_var
         v = 1.0 / prec
         return prior_mean + v * (b * r / var).sum(axis=1), v
-    raise ValueError(f"unknown aggregation {rule!r}; expected one of {AGGREGATIONS}")
+    raise AssertionError(rule)  # pragma: no cover - checked above
 
 
 class InformationSet:
@@ -468,13 +524,14 @@ class InformationSet:
     max_info : int
         Capacity ``I >= 1``.
     beta : float
-        Error-bound scale ``beta`` (Lemma 1), positive.
+        Error-bound scale ``beta`` (Lemma 1), finite and positive.
     sigma_f : float
-        Prior standard deviation of the kernel (target units).
+        Prior standard deviation of the kernel (target units), finite and
+        positive.
     lipschitz : float
-        ``L_f`` (target units per unit of distance).
-    lengthscale : ndarray of shape (d,)
-        Used for the distance of the "gpgym" convention.
+        ``L_f`` (target units per unit of distance), finite and ``>= 0``.
+    lengthscale : float or ndarray of shape (d,)
+        Positive; used for the distance of the "gpgym" convention.
     convention : {"paper", "gpgym"}
         "paper": Euclidean distance, stored entries with ``eta > beta
         sigma_f`` pruned before each reception, newcomers with ``eta <= beta
@@ -482,6 +539,12 @@ class InformationSet:
         "gpgym": distance in lengthscale units, no pruning, a newcomer
         admitted only if ``L_f dist < beta (sigma_f - sigma_k)`` and, when the
         set is full, replacing the worst entry if it is better.
+
+    Raises
+    ------
+    ValueError
+        If a parameter is outside the ranges above or ``convention`` is
+        unknown.
 
     Notes
     -----
@@ -494,11 +557,25 @@ class InformationSet:
     """
 
     def __init__(self, max_info, beta, sigma_f, lipschitz, lengthscale, convention="paper"):
+        if (not isinstance(max_info, numbers.Integral) or isinstance(max_info, bool)
+                or max_info < 1):
+            raise ValueError(f"max_info must be an integer >= 1, got {max_info!r}")
+        for name, v, low in (("beta", beta, "positive"), ("sigma_f", sigma_f, "positive"),
+                             ("lipschitz", lipschitz, "non-negative")):
+            if (not isinstance(v, numbers.Real) or isinstance(v, bool) or not np.isfinite(v)
+                    or v < 0 or (v == 0 and low == "positive")):
+                raise ValueError(f"{name} must be a finite {low} number, got {v!r}")
+        if convention not in CONVENTIONS:
+            raise ValueError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
+        ell = np.asarray(lengthscale, dtype=float)
+        if ell.ndim > 1 or ell.size == 0 or not np.all(np.isfinite(ell)) or np.any(ell <= 0):
+            raise ValueError(f"lengthscale must be positive and finite, a scalar or of shape "
+                             f"(d,), got {lengthscale!r}")
         self.max_info = int(max_info)
         self.beta = float(beta)
         self.sigma_f = float(sigma_f)
         self.lipschitz = float(lipschitz)
-        self.scale = 1.0 / np.asarray(lengthscale, dtype=float) if convention == "gpgym" else None
+        self.scale = 1.0 / ell if convention == "gpgym" else None
         self.convention = convention
         self.x = []
         self.mu = []
@@ -598,7 +675,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Number of experts.
     aggregation : {"async", "moe", "poe", "gpoe", "bcm", "rbcm"}, default="async"
         Rule; see :func:`aggregate` for the baselines and
-        :class:`InformationSet` for "async".  In ``predict`` no expert is
+        :class:`InformationSet` for "async".  Experts holding no data are
+        left out of every rule (a prior-only expert carries no information).  In ``predict`` no expert is
         late: every expert answers at the query itself, so the information
         set holds the ``max_info`` experts of lowest ``eta = beta sigma_k``
         and "async" is the rBCM with weights ``max(log(sigma_f/sigma_k), 0)``
@@ -632,7 +710,10 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         ``partial_fit``; later ``partial_fit`` calls keep them fixed. Needs
         at least 2 samples (else ``ValueError``).
     max_points_per_expert : int, optional
-        Sliding window: each expert keeps its latest points only.
+        Sliding window: each expert keeps its latest points only.  Changed
+        with ``set_params`` on a fitted model, it applies at the next
+        ``partial_fit`` (experts drop their oldest points down to it) or
+        ``fit``.
     partition : {"random", "sequential"}, default="random"
         How points go to experts when ``groups`` is not given.  "random":
         each point independently to a uniform random expert (the same draws
@@ -660,7 +741,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     beta_ : float
         ``beta`` in use; with "paper" and no ``beta`` given, ``max_i
         sqrt(max(Gamma^2 - y_i^T (K_i + s2 I)^{-1} y_i + |D_i|, 0))`` over
-        the experts (centred targets); 1 if that is 0 (with a warning).
+        the experts holding data (centred targets); 1 if that is 0 (with a
+        warning).
     lipschitz_ : float
         ``L_f`` in use.
     n_points_per_expert_ : ndarray of shape (n_experts,)
@@ -850,6 +932,13 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         ValueError
             For NaN/inf, inconsistent shapes, invalid parameters, or fewer
             than 2 samples when the hyperparameters are learned.
+
+        Warns
+        -----
+        UserWarning
+            If some experts receive no data (``groups`` naming none of
+            their points, ``n_experts > n_samples``, or an unlucky random
+            partition): they are left out of ``predict``.
         numpy.linalg.LinAlgError
             If an expert's kernel matrix cannot be factorised (a given noise
             variance too small for duplicated inputs); names the expert.
@@ -873,6 +962,19 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
                     f"positive definite with noise_variance={self.noise_variance_:.3g}: the noise "
                     "variance is too small for duplicated or nearly duplicated inputs; "
                     "learn it (optimize_hyperparameters=True) or give a larger one") from exc
+        empty = np.flatnonzero(np.bincount(idx, minlength=self.n_experts) == 0)
+        if empty.size:
+            if groups is not None:
+                why = "groups assigns no sample to them"
+            elif self.n_experts > X.shape[0]:
+                why = f"n_experts={self.n_experts} > n_samples={X.shape[0]}"
+            else:
+                why = "the random partition assigned no sample to them"
+            warnings.warn(
+                f"{empty.size} of {self.n_experts} experts received no data ({why}): "
+                f"experts {empty.tolist()[:10]}{'...' if empty.size > 10 else ''}; they are "
+                "left out of the aggregation (an expert without data predicts the prior)",
+                UserWarning)
         self._finish()
         return self
 
@@ -884,6 +986,13 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         calls keep the hyperparameters and append each point to its expert,
         dropping the expert's oldest point when ``max_points_per_expert`` is
         reached.  The prior mean is the running mean of all targets seen.
+
+        A ``max_points_per_expert`` changed with ``set_params`` since the
+        last call applies from this call on: experts holding more points
+        first drop their oldest ones down to the new window (rank-one
+        downdates, as when a full window slides).  ``n_experts`` cannot
+        change between calls (``ValueError``; refit with ``fit``).  Experts
+        that have not received a point yet are left out of ``predict``.
 
         Parameters
         ----------
@@ -900,8 +1009,9 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         ------
         ValueError
             For NaN/inf, a different number of features than before,
-            invalid parameters, or a first call with fewer than 2 samples
-            when the hyperparameters are learned.
+            invalid parameters, ``n_experts`` changed since the model was
+            fitted, or a first call with fewer than 2 samples when the
+            hyperparameters are learned.
         numpy.linalg.LinAlgError
             If a rank-one update loses positive definiteness (a noise
             variance too small for a duplicated input).
@@ -928,8 +1038,18 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
                 idx = self._start(X, y, groups, 0)
             else:
                 self._check_params()
+                if self.n_experts != len(self.experts_):
+                    raise ValueError(
+                        f"n_experts={self.n_experts} changed since the model was fitted with "
+                        f"{len(self.experts_)} experts; partial_fit cannot add or remove "
+                        "experts: refit with fit, or set n_experts back")
                 idx = self._assign(X.shape[0], groups, self._n_stream)
-                touched = {int(i): self.experts_[i].snapshot() for i in np.unique(idx)}
+                w = self.max_points_per_expert
+                resized = {i for i, e in enumerate(self.experts_) if e.max_points != w}
+                touched = {i: self.experts_[i].snapshot(copy_used=i in resized)
+                           for i in resized | {int(i) for i in np.unique(idx)}}
+                for i in resized:  # a window changed by set_params applies from now on
+                    self.experts_[i].set_window(w)
                 self._y_sum += float(y.sum())
                 self._n_seen += X.shape[0]
             self._n_stream += X.shape[0]
@@ -959,7 +1079,9 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             if self.beta is None:
                 g2 = self.rkhs_bound**2
                 b = max(
-                    np.sqrt(max(g2 - e.quad(self.prior_mean_) + e.n, 0.0)) for e in self.experts_
+                    (np.sqrt(max(g2 - e.quad(self.prior_mean_) + e.n, 0.0))
+                     for e in self.experts_ if e.n),  # experts without data do not vote
+                    default=float(self.rkhs_bound),
                 )
                 if not b > 0:
                     warnings.warn("Lemma 1 gives beta = 0; using beta = 1", RuntimeWarning)
@@ -1001,6 +1123,11 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             function (no noise): the rule's variance (see :func:`aggregate`),
             or ``omega / beta`` for "async" (see :class:`InformationSet`).
 
+        Experts that hold no data are left out of every rule: their
+        prediction is the prior, which carries no information (``M`` in
+        the rules counts the experts with data).  With no expert holding
+        data the prediction is the prior ``(prior_mean_, sqrt(variance_))``.
+
         Returns
         -------
         mean : ndarray of shape (n_queries,)
@@ -1008,6 +1135,15 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         """
         self._check_params()
         mu, var = self.predict_experts(X)
+        # an expert without data predicts the prior: it carries no information
+        # and is left out of every rule (MoE would average the prior in, gPoE
+        # would shrink the weights 1/M of the others)
+        has_data = np.array([e.n > 0 for e in self.experts_])
+        if not has_data.any():
+            m = np.full(mu.shape[0], self.prior_mean_)
+            s = np.full(mu.shape[0], np.sqrt(self.variance_))
+            return (m, s) if return_std else m
+        mu, var = mu[:, has_data], var[:, has_data]
         if self.aggregation == "async":
             m, s = _async_no_delay(
                 mu, var, self.variance_, self.beta_, self.max_info, self.prior_mean_

@@ -1,0 +1,208 @@
+"""Edge cases of :mod:`skfedgp.async_dgp`: experts without data, parameters
+changed with ``set_params`` between ``partial_fit`` calls, and input checks
+of the public ``aggregate`` and ``InformationSet``."""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from skfedgp import AsyncDGPRegressor
+from skfedgp.async_dgp import AGGREGATIONS, InformationSet, _Expert, aggregate
+from skfedgp.kernels import se_ard
+
+
+def _data(rng, n=40):
+    X = rng.uniform(0, 10, (n, 2))
+    y = np.sin(X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.standard_normal(n)
+    return X, y
+
+
+def _fixed(**kw):
+    base = dict(lengthscale=[1.5, 4.0], variance=1.5, noise_variance=0.01,
+                optimize_hyperparameters=False, random_state=0)
+    base.update(kw)
+    return AsyncDGPRegressor(**base)
+
+
+# --------------------------------------------------------------------------
+# experts holding no data
+# --------------------------------------------------------------------------
+
+
+def test_empty_experts_are_left_out_of_every_rule(rng):
+    """40 points all in expert 0 of 4: the three empty experts only predict
+    the prior, so every rule must give the one-expert prediction (MoE used to
+    average the prior in: R^2 0.44 instead of 0.995, std 77x too large)."""
+    X, y = _data(rng)
+    Xt = rng.uniform(0, 10, (50, 2))
+    for rule in AGGREGATIONS:
+        one = _fixed(n_experts=1, aggregation=rule).fit(X, y)
+        with pytest.warns(UserWarning, match=r"3 of 4 experts received no data \(groups"):
+            four = _fixed(n_experts=4, aggregation=rule).fit(X, y, groups=np.zeros(40, int))
+        m1, s1 = one.predict(Xt, return_std=True)
+        m4, s4 = four.predict(Xt, return_std=True)
+        np.testing.assert_allclose(m4, m1, rtol=1e-10, atol=1e-12, err_msg=rule)
+        np.testing.assert_allclose(s4, s1, rtol=1e-10, atol=1e-12, err_msg=rule)
+        assert four.beta_ == pytest.approx(one.beta_)
+    # the experts' own predictions are still all there (the empty ones: the prior)
+    mu, var = four.predict_experts(Xt)
+    assert mu.shape == (50, 4)
+    np.testing.assert_allclose(mu[:, 1:], four.prior_mean_)
+    np.testing.assert_allclose(var[:, 1:], four.variance_)
+
+
+def test_more_experts_than_samples_warns_and_aggregates_experts_with_data(rng):
+    X, y = _data(rng, n=5)
+    for rule in ("moe", "gpoe", "bcm"):
+        with pytest.warns(UserWarning, match=r"of 50 experts received no data "
+                                             r"\(n_experts=50 > n_samples=5\)"):
+            est = _fixed(n_experts=50, aggregation=rule).fit(X, y)
+        full = est.n_points_per_expert_ > 0
+        assert 1 <= full.sum() <= 5
+        mu, var = est.predict_experts(X)
+        m, v = aggregate(mu[:, full], var[:, full], est.variance_, rule, est.prior_mean_)
+        mean, std = est.predict(X, return_std=True)
+        np.testing.assert_allclose(mean, m)
+        np.testing.assert_allclose(std, np.sqrt(v))
+    # no warning when every expert holds data
+    X, y = _data(rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _fixed(n_experts=4, partition="sequential").fit(X, y)
+
+
+def test_partial_fit_stream_with_an_empty_expert_ignores_it(rng):
+    """A stream that has not reached expert 1 and 2 yet predicts as expert 0 alone."""
+    X, y = _data(rng)
+    Xt = rng.uniform(0, 10, (30, 2))
+    for rule in ("moe", "gpoe"):
+        one = _fixed(n_experts=1, aggregation=rule)
+        three = _fixed(n_experts=3, aggregation=rule)
+        for a, b in ((0, 20), (20, 40)):
+            one.partial_fit(X[a:b], y[a:b])
+            three.partial_fit(X[a:b], y[a:b], groups=np.zeros(b - a, int))
+        assert three.n_points_per_expert_.tolist() == [40, 0, 0]
+        m1, s1 = one.predict(Xt, return_std=True)
+        m3, s3 = three.predict(Xt, return_std=True)
+        np.testing.assert_allclose(m3, m1, rtol=1e-10)
+        np.testing.assert_allclose(s3, s1, rtol=1e-10)
+
+
+# --------------------------------------------------------------------------
+# set_params between partial_fit calls
+# --------------------------------------------------------------------------
+
+
+def test_partial_fit_after_n_experts_changed_raises(rng):
+    X, y = _data(rng)
+    est = _fixed(n_experts=4).fit(X, y)
+    before = est.n_points_per_expert_.copy()
+    est.set_params(n_experts=8)
+    msg = re.escape("n_experts=8 changed since the model was fitted with 4 experts")
+    for kw in ({}, {"groups": np.arange(40) % 8}):
+        with pytest.raises(ValueError, match=msg):
+            est.partial_fit(X, y, **kw)
+    np.testing.assert_array_equal(est.n_points_per_expert_, before)
+    est.set_params(n_experts=4)  # set back: streaming goes on
+    est.partial_fit(X[:4], y[:4])
+    assert est.n_points_per_expert_.sum() == before.sum() + 4
+
+
+def test_window_changed_with_set_params_applies_at_next_partial_fit(rng, monkeypatch):
+    X, y = _data(rng)
+    g = np.arange(40) % 2
+    est = _fixed(n_experts=2).partial_fit(X[:20], y[:20], groups=g[:20])
+    assert est.n_points_per_expert_.tolist() == [10, 10]
+    est.set_params(max_points_per_expert=3)
+
+    # a chunk that fails is undone, window shrink included
+    calls = []
+
+    def failing_add(self, x, yy):
+        calls.append(1)
+        raise np.linalg.LinAlgError("boom")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(_Expert, "add", failing_add)
+        with pytest.raises(np.linalg.LinAlgError):
+            est.partial_fit(X[20:22], y[20:22], groups=g[20:22])
+    assert calls
+    assert [e.n for e in est.experts_] == [10, 10]
+    for i, e in enumerate(est.experts_):
+        np.testing.assert_array_equal(e.X[:10], X[:20][g[:20] == i])
+
+    est.partial_fit(X[20:], y[20:], groups=g[20:])
+    assert est.n_points_per_expert_.tolist() == [3, 3]
+    ref = _fixed(n_experts=2, max_points_per_expert=3).fit(X, y, groups=g)
+    for i, e in enumerate(est.experts_):
+        Xi = X[g == i][-3:]
+        np.testing.assert_array_equal(e.X[:3], Xi)
+        np.testing.assert_array_equal(e.y[:3], y[g == i][-3:])
+        K = se_ard(Xi, Xi, e.ell, e.sf2) + e.sn2 * np.eye(3)
+        np.testing.assert_allclose(e.L[:3, :3], np.linalg.cholesky(K), atol=1e-10)
+    Xt = rng.uniform(0, 10, (20, 2))
+    # same experts; only the running prior mean (all 40 targets) is shared by both
+    np.testing.assert_allclose(est.predict(Xt), ref.predict(Xt), rtol=1e-8, atol=1e-10)
+
+    # the window shrinks also when the chunk does not touch the expert
+    est.set_params(max_points_per_expert=1)
+    est.partial_fit(X[:1], y[:1], groups=[0])
+    assert est.n_points_per_expert_.tolist() == [1, 1]
+    np.testing.assert_array_equal(est.experts_[1].X[:1], X[g == 1][-1:])
+
+
+# --------------------------------------------------------------------------
+# aggregate and InformationSet input checks
+# --------------------------------------------------------------------------
+
+MU = np.array([[1.0, 2.0]])
+VAR = np.array([[0.5, 0.25]])
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((MU, VAR, 1.0, "async"), r"aggregate\(\); it takes one of \('moe', 'poe', 'gpoe', "
+                                  r"'bcm', 'rbcm'\).*InformationSet"),
+        ((MU, VAR, 0.0, "rbcm"), "prior_var must be a finite positive number"),
+        ((MU, VAR, -1.0, "poe"), "prior_var must be a finite positive number"),
+        ((MU, VAR, np.nan, "poe"), "prior_var must be a finite positive number"),
+        ((MU, -VAR, 1.0, "poe"), "var must be finite and positive"),
+        ((MU, 0 * VAR, 1.0, "poe"), "var must be finite and positive"),
+        ((MU, 4 * VAR, 1.0, "poe"), "var exceeds prior_var"),
+        ((np.array([[np.nan, 1.0]]), VAR, 1.0, "poe"), "mu contains NaN"),
+        ((np.zeros((1, 0)), np.zeros((1, 0)), 1.0, "poe"), "at least one expert"),
+        ((np.array([1.0, 2.0]), np.array([0.5, 0.2]), 1.0, "poe"),
+         r"mu must be 2-D of shape \(n_queries, n_experts\), got shape \(2,\)"),
+        ((MU, np.array([[0.5, 0.2, 0.1]]), 1.0, "poe"), "mu and var must have the same shape"),
+        ((MU, VAR, 1.0, "poe", np.nan), "prior_mean must be a finite number"),
+    ],
+)
+def test_aggregate_rejects_bad_input_by_name(args, match):
+    with pytest.raises(ValueError, match=match):
+        aggregate(*args)
+    # round-off above the prior variance (sigma**2 of sigma = sqrt(var)) is accepted
+    m, v = aggregate(MU, np.array([[1.0 + 1e-12, 1.0]]), 1.0, "bcm")
+    assert np.all(np.isfinite(m)) and v[0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(max_info=0), "max_info must be an integer >= 1"),
+        (dict(max_info=2.5), "max_info must be an integer >= 1"),
+        (dict(beta=np.nan), "beta must be a finite positive number"),
+        (dict(beta=0.0), "beta must be a finite positive number"),
+        (dict(sigma_f=-1.0), "sigma_f must be a finite positive number"),
+        (dict(lipschitz=-1.0), "lipschitz must be a finite non-negative number"),
+        (dict(lengthscale=[1.0, 0.0]), "lengthscale must be positive"),
+        (dict(convention="matlab"), "unknown convention"),
+    ],
+)
+def test_information_set_rejects_bad_parameters_by_name(kw, match):
+    args = dict(max_info=3, beta=1.0, sigma_f=1.0, lipschitz=1.0, lengthscale=1.0)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        InformationSet(**args)
