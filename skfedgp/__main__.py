@@ -153,8 +153,17 @@ def client_averaged_metrics(y_true, y_mean, y_std, groups):
     ------
     ValueError
         As the functions of :mod:`skfedgp.metrics` (shape mismatch,
-        non-finite values, non-positive ``y_std``).
+        non-finite values, non-positive ``y_std``), or if the four arrays
+        are not 1-D of one length.
     """
+    y_true, y_mean, y_std, groups = (np.asarray(a) for a in (y_true, y_mean, y_std, groups))
+    lengths = {"y_true": y_true.shape, "y_mean": y_mean.shape, "y_std": y_std.shape,
+               "groups": groups.shape}
+    if groups.ndim != 1 or len({s for s in lengths.values()}) != 1:
+        raise ValueError(
+            "y_true, y_mean, y_std and groups must be 1-D of the same length (one client "
+            "label per test point); got shapes "
+            + ", ".join(f"{k} {v}" for k, v in lengths.items()))
     per_client = []
     for label in np.unique(groups):
         k = groups == label

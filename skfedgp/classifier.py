@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 from joblib import Parallel, delayed
@@ -34,7 +35,9 @@ def default_curve_regressor():
     """The regressor of the pFedHGP tonnage study (pFedHGP paper, section 5.1), adapted.
 
     ``M = 81`` global and ``M_i = 41`` local inducing points, initial
-    lengthscales 50 and 10 (index units of the default grid) and initial
+    lengthscales 50 and 10 (index units of the default grid;
+    :class:`MaxEvidenceClassifier` multiplies them by the median spacing of
+    another grid) and initial
     variances 1.0 and 0.5, as in the paper; the regressor's default training
     (structured family, L-BFGS, 20 iterations per local phase, stopping
     rule) with at most ``n_rounds=2`` rounds.
@@ -519,7 +522,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         ``n_rounds=2`` rounds), tuned for the default index grid of long curves.
     grid : array-like of shape (n_points,), default=None
         Input location of each point of a channel (the same for every
-        curve), e.g. times. None means ``arange(n_points)``.
+        curve), e.g. times, with at least 2 distinct values. None means
+        ``arange(n_points)``. With the default ``estimator`` the initial
+        lengthscales 50 and 10 are in units of the grid's median spacing
+        (``50 * step`` and ``10 * step``), so any unit (index, seconds, ...)
+        gives the same model as the index grid.
     n_channels : int, default=1
         Number of channels per curve. Columns ``k * n_points : (k + 1) *
         n_points`` of ``X`` hold channel ``k``.
@@ -550,11 +557,13 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         ``"likelihood"`` per class, the rank of largest held-out likelihood
         of the class's own curves (:func:`select_ppca_rank`); an int ``>= 0``
         fixes it (capped by what each class's curves support).
-    class_prior : "uniform", "empirical" or array-like of shape (n_classes,), default="uniform"
+    class_prior : "uniform", "empirical", array-like of shape (n_classes,) or dict, default="uniform"
         Prior class probabilities added (as logs) to the scores in
         :meth:`predict`, :meth:`predict_proba` and :meth:`decision_function`.
         ``"empirical"`` uses the training class frequencies; an array is
-        normalised to sum to one (order of ``classes_``).
+        normalised to sum to one (order of ``classes_``); a dict maps every
+        class label to its (positive) weight, normalised the same way, and
+        must have exactly one key per class.
     n_jobs : int, default=None
         Classes scored in parallel (threads, each with one BLAS thread);
         also passed to the regressor if not None.
@@ -721,20 +730,44 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 )
             if not np.all(np.isfinite(grid)):
                 raise ValueError("grid must be finite")
+            if np.unique(grid).size < 2:
+                raise ValueError(
+                    f"grid must hold at least 2 distinct values (the input locations of a "
+                    f"curve's points), got all points at {float(grid[0]):g}; pass None for "
+                    "arange(n_points)")
         return int(nc), n_points, grid
 
-    def _check_prior(self, counts):
+    @staticmethod
+    def _grid_step(grid):
+        """Median spacing of the distinct grid values (1.0 for ``arange``)."""
+        return float(np.median(np.diff(np.unique(grid))))
+
+    def _check_prior(self, counts, classes):
         prior = self.class_prior
         k = counts.shape[0]
+        forms = ("'uniform', 'empirical', an array of one weight per class (order of "
+                 "classes_) or a dict {class label: weight}")
         if isinstance(prior, str):
             if prior == "uniform":
                 return np.full(k, -np.log(k))
             if prior == "empirical":
                 return np.log(counts / counts.sum())
-            raise ValueError(
-                f"class_prior must be 'uniform', 'empirical' or an array, got {prior!r}"
-            )
-        p = np.asarray(prior, dtype=np.float64)
+            raise ValueError(f"class_prior must be {forms}, got {prior!r}")
+        if isinstance(prior, Mapping):
+            labels = classes.tolist()
+            unknown = [c for c in prior if c not in labels]
+            missing = [c for c in labels if c not in prior]
+            if unknown or missing:
+                raise ValueError(
+                    f"class_prior as a dict must have exactly one key per class {labels}; "
+                    + (f"unknown class(es) {unknown}" if unknown else "")
+                    + ("; " if unknown and missing else "")
+                    + (f"missing class(es) {missing}" if missing else ""))
+            prior = [prior[c] for c in labels]
+        try:
+            p = np.asarray(prior, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"class_prior must be {forms}, got {prior!r}") from None
         if p.shape != (k,) or not np.all(np.isfinite(p)) or np.any(p <= 0):
             raise ValueError(
                 f"class_prior must hold {k} positive finite values (one per class), got {prior!r}"
@@ -793,7 +826,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             Fewer than two classes, a column count that is not
             ``n_channels`` times the grid length, fewer than 2 points per
             channel, an all-NaN curve, a class with fewer than 2 observed
-            points, inf values, bad parameters, or ``channel_mode=
+            points, inf values, bad parameters (e.g. a ``grid`` with fewer
+            than 2 distinct values, a ``class_prior`` dict whose keys are not
+            the classes), or ``channel_mode=
             "multioutput"`` with a regressor that has no multi-output support.
 
         Notes
@@ -815,12 +850,17 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         if empty.size:
             raise ValueError(f"curve(s) {empty[:5].tolist()} have no observed (non-NaN) point")
         counts = np.bincount(y_idx, minlength=classes.shape[0]).astype(np.float64)
-        log_prior = self._check_prior(counts)
+        log_prior = self._check_prior(counts, classes)
         n_obs = np.bincount(y_idx, weights=observed.sum(axis=1), minlength=classes.shape[0])
         if np.any(n_obs < 2):
             bad = classes[np.flatnonzero(n_obs < 2)[0]]
             raise ValueError(f"class {bad!r} has fewer than 2 observed points in total")
         reg = self._make_regressor()
+        step = self._grid_step(grid)
+        if self.estimator is None and step != 1.0:
+            # the default lengthscales (50 and 10) are in units of a unit-spaced
+            # index grid: express them in the grid's own units
+            reg.set_params(lengthscale=50.0 * step, local_lengthscale=10.0 * step)
         # one channel: both modes are the scalar model of that channel
         mode = "concatenate" if nc == 1 else self.channel_mode
 
@@ -853,7 +893,15 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         # within-class law handles them), not copies of a table
         reg._check_copied_rows = False
         with default_sizes_quiet(self.estimator is None):
-            reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
+            try:
+                reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
+            except ValueError as exc:
+                if "initial lengthscale" not in str(exc):
+                    raise
+                raise ValueError(
+                    f"{exc}. The estimator's lengthscales are in the units of grid "
+                    f"(median spacing {step:g}, span {float(np.ptp(grid)):g}): set them "
+                    "to a fraction of the span in those units") from exc
         lost = [classes[k].item() if hasattr(classes[k], "item") else classes[k]
                 for k in range(classes.shape[0]) if k not in reg.clients_]
         if lost:  # its client's calls failed: it would be scored with the population's law

@@ -135,6 +135,21 @@ def _validate_hours(hours):
     return sorted(set(values))
 
 
+def _as_timestamp(value, name):
+    """``pd.Timestamp(value)``, or a ValueError naming the argument ``name``."""
+    import pandas as pd
+
+    try:
+        stamp = pd.Timestamp(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(
+            f"{name} must be a date or timestamp pandas can parse (e.g. "
+            f"'2013-03-01'), got {value!r}: {exc}") from None
+    if pd.isna(stamp):
+        raise ValueError(f"{name} must be a date or timestamp, got {value!r} (NaT)")
+    return stamp
+
+
 def load_beijing_air_quality(
     data_dir,
     *,
@@ -216,8 +231,9 @@ def load_beijing_air_quality(
         If ``data_dir`` does not exist, is a file, or holds no matching file.
     ValueError
         If ``target`` is not a numeric column of the files, ``hours`` are
-        outside 0..23, a requested station is absent, ``start >= end``, or
-        no row is left after filtering.
+        outside 0..23, a requested station is absent, ``start`` or ``end``
+        is not a parseable date, ``start >= end``, or no row is left after
+        filtering.
 
     Notes
     -----
@@ -255,8 +271,8 @@ def load_beijing_air_quality(
                 f"unknown station(s) {missing}; available: {sorted(files)}"
             )
         files = {s: files[s] for s in stations}
-    t_start = None if start is None else pd.Timestamp(start)
-    t_end = None if end is None else pd.Timestamp(end)
+    t_start = None if start is None else _as_timestamp(start, "start")
+    t_end = None if end is None else _as_timestamp(end, "end")
     if t_start is not None and t_end is not None and t_start >= t_end:
         raise ValueError(f"start ({t_start}) must be before end ({t_end})")
 

@@ -1,0 +1,132 @@
+"""Edge cases of :class:`skfedgp.MaxEvidenceClassifier` and the small helpers it sits with."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from skfedgp import FederatedHierarchicalGPRegressor, MaxEvidenceClassifier
+from skfedgp.__main__ import client_averaged_metrics
+from skfedgp.datasets import load_beijing_air_quality
+
+
+def _reg(**kw):
+    return FederatedHierarchicalGPRegressor(
+        **{**dict(n_inducing=8, n_inducing_local=4, n_rounds=2, local_steps=10), **kw})
+
+
+def _curves(n_per_class=8, n_points=20, seed=0):
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0, 1, n_points)
+    X = np.vstack([np.sin(6 * t) + 0.1 * rng.standard_normal((n_per_class, n_points)),
+                   np.cos(6 * t) + 0.1 * rng.standard_normal((n_per_class, n_points))])
+    return X, np.repeat([0, 1], n_per_class)
+
+
+# --------------------------------------------------------------------------
+# grid units and degenerate grids
+# --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def index_and_seconds():
+    X, y = _curves(n_points=24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = MaxEvidenceClassifier(random_state=0).fit(X, y)
+        b = MaxEvidenceClassifier(grid=np.arange(24) * 3600.0, random_state=0).fit(X, y)
+    return a, b, X
+
+
+def test_default_lengthscales_follow_the_grid_spacing(index_and_seconds):
+    a, b, _ = index_and_seconds
+    # unit spacing keeps the paper's values exactly; seconds scale them by 3600
+    assert a.estimator_.lengthscale == 50.0 and a.estimator_.local_lengthscale == 10.0
+    assert b.estimator_.lengthscale == pytest.approx(50.0 * 3600)
+    assert b.estimator_.local_lengthscale == pytest.approx(10.0 * 3600)
+
+
+def test_grid_in_seconds_gives_the_index_grid_model(index_and_seconds):
+    # before: "initial lengthscale_g ... outside the optimiser's range"
+    a, b, X = index_and_seconds
+    np.testing.assert_allclose(b.predict_proba(X), a.predict_proba(X), atol=1e-5)
+    assert b.score(X, np.repeat([0, 1], 8)) == a.score(X, np.repeat([0, 1], 8))
+
+
+def test_user_estimator_with_lengthscale_in_other_units_names_grid():
+    X, y = _curves(n_points=24)
+    clf = MaxEvidenceClassifier(_reg(lengthscale=1.0), grid=np.arange(24) * 3600.0)
+    with pytest.raises(ValueError, match=r"units of grid \(median spacing 3600"):
+        clf.fit(X, y)
+
+
+@pytest.mark.parametrize("grid", [np.zeros(20), np.full(20, 7.5)])
+def test_constant_grid_is_rejected(grid):
+    X, y = _curves()
+    with pytest.raises(ValueError, match="grid must hold at least 2 distinct values"):
+        MaxEvidenceClassifier(_reg(), grid=grid).fit(X, y)
+
+
+# --------------------------------------------------------------------------
+# class_prior as a dict
+# --------------------------------------------------------------------------
+def test_class_prior_dict_keyed_by_class_equals_the_array():
+    X, y = _curves()
+    t = np.linspace(0, 1, 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = MaxEvidenceClassifier(_reg(), grid=t, class_prior={1: 3.0, 0: 1.0},
+                                  random_state=0).fit(X, y)
+    np.testing.assert_allclose(np.exp(d.class_log_prior_), [0.25, 0.75])
+
+
+def test_class_prior_dict_with_string_labels():
+    X, y = _curves()
+    y = np.where(y == 0, "a", "b")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = MaxEvidenceClassifier(_reg(), grid=np.linspace(0, 1, 20),
+                                  class_prior={"b": 1.0, "a": 4.0}).fit(X, y)
+    np.testing.assert_allclose(np.exp(d.class_log_prior_), [0.8, 0.2])
+
+
+@pytest.mark.parametrize("prior, match", [
+    ({0: 0.5}, r"missing class\(es\) \[1\]"),
+    ({0: 0.5, 1: 0.3, 2: 0.2}, r"unknown class\(es\) \[2\]"),
+    ({0: 0.5, 1: "x"}, "class_prior must be"),
+    ({0: 0.5, 1: -1.0}, "positive finite"),
+    (object(), "class_prior must be 'uniform', 'empirical', an array .* or a dict"),
+])
+def test_bad_class_prior_is_a_value_error_naming_it(prior, match):
+    X, y = _curves()
+    with pytest.raises(ValueError, match=match):
+        MaxEvidenceClassifier(_reg(), grid=np.linspace(0, 1, 20), class_prior=prior).fit(X, y)
+
+
+# --------------------------------------------------------------------------
+# load_beijing_air_quality dates, client_averaged_metrics lengths
+# --------------------------------------------------------------------------
+_BEIJING = "/work/shared/data/beijing_air_quality"
+
+
+@pytest.mark.parametrize("kw, name", [({"start": "yesterday"}, "start"),
+                                      ({"end": "not a date"}, "end")])
+def test_unparseable_date_names_the_argument(kw, name):
+    # the date is checked before any file is read: a missing folder would be
+    # reported first only if the argument were not validated
+    import os
+    if not os.path.isdir(_BEIJING):
+        pytest.skip("Beijing data not available")
+    with pytest.raises(ValueError, match=f"{name} must be a date .* got '{list(kw.values())[0]}'"):
+        load_beijing_air_quality(_BEIJING, **kw)
+
+
+def test_client_averaged_metrics_groups_one_short():
+    rng = np.random.default_rng(0)
+    yy = rng.standard_normal(20)
+    with pytest.raises(ValueError, match=r"same length.*groups \(19,\)"):
+        client_averaged_metrics(yy, yy + 0.1, np.full(20, 0.5), np.repeat([0, 1], 10)[:-1])
+
+
+def test_client_averaged_metrics_std_one_short():
+    yy = np.zeros(20)
+    with pytest.raises(ValueError, match=r"y_std \(19,\)"):
+        client_averaged_metrics(yy, yy, np.full(19, 0.5), np.repeat([0, 1], 10))
