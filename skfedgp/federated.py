@@ -1120,7 +1120,9 @@ class Server:
 
         Global lengthscales: the given ones, else the clients' median pilot
         lengthscales; variance: the given one, else the median pilot signal
-        variance; ``phi``: the given one, else 0.1; ``n_inducing="auto"``:
+        variance (medians weighted by the clients' numbers of observations,
+        the set-up of :func:`run_structured_training`); ``phi``: the given
+        one, else 0.1; ``n_inducing="auto"``:
         :func:`auto_inducing` from the global lengthscales
         (:data:`AUTO_PER_LENGTHSCALE` points per lengthscale and dimension,
         at least :data:`AUTO_MIN_INDUCING`, at most the total number of
@@ -3856,19 +3858,29 @@ def _masked_mean(values, mask):
     return np.where(count > 0, masked, values.mean(axis=0))
 
 
-def _weighted_median(values, weights):
-    """Weighted median: the smallest value whose cumulative weight reaches half."""
-    order = np.argsort(values)
+def _weighted_median(values, weights, interpolate=False):
+    """Weighted median: the smallest value whose cumulative weight reaches half.
+
+    With ``interpolate``, a cumulative weight of exactly half at a value
+    gives the mean of it and the next one, so equal weights give
+    :func:`numpy.median`.
+    """
+    order = np.argsort(values, kind="stable")
     v = np.asarray(values, float)[order]
     w = np.asarray(weights, float)[order]
     c = np.cumsum(w)
-    return float(v[np.searchsorted(c, 0.5 * c[-1])])
+    half = 0.5 * c[-1]
+    k = int(np.searchsorted(c, half))
+    if interpolate and k + 1 < len(v) and np.isclose(c[k], half, rtol=1e-12, atol=0.0):
+        return float(0.5 * (v[k] + v[k + 1]))
+    return float(v[k])
 
 
 def _population_from(hypers, components, noise="isotropic"):
     """Population local block from the clients' :class:`LocalHyperparameters`.
 
-    Geometric means of the local lengthscales, variances and noise variances;
+    The mean of the local variances, the variance-weighted geometric mean of
+    the local lengthscales and the geometric mean of the noise variances;
     the mean of the clients' constant means ``c_i`` and, as
     ``offset_variance``, the predictive variance of a new client's constant
     mean: ``c_new ~ N(mean c_i, (1 + 1/T) var c_i)`` (sample variance,
@@ -4429,11 +4441,19 @@ class _StructuredRun:
         if good:
             target = [p.noise_variance_target for p in good
                       if getattr(p, "noise_variance_target", None) is not None]
+            # medians over the clients' pilots, each weighted by its client's
+            # number of observations: a pilot on a handful of points carries
+            # almost no information on the lengthscales (with 32 inputs and
+            # clients of 400, 100, 30, 10 and 5 points the plain median was
+            # the 30-point client's, lengthscales far beyond the box, and
+            # the shared part learned nothing); with equal sizes, the median
+            sizes = [self.n_samples[c] for c, p in pilots.items() if p is not None]
+            log_ell = np.array([np.log(p.lengthscale) for p in good])
             pop = _PopulationPilot(
-                np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
-                float(np.median([p.variance for p in good])),
-                _weighted_median([p.noise_variance for p in good],
-                                 [self.n_samples[c] for c, p in pilots.items() if p is not None]),
+                np.exp(np.array([_weighted_median(log_ell[:, j], sizes, interpolate=True)
+                                 for j in range(log_ell.shape[1])])),
+                _weighted_median([p.variance for p in good], sizes, interpolate=True),
+                _weighted_median([p.noise_variance for p in good], sizes),
                 ranges,
                 float(np.median(target)) if target else None)
         else:

@@ -496,11 +496,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         and ``("global", "local")`` is No-deviation (paper section 4.4).
     lengthscale : float or array-like of shape (n_features,), default=None
         Initial global lengthscale(s), in input units; None: the median of
-        the clients' pilot lengthscales (mean-field family: 0.2 times each
-        feature's range).
+        the clients' pilot lengthscales, each client weighted by its number
+        of observations (a pilot on a handful of points says little about
+        the lengthscales; mean-field family: 0.2 times each feature's
+        range).
     lengthscale_starts : sequence of float or "multi", default=(1.0,)
         Structured family, ``lengthscale=None``: factors of the starting
-        global lengthscales (the median of the clients' pilot lengthscales,
+        global lengthscales (the weighted median of the clients' pilot lengthscales,
         which describe each client's whole function, so the global and
         local kernels start at the same lengthscale). With more than one
         factor a whole run is trained from each start (every other starting
@@ -529,7 +531,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         lengthscales (mean-field family: 0.05 times the range).
     variance : float, default=None
         Initial global kernel variance (standardised target units); None: the
-        median pilot signal variance (mean-field family: 1.0).
+        median pilot signal variance, weighted by the clients' numbers of
+        observations (mean-field family: 1.0).
     local_variance : float, default=None
         Initial local kernel variance (standardised target units); None: 0.1
         times the client's pilot signal variance (mean-field family: 1.0).
