@@ -3861,18 +3861,23 @@ def _masked_mean(values, mask):
 def _weighted_median(values, weights, interpolate=False):
     """Weighted median: the smallest value whose cumulative weight reaches half.
 
-    With ``interpolate``, a cumulative weight of exactly half at a value
-    gives the mean of it and the next one, so equal weights give
-    :func:`numpy.median`.
+    With ``interpolate``, a cumulative weight of half at a value (to a
+    relative ``1e-12`` of the total, for round-off of float weights) gives
+    the mean of it and the next value of positive weight, so equal weights
+    give :func:`numpy.median` (as does repeating each value by an integer
+    weight, zero weights included).
     """
     order = np.argsort(values, kind="stable")
     v = np.asarray(values, float)[order]
     w = np.asarray(weights, float)[order]
     c = np.cumsum(w)
     half = 0.5 * c[-1]
-    k = int(np.searchsorted(c, half))
-    if interpolate and k + 1 < len(v) and np.isclose(c[k], half, rtol=1e-12, atol=0.0):
-        return float(0.5 * (v[k] + v[k + 1]))
+    tol = 1e-12 * abs(c[-1])
+    k = min(int(np.searchsorted(c, half - tol)), len(v) - 1)
+    if interpolate and abs(c[k] - half) <= tol:
+        nxt = np.flatnonzero(w[k + 1:] > 0)
+        if nxt.size:
+            return float(0.5 * (v[k] + v[k + 1 + nxt[0]]))
     return float(v[k])
 
 
@@ -3917,6 +3922,8 @@ def _population_from(hypers, components, noise="isotropic"):
                        for r in range(len(hypers[0].coregionalisation[k]))])
                    for k in hypers[0].coregionalisation}}
         if "local" in components:
+            # the local variance lives in the loadings (their outer products
+            # are averaged above); the lengthscales' plain geometric mean
             pop["lengthscale_l"] = np.exp(np.mean([np.log(h.lengthscale) for h in hypers],
                                                   axis=0))
         return pop
@@ -3938,11 +3945,17 @@ def _population_from(hypers, components, noise="isotropic"):
         # switched their local part off, and made a never-seen client's band
         # far too narrow); its lengthscale the variance-weighted geometric
         # mean (a switched-off client's lengthscale is not identified)
-        var = np.array([float(h.variance) for h in hypers])
+        # (mean-field: h.scale is None). A client that learned its own scale
+        # s_i has its local variance in its own units: averaged as v_i / s_i^2
+        # and put back at the never-seen client's (median) scale, so that a
+        # client in other units does not set the others' band
+        s_pop = pop.get("client_scale", 1.0)
+        var = np.array([float(h.variance) / (h.scale if getattr(h, "scale", None) else 1.0) ** 2
+                        for h in hypers])
         log_ell = np.array([np.log(h.lengthscale) for h in hypers])
         w = var / var.sum() if var.sum() > 0 else np.full(len(hypers), 1.0 / len(hypers))
         pop["lengthscale_l"] = np.exp(w @ log_ell)
-        pop["variance_l"] = float(var.mean())
+        pop["variance_l"] = float(var.mean()) * s_pop**2
     return pop
 
 

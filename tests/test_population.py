@@ -74,6 +74,28 @@ def test_weighted_median_reduces_to_the_median():
         assert _weighted_median(v, [1] * len(v), interpolate=True) == np.median(v)
     assert _weighted_median([1.0, 2.0, 3.0, 4.0, 5.0], [400, 100, 30, 10, 5],
                             interpolate=True) == 1.0
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        v = rng.normal(size=rng.integers(1, 8))
+        # equal float weights whose cumulative sums are not exact
+        for w0 in (0.7, 0.1, 1e-3):
+            assert _weighted_median(v, [w0] * len(v), interpolate=True) == np.median(v)
+        # integer weights (zeros included): the median of the repeated values
+        iw = rng.integers(0, 4, size=len(v))
+        if iw.sum():
+            assert _weighted_median(v, iw, interpolate=True) == pytest.approx(
+                np.median(np.repeat(v, iw)), rel=1e-15, abs=1e-15)
+
+
+def test_population_variance_in_common_units_with_client_scales():
+    """A client that learned its own scale s_i has its local variance in its
+    own units: the mean is taken of v_i / s_i^2 and put back at the
+    never-seen client's (median) scale."""
+    hypers = [LocalHyperparameters(np.array([0.3]), v, 0.01, scale=s)
+              for v, s in ((1.0, 1.0), (2.0, 1.0), (4e6, 1e3))]
+    pop = _population_from(hypers, COMPONENTS)
+    assert pop["client_scale"] == 1.0  # the median scale
+    assert pop["variance_l"] == pytest.approx((1.0 + 2.0 + 4.0) / 3)
 
 
 def test_small_clients_do_not_set_the_starting_lengthscales():
