@@ -4452,8 +4452,10 @@ class _StructuredRun:
         d = server.d
         ranges = np.ones(d)  # scaled inputs live in the unit box
         if good:
-            target = [p.noise_variance_target for p in good
-                      if getattr(p, "noise_variance_target", None) is not None]
+            with_target = [(p.noise_variance_target, self.n_samples[c])
+                           for c, p in pilots.items()
+                           if p is not None
+                           and getattr(p, "noise_variance_target", None) is not None]
             # medians over the clients' pilots, each weighted by its client's
             # number of observations: a pilot on a handful of points carries
             # almost no information on the lengthscales (with 32 inputs and
@@ -4468,7 +4470,8 @@ class _StructuredRun:
                 _weighted_median([p.variance for p in good], sizes, interpolate=True),
                 _weighted_median([p.noise_variance for p in good], sizes),
                 ranges,
-                float(np.median(target)) if target else None)
+                _weighted_median(*zip(*with_target), interpolate=True) if with_target
+                else None)
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
         if not cfg.n_outputs:
