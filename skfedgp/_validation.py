@@ -58,6 +58,8 @@ __all__ = [
     "warn_unmatched_labels",
     "warn_groups_missing",
     "keep_state_on_error",
+    "check_count",
+    "check_real",
 ]
 
 #: What the population prediction is, in the warnings (the hierarchical model's).
@@ -95,6 +97,77 @@ def _listing(labels):
     if len(labels) > _MAX_LISTED:
         shown += f", ... ({len(labels)} in all)"
     return shown
+
+
+def check_count(value, name, *, allow_none=False):
+    """A count parameter: an integer ``>= 1`` (a bool is not one).
+
+    Parameters
+    ----------
+    value : object
+        The value given.
+    name : str
+        Parameter name for the message.
+    allow_none : bool, default=False
+        Whether None is accepted (and returned).
+
+    Returns
+    -------
+    int or None
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be an integer >= 1[ or None], got <value>"``.
+
+    Notes
+    -----
+    Package plumbing; no paper source.
+    """
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, "
+                         f"got {value!r}")
+    return int(value)
+
+
+def check_real(value, name, *, positive=True, allow_none=False):
+    """A real scalar parameter: finite and positive (or ``>= 0``); a bool is not one.
+
+    Parameters
+    ----------
+    value : object
+        The value given.
+    name : str
+        Parameter name for the message.
+    positive : bool, default=True
+        ``> 0`` (True) or ``>= 0`` (False).
+    allow_none : bool, default=False
+        Whether None is accepted (and returned).
+
+    Returns
+    -------
+    float or None
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be a finite positive number[ or None], got <value>"``
+        (``"a finite number >= 0"`` with ``positive=False``).
+
+    Notes
+    -----
+    Package plumbing; no paper source.
+    """
+    if value is None and allow_none:
+        return None
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+            or not np.isfinite(value) or value < 0 or (positive and value == 0)):
+        what = "a finite positive number" if positive else "a finite number >= 0"
+        raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, "
+                         f"got {value!r}")
+    return float(value)
 
 
 def check_not_strings(y):

@@ -44,7 +44,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import check_not_strings, keep_state_on_error
+from ._validation import check_count, check_not_strings, check_real, keep_state_on_error
 from .kernels import se_ard
 from .regressor import check_target_values
 
@@ -459,9 +459,7 @@ def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
         raise ValueError(
             f"unknown aggregation {rule!r} for aggregate(); it takes one of {_BASELINES} "
             "(the 'async' rule needs each prediction's input: use InformationSet)")
-    if (not isinstance(prior_var, numbers.Real) or isinstance(prior_var, bool)
-            or not np.isfinite(prior_var) or prior_var <= 0):
-        raise ValueError(f"prior_var must be a finite positive number, got {prior_var!r}")
+    prior_var = check_real(prior_var, "prior_var")
     if (not isinstance(prior_mean, numbers.Real) or isinstance(prior_mean, bool)
             or not np.isfinite(prior_mean)):
         raise ValueError(f"prior_mean must be a finite number, got {prior_mean!r}")
@@ -557,14 +555,10 @@ class InformationSet:
     """
 
     def __init__(self, max_info, beta, sigma_f, lipschitz, lengthscale, convention="paper"):
-        if (not isinstance(max_info, numbers.Integral) or isinstance(max_info, bool)
-                or max_info < 1):
-            raise ValueError(f"max_info must be an integer >= 1, got {max_info!r}")
-        for name, v, low in (("beta", beta, "positive"), ("sigma_f", sigma_f, "positive"),
-                             ("lipschitz", lipschitz, "non-negative")):
-            if (not isinstance(v, numbers.Real) or isinstance(v, bool) or not np.isfinite(v)
-                    or v < 0 or (v == 0 and low == "positive")):
-                raise ValueError(f"{name} must be a finite {low} number, got {v!r}")
+        check_count(max_info, "max_info")
+        check_real(beta, "beta")
+        check_real(sigma_f, "sigma_f")
+        check_real(lipschitz, "lipschitz", positive=False)
         if convention not in CONVENTIONS:
             raise ValueError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
         ell = np.asarray(lengthscale, dtype=float)
@@ -786,15 +780,9 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     # -- validation ---------------------------------------------------------
 
     def _check_params(self):
-        def pos_int(name, v, allow_none=False):
-            if v is None and allow_none:
-                return
-            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-
-        pos_int("n_experts", self.n_experts)
-        pos_int("max_info", self.max_info)
-        pos_int("max_points_per_expert", self.max_points_per_expert, allow_none=True)
+        check_count(self.n_experts, "n_experts")
+        check_count(self.max_info, "max_info")
+        check_count(self.max_points_per_expert, "max_points_per_expert", allow_none=True)
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}"
@@ -805,10 +793,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(f"partition must be 'random' or 'sequential', got {self.partition!r}")
         for name in ("variance", "noise_variance", "rkhs_bound", "lipschitz", "beta"):
             v = getattr(self, name)
-            if v is None:
-                continue
-            if not isinstance(v, numbers.Real) or not np.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a finite positive number, got {v!r}")
+            if v is not None:
+                check_real(v, name)
 
     def _assign(self, n, groups, start):
         """Expert index of each of ``n`` points arriving after ``start`` others."""
@@ -932,6 +918,9 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         ValueError
             For NaN/inf, inconsistent shapes, invalid parameters, or fewer
             than 2 samples when the hyperparameters are learned.
+        numpy.linalg.LinAlgError
+            If an expert's kernel matrix cannot be factorised (a given noise
+            variance too small for duplicated inputs); names the expert.
 
         Warns
         -----
@@ -939,9 +928,6 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             If some experts receive no data (``groups`` naming none of
             their points, ``n_experts > n_samples``, or an unlucky random
             partition): they are left out of ``predict``.
-        numpy.linalg.LinAlgError
-            If an expert's kernel matrix cannot be factorised (a given noise
-            variance too small for duplicated inputs); names the expert.
 
         Notes
         -----

@@ -45,6 +45,7 @@ from ._validation import (
     ClientLabelWarning,
     check_groups,
     check_label_types,
+    check_real,
     keep_state_on_error,
     label_source,
     labels_from_column,
@@ -532,14 +533,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         R = _int("n_latent", 1)
         n_rounds = _int("n_rounds", 0)
         steps = _int("local_steps", 1)
-        tol = self.tol
-        if not isinstance(tol, numbers.Real) or isinstance(tol, bool) or not np.isfinite(tol) \
-                or tol < 0:
-            raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
-        s2 = self.noise_variance
-        if s2 is not None and (not isinstance(s2, numbers.Real) or isinstance(s2, bool)
-                               or not np.isfinite(s2) or s2 <= 0):
-            raise ValueError(f"noise_variance must be a finite positive number, got {s2!r}")
+        check_real(self.tol, "tol", positive=False)
+        if self.noise_variance is not None:
+            check_real(self.noise_variance, "noise_variance")
         return R, n_rounds, steps
 
     def _initial_lengthscale(self, R, d, x_scale):

@@ -40,6 +40,7 @@ from ._validation import (
     check_groups,
     check_label_types,
     check_not_strings,
+    check_real,
     keep_state_on_error,
     label_source,
     labels_from_column,
@@ -86,12 +87,6 @@ MAX_COV_BYTES = 2 * 1024**3
 #: time, so the intermediate ``n x M`` kernel matrices stay bounded and the
 #: memory beyond the outputs does not grow with the number of test rows.
 PREDICT_CHUNK_ROWS = 4096
-
-
-def _nonneg_float(v, name):
-    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    return float(v)
 
 
 def _warn_diagnostics(est, converged, n_rounds):
@@ -1016,12 +1011,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
         def _pos_float(name, default=None):
             v = getattr(self, name)
-            if v is None:
-                return default
-            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not np.isfinite(v) \
-                    or v <= 0:
-                raise ValueError(f"{name} must be a finite positive number, got {v!r}")
-            return float(v)
+            return default if v is None else check_real(v, name)
 
         lbfgs = optimizer == "lbfgs"
         client_scale = self._check_client_scale()  # validated for every family
@@ -1049,7 +1039,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             variational_update=self._check_variational_update(),
             variational_family=family,
             optimizer=optimizer,
-            tol=_nonneg_float(self.tol, "tol"),
+            tol=check_real(self.tol, "tol", positive=False),
             global_steps=self._check_global_steps(_int("global_steps", 0,
                                                        default=20 if lbfgs else 1),
                                                   structured),

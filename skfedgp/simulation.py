@@ -60,6 +60,7 @@ import pandas as pd
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, column_or_1d
 
+from ._validation import check_count, check_real
 from .async_dgp import AGGREGATIONS, CONVENTIONS, InformationSet, _Expert, aggregate
 
 __all__ = ["simulate_stream", "simulate_tracking", "reference_dynamics"]
@@ -167,23 +168,12 @@ def _check_hyper(lengthscale, variance, noise_variance):
 
 def _check_network(max_points_per_expert, delays, rkhs_bound, lipschitz, beta):
     """The experts' window, the delay model and the information set's constants."""
-    if max_points_per_expert is not None and (
-            not isinstance(max_points_per_expert, numbers.Integral)
-            or isinstance(max_points_per_expert, bool) or max_points_per_expert < 1):
-        raise ValueError(f"max_points_per_expert must be an integer >= 1 or None, got "
-                         f"{max_points_per_expert!r}")
+    check_count(max_points_per_expert, "max_points_per_expert", allow_none=True)
     for name, v in zip(("base_delay", "delay_per_point", "delay_spread"), delays):
-        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
-                and v >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    for name, v, optional in (("rkhs_bound", rkhs_bound, False), ("lipschitz", lipschitz, True),
-                              ("beta", beta, True)):
-        if v is None and optional:
-            continue
-        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
-                and v > 0):
-            raise ValueError(f"{name} must be a finite positive number"
-                             f"{' or None' if optional else ''}, got {v!r}")
+        check_real(v, name, positive=False)
+    check_real(rkhs_bound, "rkhs_bound")
+    check_real(lipschitz, "lipschitz", allow_none=True)
+    check_real(beta, "beta", allow_none=True)
 
 
 def _check_common(n_experts, aggregations, max_info, convention, decision_time, hyper):
@@ -193,11 +183,8 @@ def _check_common(n_experts, aggregations, max_info, convention, decision_time, 
     if not (isinstance(decision_time, numbers.Real) and np.isfinite(decision_time)
             and 0.0 <= decision_time < 1.0):
         raise ValueError(f"decision_time must be in [0, 1), got {decision_time!r}")
-    if not isinstance(n_experts, numbers.Integral) or isinstance(n_experts, bool) \
-            or n_experts < 1:
-        raise ValueError(f"n_experts must be an integer >= 1, got {n_experts!r}")
-    if not isinstance(max_info, numbers.Integral) or max_info < 1:
-        raise ValueError(f"max_info must be an integer >= 1, got {max_info!r}")
+    check_count(n_experts, "n_experts")
+    check_count(max_info, "max_info")
     for a in aggregations:
         if a not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {a!r}; expected one of {AGGREGATIONS}")
@@ -444,14 +431,12 @@ def simulate_tracking(
                                  (lengthscale, variance, noise_variance))
     _check_network(max_points_per_expert, (base_delay, delay_per_point, delay_spread),
                    rkhs_bound, lipschitz, beta)
-    if not isinstance(n_runs, numbers.Integral) or isinstance(n_runs, bool) or n_runs < 1:
-        raise ValueError(f"n_runs must be an integer >= 1, got {n_runs!r}")
+    check_count(n_runs, "n_runs")
     if np.shape(gains) != (2,) or not np.all(np.isfinite(np.asarray(gains, dtype=float))):
         raise ValueError(f"gains must be two finite numbers (l1, l2), got {gains!r}")
     for name, v in (("amplitude", amplitude), ("frequency", frequency),
                     ("noise_std", noise_std)):
-        if not (isinstance(v, numbers.Real) and np.isfinite(v) and v >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        check_real(v, name, positive=False)
     if initial_state is not None and not np.all(np.isfinite(np.asarray(initial_state,
                                                                         dtype=float))):
         raise ValueError(f"initial_state must be finite, got {initial_state!r}")

@@ -196,7 +196,7 @@ def test_aggregate_rejects_bad_input_by_name(args, match):
         (dict(beta=np.nan), "beta must be a finite positive number"),
         (dict(beta=0.0), "beta must be a finite positive number"),
         (dict(sigma_f=-1.0), "sigma_f must be a finite positive number"),
-        (dict(lipschitz=-1.0), "lipschitz must be a finite non-negative number"),
+        (dict(lipschitz=-1.0), "lipschitz must be a finite number >= 0"),
         (dict(lengthscale=[1.0, 0.0]), "lengthscale must be positive"),
         (dict(convention="matlab"), "unknown convention"),
     ],
