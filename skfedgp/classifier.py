@@ -31,13 +31,13 @@ _VARIATIONS = ("ppca", "none")
 _JITTERS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6)
 
 
-def default_curve_regressor():
+def default_curve_regressor(step=1.0):
     """The regressor of the pFedHGP tonnage study (pFedHGP paper, section 5.1), adapted.
 
     ``M = 81`` global and ``M_i = 41`` local inducing points, initial
-    lengthscales 50 and 10 (index units of the default grid;
-    :class:`MaxEvidenceClassifier` multiplies them by the median spacing of
-    another grid) and initial
+    lengthscales 50 and 10 grid steps (index units of the default grid;
+    :class:`MaxEvidenceClassifier` passes the median spacing of another
+    grid as ``step``) and initial
     variances 1.0 and 0.5, as in the paper; the regressor's default training
     (structured family, L-BFGS, 20 iterations per local phase, stopping
     rule) with at most ``n_rounds=2`` rounds.
@@ -52,13 +52,20 @@ def default_curve_regressor():
     cycles; a fit that stops at the cap issues the regressor's
     ``ConvergenceWarning``. Raise ``n_rounds`` for a converged ELBO.
 
+    Parameters
+    ----------
+    step : float, default=1.0
+        Spacing of the curves' grid, in the grid's units: the initial
+        lengthscales are ``50 * step`` and ``10 * step``.
+
     Returns
     -------
     FederatedHierarchicalGPRegressor
         Unfitted.
     """
     return FederatedHierarchicalGPRegressor(
-        n_inducing=81, n_inducing_local=41, lengthscale=50.0, local_lengthscale=10.0,
+        n_inducing=81, n_inducing_local=41, lengthscale=50.0 * step,
+        local_lengthscale=10.0 * step,
         variance=1.0, local_variance=0.5, n_rounds=2,
     )
 
@@ -777,7 +784,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         logp = np.log(p)
         return logp - logsumexp(logp)
 
-    def _make_regressor(self):
+    def _make_regressor(self, step=1.0):
         if self.estimator is not None and not isinstance(self.estimator,
                                                          FederatedHierarchicalGPRegressor):
             raise TypeError(
@@ -790,7 +797,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 f"estimator has client_column={self.estimator.client_column!r}; the "
                 "classifier passes each class as the regressor's client itself: use an "
                 "estimator with client_column=None")
-        reg = default_curve_regressor() if self.estimator is None else clone(self.estimator)
+        reg = (default_curve_regressor(step) if self.estimator is None
+               else clone(self.estimator))
         params = reg.get_params(deep=False)
         upd = {}
         if self.random_state is not None and "random_state" in params:
@@ -855,12 +863,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         if np.any(n_obs < 2):
             bad = classes[np.flatnonzero(n_obs < 2)[0]]
             raise ValueError(f"class {bad!r} has fewer than 2 observed points in total")
-        reg = self._make_regressor()
         step = self._grid_step(grid)
-        if self.estimator is None and step != 1.0:
-            # the default lengthscales (50 and 10) are in units of a unit-spaced
-            # index grid: express them in the grid's own units
-            reg.set_params(lengthscale=50.0 * step, local_lengthscale=10.0 * step)
+        # the default lengthscales are in grid steps (the grid's own units)
+        reg = self._make_regressor(step)
         # one channel: both modes are the scalar model of that channel
         mode = "concatenate" if nc == 1 else self.channel_mode
 
