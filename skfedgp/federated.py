@@ -4452,10 +4452,6 @@ class _StructuredRun:
         d = server.d
         ranges = np.ones(d)  # scaled inputs live in the unit box
         if good:
-            with_target = [(p.noise_variance_target, self.n_samples[c])
-                           for c, p in pilots.items()
-                           if p is not None
-                           and getattr(p, "noise_variance_target", None) is not None]
             # medians over the clients' pilots, each weighted by its client's
             # number of observations: a pilot on a handful of points carries
             # almost no information on the lengthscales (with 32 inputs and
@@ -4463,6 +4459,8 @@ class _StructuredRun:
             # the 30-point client's, lengthscales far beyond the box, and
             # the shared part learned nothing); with equal sizes, the median
             sizes = [self.n_samples[c] for c, p in pilots.items() if p is not None]
+            with_target = [(p.noise_variance_target, n) for p, n in zip(good, sizes)
+                           if getattr(p, "noise_variance_target", None) is not None]
             log_ell = np.array([np.log(p.lengthscale) for p in good])
             pop = _PopulationPilot(
                 np.exp(np.array([_weighted_median(log_ell[:, j], sizes, interpolate=True)
