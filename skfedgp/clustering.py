@@ -289,9 +289,10 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         the tuple ``(mu_i, v_i)`` of posterior means and variances at the
         evaluation points (arrays of shape (N_EVAL_POINTS,)); for
         ``"personal_residual"`` the tuple ``(m_i, v_i)`` of corrected means
-        and posterior variances at the K cell centres (shape (K,)); for ``"published"`` a tuple of the two
-        trace-normalised blocks (``(M, M)`` and ``(M_i, M_i)`` arrays); for
-        ``"posterior"`` the trace-normalised ``(M, M)`` operator.
+        and posterior variances at the K cell centres (shape (K,)); for
+        ``"published"`` a tuple of the two trace-normalised blocks (``(M,
+        M)`` and ``(M_i, M_i)`` arrays); for ``"posterior"`` the
+        trace-normalised ``(M, M)`` operator.
     dissimilarity_ : ndarray of shape (n_clients, n_clients)
         ``rho``, symmetric with zero diagonal.
     affinity_matrix_ : ndarray of shape (n_clients, n_clients)
