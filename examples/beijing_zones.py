@@ -6,16 +6,18 @@ Each of the 12 stations is a federated client; the target is ``log(PM2.5)``
 :class:`~skfedgp.FederatedHierarchicalGPRegressor` (``M = 30``,
 ``M_i = 12``, the paper's air-quality setting) is fitted federatedly, then
 :class:`~skfedgp.OperatorClustering` groups the stations into 3 clusters
-from per-station operators (``--operator``: any of ``published``,
-``posterior``, ``personal``; all three by default, on one fitted
-regressor per seed).
+from per-station summaries (``--operator``: any of ``personal_residual``
+(the only one that recovers the zones), ``personal`` (the default of
+:class:`~skfedgp.OperatorClustering`), ``published`` (the paper's),
+``posterior``; all four by default, on one fitted regressor per seed;
+``--n-inducing`` and ``--n-inducing-local`` change ``M`` and ``M_i``).
 The adjusted Rand index is computed against the paper's zones: west suburb
 {Changping, Dingling}, east suburb {Huairou, Shunyi}, urban core = the other
 eight. Repeated over ``--seeds`` (the regressor's and the clustering's seed).
 
 Saves ``zones_dissimilarity.png`` (the dissimilarity heat map of the last
-seed) and ``zones_stations.png`` (stations at their approximate map
-positions, coloured by cluster) in ``--out-dir``.
+seed, first operator listed) and ``zones_stations.png`` (stations at their
+approximate map positions, coloured by cluster) in ``--out-dir``.
 
 Usage::
 
@@ -34,6 +36,7 @@ import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
 from skfedgp import FederatedHierarchicalGPRegressor, OperatorClustering
+from skfedgp.clustering import _OPERATORS
 from skfedgp.datasets import load_beijing_air_quality
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +64,7 @@ def figures(oc, out_dir, title):
     im = ax.imshow(oc.dissimilarity_, cmap="viridis")
     ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
     ax.set_yticks(range(len(names)), names, fontsize=7)
-    fig.colorbar(im, ax=ax, label="rho (squared Frobenius distance)")
+    fig.colorbar(im, ax=ax, label="rho (dissimilarity)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(Path(out_dir) / "zones_dissimilarity.png", dpi=120)
@@ -83,12 +86,17 @@ def figures(oc, out_dir, title):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", default=str(REPO / ".." / "shared" / "data"))
+    p.add_argument("--data-dir", required=True,
+                   help="folder holding beijing_air_quality/ with the station files")
     p.add_argument("--out-dir", default=str(REPO / "docs"))
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--operator", nargs="+", choices=("published", "posterior", "personal"),
-                   default=["published", "posterior", "personal"],
-                   help="operators to compare (all on the same fitted regressor per seed)")
+    p.add_argument("--operator", nargs="+", choices=_OPERATORS,
+                   default=["personal_residual", "personal", "published", "posterior"],
+                   help="operators to compare (all on the same fitted regressor per seed; "
+                        "the figures show the first)")
+    p.add_argument("--n-inducing", type=int, default=30, help="M (default 30, the paper's)")
+    p.add_argument("--n-inducing-local", type=int, default=12,
+                   help="M_i (default 12, the paper's)")
     p.add_argument("--n-rounds", type=int, default=None,
                    help="maximum rounds (default: the regressor's own stopping rule)")
     p.add_argument("--local-steps", type=int, default=None)
@@ -117,7 +125,8 @@ def main(argv=None):
     for seed in range(args.seeds):
         t0 = time.perf_counter()
         reg = FederatedHierarchicalGPRegressor(
-            n_inducing=30, n_inducing_local=12, random_state=seed, **budget).fit(X, y, groups=g)
+            n_inducing=args.n_inducing, n_inducing_local=args.n_inducing_local,
+            random_state=seed, **budget).fit(X, y, groups=g)
         t1 = time.perf_counter()
         for op in args.operator:
             oc = OperatorClustering(3, reg, operator=op, random_state=seed)
@@ -127,7 +136,7 @@ def main(argv=None):
             aris[op].append(ari)
             groups = {}
             for c, lab in zip(oc.clients_, oc.client_labels_):
-                groups.setdefault(int(lab), []).append(c)
+                groups.setdefault(int(lab), []).append(str(c))
             print(f"seed {seed} ({reg.n_iter_} rounds, fit {t1 - t0:.0f} s) operator={op}: "
                   f"ARI {ari:.3f} clusters {list(groups.values())}", flush=True)
             if seed == args.seeds - 1 and op == args.operator[0]:

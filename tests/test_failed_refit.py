@@ -161,7 +161,7 @@ def test_clustering_reused_regressor_of_other_width_named(quiet):
     g = np.repeat(np.arange(3), 10)
     y = np.sin(6 * X[:, 0]) + g
     reg = _cheap_regressor().fit(X, y, g)
-    for operator in ("published", "posterior", "personal"):
+    for operator in ("published", "posterior", "personal", "personal_residual"):
         oc = OperatorClustering(n_clusters=2, estimator=reg, operator=operator)
         with pytest.raises(ValueError, match="X has 2 features, but the fitted estimator"):
             oc.fit(np.c_[X, X], y, groups=g)
