@@ -166,8 +166,17 @@ class _Layout:
         return out
 
     def gather2(self, W):
-        """``W[idx][:, idx]`` for ``W`` of shape (M_F, M_F): the Gram on ``u`` coordinates."""
-        return W[self.idx][:, self.idx]
+        """``W[idx][:, idx]`` for ``W`` of shape (M_F, M_F): the Gram on ``u`` coordinates.
+
+        Copied block by block (``idx`` is a few contiguous ranges): the same
+        numbers as the fancy indexing, at half its cost.
+        """
+        pairs = self.pairs()
+        out = np.empty((self.Nu, self.Nu))
+        for us, fs in pairs:
+            for ut, ft in pairs:
+                out[us, ut] = W[fs, ft]
+        return out
 
 
 def _components(components):
@@ -333,7 +342,8 @@ class ILMMState:
     layout : _Layout
         Feature blocks and the map ``E_q`` (internal).
     Wf : ndarray of shape (Q, M_F, M_F)
-        Whitened per-channel Grams ``F^T D_q F``.
+        Whitened per-channel Grams ``F^T D_q F`` (a property, formed on
+        first access from ``_cache``).
     wf : ndarray of shape (M_F, Q)
         ``F^T D_q (y_q - offset_q)``.
     wk : ndarray of shape (M_F, Q)
@@ -368,7 +378,6 @@ class ILMMState:
     b: np.ndarray
     e: float
     layout: _Layout
-    Wf: np.ndarray
     wf: np.ndarray
     wk: np.ndarray
     yy: np.ndarray
@@ -386,6 +395,23 @@ class ILMMState:
     Pir: np.ndarray
     offset: np.ndarray
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def Wf(self):
+        """Whitened per-channel Grams ``F^T D_q F``, shape (Q, M_F, M_F).
+
+        Formed on first access from forward's ``W_all`` and ``Wc`` (the
+        passes themselves never need the ``Q`` copies).
+        """
+        Wf = self._cache.get("Wf")
+        if Wf is None:
+            W_all, Wc = self._cache["W_all"], self._cache["Wc"]
+            Wf = np.empty((self.layout.Q,) + W_all.shape)
+            Wf[:] = W_all
+            for q, Wq in Wc.items():
+                Wf[q] += Wq
+            self._cache["Wf"] = Wf
+        return Wf
 
 
 def _whiten_adjoint(lay, Ls, Wbar):
@@ -518,10 +544,6 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     Kzz, Ls = _factor_blocks(lay, jitter, client)
     Mf = lay.Mf
     W_all, Wc, wf, wk, yy, ysum, n_q = _data_statistics(X, Y, off, lay, Ls)
-    Wf = np.empty((Q, Mf, Mf))
-    Wf[:] = W_all
-    for q, Wq in Wc.items():
-        Wf[q] += Wq
     idx, C = lay.idx, lay.coef
     Cs = C / s2[:, None]
     # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx]
@@ -564,7 +586,7 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
-    return ILMMState(S, b, float(e), lay, Wf, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
+    return ILMMState(S, b, float(e), lay, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
                      gam, Kzz, Ls, Lp, PiGt, Pir, off,
                      _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc})
 
