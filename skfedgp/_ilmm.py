@@ -491,8 +491,13 @@ def _data_statistics(X, Y, off, lay, Ls):
         observed, for the channels that have such rows (``Wf_q = W_all + Wc[q]``).
     wf, wk : ndarray of shape (M_F, Q)
     yy, ysum, n_q : ndarray of shape (Q,)
+    rows : tuple or None
+        With a single chunk of rows: ``(Xc, O, Yc, K, F)``, the chunk, its
+        kernel rows and their whitening (what :func:`backward` would form
+        again), else None.
     """
     Q, Mf = lay.Q, lay.Mf
+    rows_kept = None
     # whiten the kernel rows (chunk by chunk), never the raw Grams: Grams of
     # whitened rows stay positive semi-definite whatever the conditioning of
     # the K_zz (docs/maths.md, section 9)
@@ -507,7 +512,10 @@ def _data_statistics(X, Y, off, lay, Ls):
         Xc, O, Yc = _chunk(X, Y, off, a, CHUNK_ROWS)
         if Xc.shape[0] == 0:
             continue
-        Kc = _lsolve(lay, Ls, np.ascontiguousarray(_kernel_rows(Xc, lay).T)).T  # K Lambda^{-T}
+        Kraw = _kernel_rows(Xc, lay)
+        Kc = _lsolve(lay, Ls, np.ascontiguousarray(Kraw.T)).T  # K Lambda^{-T}
+        if a == 0 and X.shape[0] <= CHUNK_ROWS:
+            rows_kept = (Xc, O, Yc, Kraw, Kc)
         full = O.all(axis=1)
         Kf = Kc[full]
         Phi_all += Kf.T @ Kf
@@ -526,7 +534,7 @@ def _data_statistics(X, Y, off, lay, Ls):
     for W in [Phi_all] + list(Phi.values()):  # exactly symmetric
         W += W.T
         W *= 0.5
-    return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q
+    return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q, rows_kept
 
 
 def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
@@ -579,7 +587,7 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     off = _offset(L, Q)
     Kzz, Ls = _factor_blocks(lay, jitter, client)
     Mf = lay.Mf
-    W_all, Wc, wf, wk, yy, ysum, n_q = _data_statistics(X, Y, off, lay, Ls)
+    W_all, Wc, wf, wk, yy, ysum, n_q, rows = _data_statistics(X, Y, off, lay, Ls)
     idx, C = lay.idx, lay.coef
     Cs = C / s2[:, None]
     # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx]
@@ -624,7 +632,7 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
     return ILMMState(S, b, float(e), lay, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
                      gam, Kzz, Ls, Lp, PiGt, Pir, off,
-                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc})
+                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc, "rows": rows})
 
 
 # ---------------------------------------------------------------------------
@@ -905,15 +913,28 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         acc[k] = [dZ, dell]
     off = state.offset
     step = max(X.shape[0], 1) if use else CHUNK_ROWS
+    # forward's single chunk of rows, its kernel rows and their whitening
+    # (the same data, the same arrays): not formed again
+    kept = state._cache.get("rows") if X.shape[0] <= CHUNK_ROWS else None
     for a0 in range(0, X.shape[0], step):
-        Xc, O, Yc = _chunk(X, Y, off, a0, step)
+        if kept is not None:
+            Xc, O, Yc, Kc, Fw = kept
+        else:
+            Xc, O, Yc = _chunk(X, Y, off, a0, step)
+            Kc = Fw = None
         if Xc.shape[0] == 0:
             continue
-        Kc = _kernel_rows(Xc, lay)
+        if Kc is None:
+            Kc = _kernel_rows(Xc, lay)
         full = O.all(axis=1)
         part = ~full
         # whitened rows F = K Lambda^{-T} (then back through Lambda^{-1}), or K itself
-        F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T if use else Kc
+        if not use:
+            F = Kc
+        elif Fw is not None:
+            F = Fw
+        else:
+            F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T
         Kbar = Yc @ (wbar if use else psibar).T
         Kbar[full] += F[full] @ Pb_all
         for q in range(Q) if part.any() else ():
