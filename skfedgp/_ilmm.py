@@ -431,6 +431,10 @@ class ILMMState:
     Pir: np.ndarray
     offset: np.ndarray
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    #: ``(W_all, Wc)`` from forward, from which :attr:`Wf` is formed (kept
+    #: apart from ``_cache``, which may be cleared), and ``Wf`` once formed
+    _grams: tuple = field(default=None, repr=False, compare=False)
+    _Wf: np.ndarray = field(default=None, repr=False, compare=False)
 
     @property
     def Wf(self):
@@ -439,15 +443,14 @@ class ILMMState:
         Formed on first access from forward's ``W_all`` and ``Wc`` (the
         passes themselves never need the ``Q`` copies).
         """
-        Wf = self._cache.get("Wf")
-        if Wf is None:
-            W_all, Wc = self._cache["W_all"], self._cache["Wc"]
+        if self._Wf is None:
+            W_all, Wc = self._grams
             Wf = np.empty((self.layout.Q,) + W_all.shape)
             Wf[:] = W_all
             for q, Wq in Wc.items():
                 Wf[q] += Wq
-            self._cache["Wf"] = Wf
-        return Wf
+            self._Wf = Wf
+        return self._Wf
 
 
 def _whiten_adjoint(lay, Ls, Wbar):
@@ -632,7 +635,8 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
     return ILMMState(S, b, float(e), lay, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
                      gam, Kzz, Ls, Lp, PiGt, Pir, off,
-                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc, "rows": rows})
+                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc, "rows": rows},
+                     _grams=(W_all, Wc))
 
 
 # ---------------------------------------------------------------------------
