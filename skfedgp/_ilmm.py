@@ -72,6 +72,8 @@ import numpy as np
 from ._hierarchy import Packer
 from ._linalg import (DEFAULT_JITTER, cholesky_backward, cholesky_inverse, jittered_cholesky,
                       solve_lower)
+from . import _structured as _st
+from ._linalg import single_threaded_blas
 from ._structured import CHUNK_ROWS, _se, _se_grad, _se_grad_sym
 
 __all__ = [
@@ -166,8 +168,17 @@ class _Layout:
         return out
 
     def gather2(self, W):
-        """``W[idx][:, idx]`` for ``W`` of shape (M_F, M_F): the Gram on ``u`` coordinates."""
-        return W[self.idx][:, self.idx]
+        """``W[idx][:, idx]`` for ``W`` of shape (M_F, M_F): the Gram on ``u`` coordinates.
+
+        Copied block by block (``idx`` is a few contiguous ranges): the same
+        numbers as the fancy indexing, at half its cost.
+        """
+        pairs = self.pairs()
+        out = np.empty((self.Nu, self.Nu))
+        for us, fs in pairs:
+            for ut, ft in pairs:
+                out[us, ut] = W[fs, ft]
+        return out
 
 
 def _components(components):
@@ -245,13 +256,47 @@ def _block_name(kind, r):
     return f"K_zz ({'global' if kind == 'g' else 'local'}, latent {r})"
 
 
+def _block_factor(kind, r, Z, ell, jitter, client):
+    """``K_zz`` (unit variance) of one block and its jittered Cholesky factor, cached.
+
+    A pure function of ``(Z, lengthscales, jitter)``: within a phase of
+    training most blocks repeat (the global ones over a client's local phase
+    and over the clients, a client's own ones over the server's phase), so
+    the factors are kept in :mod:`skfedgp._structured`'s factor cache (same
+    memory budget and lock), computed with one BLAS thread so that their bits
+    do not depend on who computed them first.  The cached arrays are
+    read-only.
+    """
+    Z = np.asarray(Z, dtype=float)
+    ell = np.asarray(ell, dtype=float)
+    key = ("ilmm", Z.shape, Z.tobytes(), ell.tobytes(), float(jitter))
+    with _st._FACTOR_LOCK:
+        hit = _st._FACTOR_CACHE.get(key)
+        if hit is not None:
+            _st._FACTOR_CACHE.move_to_end(key)
+            return hit[0], hit[1]
+    with single_threaded_blas():
+        K = _se(Z, Z, ell, 1.0)
+        Lc, _ = jittered_cholesky(K, scale=1.0, jitter=jitter, name=_block_name(kind, r),
+                                  client=client)
+    size = K.nbytes + Lc.nbytes + len(key[2]) + len(key[3])
+    if 4 * size <= _st._FACTOR_CACHE_BYTES:
+        K.flags.writeable = False
+        Lc.flags.writeable = False
+        with _st._FACTOR_LOCK:
+            if key not in _st._FACTOR_CACHE:
+                _st._FACTOR_CACHE[key] = (K, Lc, 0.0, size)
+                _st._FACTOR_CACHE_USED += size
+            while _st._FACTOR_CACHE_USED > _st._FACTOR_CACHE_BYTES:
+                _st._FACTOR_CACHE_USED -= _st._FACTOR_CACHE.popitem(last=False)[1][3]
+    return K, Lc
+
+
 def _factor_blocks(lay, jitter, client):
     """``K_zz`` (unit variance) and its jittered Cholesky factor per feature block."""
     Kzz, Ls = [], []
     for kind, r, Z, ell, _, _ in lay.blocks:
-        K = _se(Z, Z, ell, 1.0)
-        Lc, _ = jittered_cholesky(K, scale=1.0, jitter=jitter, name=_block_name(kind, r),
-                                  client=client)
+        K, Lc = _block_factor(kind, r, Z, ell, jitter, client)
         Kzz.append(K)
         Ls.append(Lc)
     return Kzz, Ls
@@ -333,7 +378,8 @@ class ILMMState:
     layout : _Layout
         Feature blocks and the map ``E_q`` (internal).
     Wf : ndarray of shape (Q, M_F, M_F)
-        Whitened per-channel Grams ``F^T D_q F``.
+        Whitened per-channel Grams ``F^T D_q F`` (a property, formed on
+        first access from ``_cache``).
     wf : ndarray of shape (M_F, Q)
         ``F^T D_q (y_q - offset_q)``.
     wk : ndarray of shape (M_F, Q)
@@ -368,7 +414,6 @@ class ILMMState:
     b: np.ndarray
     e: float
     layout: _Layout
-    Wf: np.ndarray
     wf: np.ndarray
     wk: np.ndarray
     yy: np.ndarray
@@ -386,6 +431,26 @@ class ILMMState:
     Pir: np.ndarray
     offset: np.ndarray
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    #: ``(W_all, Wc)`` from forward, from which :attr:`Wf` is formed (kept
+    #: apart from ``_cache``, which may be cleared), and ``Wf`` once formed
+    _grams: tuple = field(default=None, repr=False, compare=False)
+    _Wf: np.ndarray = field(default=None, repr=False, compare=False)
+
+    @property
+    def Wf(self):
+        """Whitened per-channel Grams ``F^T D_q F``, shape (Q, M_F, M_F).
+
+        Formed on first access from forward's ``W_all`` and ``Wc`` (the
+        passes themselves never need the ``Q`` copies).
+        """
+        if self._Wf is None:
+            W_all, Wc = self._grams
+            Wf = np.empty((self.layout.Q,) + W_all.shape)
+            Wf[:] = W_all
+            for q, Wq in Wc.items():
+                Wf[q] += Wq
+            self._Wf = Wf
+        return self._Wf
 
 
 def _whiten_adjoint(lay, Ls, Wbar):
@@ -429,8 +494,13 @@ def _data_statistics(X, Y, off, lay, Ls):
         observed, for the channels that have such rows (``Wf_q = W_all + Wc[q]``).
     wf, wk : ndarray of shape (M_F, Q)
     yy, ysum, n_q : ndarray of shape (Q,)
+    rows : tuple or None
+        With a single chunk of rows: ``(Xc, O, Yc, K, F)``, the chunk, its
+        kernel rows and their whitening (what :func:`backward` would form
+        again), else None.
     """
     Q, Mf = lay.Q, lay.Mf
+    rows_kept = None
     # whiten the kernel rows (chunk by chunk), never the raw Grams: Grams of
     # whitened rows stay positive semi-definite whatever the conditioning of
     # the K_zz (docs/maths.md, section 9)
@@ -445,7 +515,10 @@ def _data_statistics(X, Y, off, lay, Ls):
         Xc, O, Yc = _chunk(X, Y, off, a, CHUNK_ROWS)
         if Xc.shape[0] == 0:
             continue
-        Kc = _lsolve(lay, Ls, np.ascontiguousarray(_kernel_rows(Xc, lay).T)).T  # K Lambda^{-T}
+        Kraw = _kernel_rows(Xc, lay)
+        Kc = _lsolve(lay, Ls, np.ascontiguousarray(Kraw.T)).T  # K Lambda^{-T}
+        if a == 0 and X.shape[0] <= CHUNK_ROWS:
+            rows_kept = (Xc, O, Yc, Kraw, Kc)
         full = O.all(axis=1)
         Kf = Kc[full]
         Phi_all += Kf.T @ Kf
@@ -464,7 +537,7 @@ def _data_statistics(X, Y, off, lay, Ls):
     for W in [Phi_all] + list(Phi.values()):  # exactly symmetric
         W += W.T
         W *= 0.5
-    return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q
+    return Phi_all, dict(sorted(Phi.items())), psi, kap, yy, ysum, n_q, rows_kept
 
 
 def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
@@ -517,11 +590,7 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     off = _offset(L, Q)
     Kzz, Ls = _factor_blocks(lay, jitter, client)
     Mf = lay.Mf
-    W_all, Wc, wf, wk, yy, ysum, n_q = _data_statistics(X, Y, off, lay, Ls)
-    Wf = np.empty((Q, Mf, Mf))
-    Wf[:] = W_all
-    for q, Wq in Wc.items():
-        Wf[q] += Wq
+    W_all, Wc, wf, wk, yy, ysum, n_q, rows = _data_statistics(X, Y, off, lay, Ls)
     idx, C = lay.idx, lay.coef
     Cs = C / s2[:, None]
     # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx]
@@ -564,9 +633,10 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     if not np.isfinite(e) or not np.all(np.isfinite(S)) or not np.all(np.isfinite(b)):
         where = f" of client {client!r}" if client is not None else ""
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
-    return ILMMState(S, b, float(e), lay, Wf, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
+    return ILMMState(S, b, float(e), lay, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
                      gam, Kzz, Ls, Lp, PiGt, Pir, off,
-                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc})
+                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc, "rows": rows},
+                     _grams=(W_all, Wc))
 
 
 # ---------------------------------------------------------------------------
@@ -847,15 +917,28 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         acc[k] = [dZ, dell]
     off = state.offset
     step = max(X.shape[0], 1) if use else CHUNK_ROWS
+    # forward's single chunk of rows, its kernel rows and their whitening
+    # (the same data, the same arrays): not formed again
+    kept = state._cache.get("rows") if X.shape[0] <= CHUNK_ROWS else None
     for a0 in range(0, X.shape[0], step):
-        Xc, O, Yc = _chunk(X, Y, off, a0, step)
+        if kept is not None:
+            Xc, O, Yc, Kc, Fw = kept
+        else:
+            Xc, O, Yc = _chunk(X, Y, off, a0, step)
+            Kc = Fw = None
         if Xc.shape[0] == 0:
             continue
-        Kc = _kernel_rows(Xc, lay)
+        if Kc is None:
+            Kc = _kernel_rows(Xc, lay)
         full = O.all(axis=1)
         part = ~full
         # whitened rows F = K Lambda^{-T} (then back through Lambda^{-1}), or K itself
-        F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T if use else Kc
+        if not use:
+            F = Kc
+        elif Fw is not None:
+            F = Fw
+        else:
+            F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T
         Kbar = Yc @ (wbar if use else psibar).T
         Kbar[full] += F[full] @ Pb_all
         for q in range(Q) if part.any() else ():

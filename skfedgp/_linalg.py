@@ -356,9 +356,10 @@ def cholesky_inverse(L):
     inv, info = lapack.dpotri(L, lower=1)
     if info != 0:
         raise np.linalg.LinAlgError(f"dpotri failed (info={info})")
-    inv = np.tril(inv)
-    inv += np.tril(inv, -1).T
-    return inv
+    # the lower triangle mirrored into the upper one, in place (was two np.tril
+    # copies and a transposed add: the same numbers, without three temporaries)
+    _nb_mirror_lower(inv)
+    return inv.T  # symmetric: the C-ordered view holds the same numbers
 
 
 def softplus(t):
@@ -762,6 +763,16 @@ def _nb_shifted_potrf(K, A, eps):  # pragma: no cover - compiled
             A[i, j] = K[i, j]
         A[i, i] += eps
     return _nb_potrf_c(A)
+
+
+@njit(nogil=True, cache=True)
+def _nb_mirror_lower(A):  # pragma: no cover - compiled
+    # In place: A[i, j] = A[j, i] for j > i (the strict lower triangle copied
+    # to the strict upper one)
+    m = A.shape[0]
+    for j in range(m):
+        for i in range(j + 1, m):
+            A[j, i] = A[i, j]
 
 
 @njit(nogil=True, cache=True)

@@ -3399,10 +3399,16 @@ class StructuredClient:
             # "auto" with Z_l held and the local vector moved since the last check
             self._decide_local_inducing(config, recheck=True)
         bounds = self.bounds(config)
+        last = {}  # the latest evaluation: L-BFGS-B starts where the chunk test evaluated
 
         def fun(t):
-            v, g = self._surrogate(t, theta_g, gpack, config, mu, A_inv)
-            return -v / n, -g / n
+            key = np.asarray(t, dtype=float).tobytes()
+            if key not in last:
+                v, g = self._surrogate(t, theta_g, gpack, config, mu, A_inv)
+                last.clear()
+                last[key] = (-v / n, -g / n)
+            f, g = last[key]
+            return f, g.copy()
 
         def fun_trial(t):
             # a trial point where the bound cannot be evaluated in floating
