@@ -213,8 +213,12 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
 
         ``"personal_residual"``: the clients' joint input box is cut into a
         regular grid of ``K`` cells (``floor(N_EVAL_POINTS ** (1 / d))``
-        along each input dimension of positive width, so
+        along each of the ``d`` input dimensions of positive width, so
         :data:`N_EVAL_POINTS` ``= 256`` cells in 1-D), with centres ``T``.
+        The grid is coarse beyond a few inputs (2 cells per dimension for
+        ``d`` of 6 to 8, one cell from ``d = 9``): measured in 1-D only, it is
+        meant for inputs such as time; use ``"personal"`` for many inputs.
+        Scalar targets only (``ValueError`` for a multi-output regressor).
         Client ``i`` computes, from its own rows only, ``m_i = mu_i(T) +
         rbar_i``: ``mu_i`` the posterior mean of its personal function
         ``h_i = c_i + f_delta_i + f_i`` (as for ``"personal"``) and
@@ -287,7 +291,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
     operators_ : dict
         Client label to what was compared: for ``"personal"`` (the default)
         the tuple ``(mu_i, v_i)`` of posterior means and variances at the
-        evaluation points (arrays of shape (N_EVAL_POINTS,)); for
+        evaluation points (arrays of shape (N_EVAL_POINTS,), or (N_EVAL_POINTS,
+        n_outputs) for a multi-output regressor); for
         ``"personal_residual"`` the tuple ``(m_i, v_i)`` of corrected means
         and posterior variances at the K cell centres (shape (K,)); for
         ``"published"`` a tuple of the two trace-normalised blocks (``(M,
@@ -411,16 +416,19 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
 
         ``floor(N_EVAL_POINTS ** (1 / d))`` cells along each of the ``d``
         input dimensions of positive width (one along a dimension of zero
-        width). Returns ``(lo, width, counts, centres)``: the box's lower
+        width, which does not count in ``d``): 256 cells in 1-D, 16 per
+        dimension in 2-D, 2 per dimension for ``d`` of 6 to 8 and a single
+        cell from ``d = 9`` on. Returns ``(lo, width, counts, centres)``: the box's lower
         corner and widths, the number of cells per dimension and the cell
         centres, shape (prod(counts), d), in C order of the cell index.
         """
         lo, hi = X.min(axis=0), X.max(axis=0)
         width = hi - lo
-        d = X.shape[1]
-        per = max(1, int(np.floor(N_EVAL_POINTS ** (1.0 / d) * (1 + 1e-12))))
+        d_cells = max(1, int(np.count_nonzero(width > 0)))  # dimensions that get cells
+        per = max(1, int(np.floor(N_EVAL_POINTS ** (1.0 / d_cells) * (1 + 1e-12))))
         counts = np.where(width > 0, per, 1)
-        axes = [lo[k] + (np.arange(counts[k]) + 0.5) / counts[k] * width[k] for k in range(d)]
+        axes = [lo[k] + (np.arange(counts[k]) + 0.5) / counts[k] * width[k]
+                for k in range(X.shape[1])]
         centres = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
         return lo, width, counts, centres
 
@@ -532,6 +540,21 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 f"{clients.shape[0]} client(s) cannot be split into n_clusters="
                 f"{self.n_clusters} clusters (need at least 2 clients and one per cluster)"
             )
+        if self.operator == "personal_residual":
+            # checked before any fit (a multi-output fit would run first otherwise)
+            if y is None:
+                raise ValueError("operator='personal_residual' needs y (each client's "
+                                 "residuals are averaged per cell); pass the targets the "
+                                 "regressor was fitted on")
+            y = np.asarray(y, dtype=np.float64)
+            if y.ndim != 1 or y.shape[0] != X.shape[0]:
+                raise ValueError(
+                    "operator='personal_residual' needs 1-D y with one target per row of X "
+                    f"({X.shape[0]}), got shape {y.shape} (multi-output regressors are not "
+                    "supported by this operator; use operator='personal')")
+            if not np.all(np.isfinite(y)):
+                raise ValueError("operator='personal_residual' needs finite y (NaN or inf "
+                                 "found)")
         reg = self._regressor(X, y, groups)
         labels = uniq  # plain Python values, in the order of clients
         unknown = [lab for lab in labels if lab not in reg.clients_]
@@ -548,18 +571,10 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         if self.operator == "personal":
             pts = self._eval_points(X)
         elif self.operator == "personal_residual":
-            if y is None:
-                raise ValueError("operator='personal_residual' needs y (each client's "
-                                 "residuals are averaged per cell); pass the targets the "
-                                 "regressor was fitted on")
-            y = np.asarray(y, dtype=np.float64)
-            if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            if getattr(reg, "n_outputs_", 1) != 1:
                 raise ValueError(
-                    "operator='personal_residual' needs 1-D y with one target per row of X "
-                    f"({X.shape[0]}), got shape {y.shape}")
-            if not np.all(np.isfinite(y)):
-                raise ValueError("operator='personal_residual' needs finite y (NaN or inf "
-                                 "found)")
+                    f"operator='personal_residual' needs a regressor fitted on one target "
+                    f"column, got one with n_outputs_={reg.n_outputs_}; use operator='personal'")
             grid = self._grid(X)
         for k, lab in enumerate(labels):
             if self.operator == "published":

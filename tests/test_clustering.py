@@ -133,7 +133,8 @@ def test_personal_residual_operator_by_hand(two_regimes):
 
 
 def test_personal_residual_grid_in_two_dimensions():
-    """16 x 16 cells in 2-D (256 ** (1/2)); a dimension of zero width has one cell."""
+    """16 x 16 cells in 2-D (256 ** (1/2)); a dimension of zero width has one cell
+    and does not count (256 cells along the other)."""
     X = np.array([[0.0, 1.0], [4.0, 3.0], [2.0, 2.0]])
     lo, width, counts, centres = OperatorClustering._grid(X)
     assert list(counts) == [16, 16] and centres.shape == (256, 2)
@@ -142,7 +143,8 @@ def test_personal_residual_grid_in_two_dimensions():
     np.testing.assert_array_equal(cell, [0, 255, 8 * 16 + 8])
     np.testing.assert_allclose(centres[cell[2]], [2.125, 2.0625])
     lo, width, counts, centres = OperatorClustering._grid(np.c_[X[:, 0], np.ones(3)])
-    assert list(counts) == [16, 1] and centres.shape == (16, 2)
+    assert list(counts) == [256, 1] and centres.shape == (256, 2)
+    assert np.all(centres[:, 1] == 1.0)
 
 
 def _rough_groups(seed, span=200):
@@ -195,6 +197,25 @@ def test_personal_residual_needs_finite_1d_y(two_regimes):
     assert not hasattr(oc, "labels_")
     # the other operators do not need y with a fitted regressor
     OperatorClustering(2, reg, operator="personal", random_state=0).fit(X, groups=g)
+
+
+
+def test_personal_residual_refuses_multi_output_before_fitting():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (60, 1))
+    g = np.repeat(np.arange(3), 20)
+    Y = np.c_[np.sin(X[:, 0]), np.cos(X[:, 0])]
+    unfitted = FederatedHierarchicalGPRegressor(n_rounds=1)
+    oc = OperatorClustering(2, unfitted, operator="personal_residual")
+    with pytest.raises(ValueError, match="multi-output regressors are not supported"):
+        oc.fit(X, Y, groups=g)
+    assert not hasattr(unfitted, "clients_")  # refused before any fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = FederatedHierarchicalGPRegressor(n_rounds=1, n_inducing=5,
+                                                  n_inducing_local=3).fit(X, Y, g)
+    with pytest.raises(ValueError, match="n_outputs_=2"):
+        OperatorClustering(2, fitted, operator="personal_residual").fit(X, Y[:, 0], groups=g)
 
 
 def test_default_separates_frequencies():
