@@ -3087,8 +3087,7 @@ class StructuredClient:
         its own pilot's (or the population median if it ran none, or if its
         pilot explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (floored; with fewer than :data:`PILOT_POOL_POINTS`
-        observations at least the hyperprior's centre ``prior_noise``).
+        noise variance (floored).
         """
         d = self._Xs.shape[1]
         p = own if own is not None else population
@@ -3143,14 +3142,6 @@ class StructuredClient:
         factor = prior_scale(own_var, population, None if own is None else own.noise_variance)
         self.prior_noise = float(np.clip(population.noise_variance * factor,
                                          2.0 * self.noise_floor, hi))
-        if (config.noise_variance is None and own is not None
-                and self.n_samples < PILOT_POOL_POINTS and config.noise_prior_scale is not None):
-            # a pilot on a handful of points interpolates them (its noise
-            # variance is biased low, PILOT_POOL_POINTS): such a client starts
-            # no lower than its hyperprior's centre. From an interpolating
-            # start the local phase can switch the local part off for good
-            # (docs/maths.md, section 10)
-            s2 = max(s2, self.prior_noise)
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
         if config.noise_variance is not None and s2 > hi:
             check_in_bounds("noise_variance", s2, True, (lo, hi))  # raises: above the range

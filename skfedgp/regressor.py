@@ -533,9 +533,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         times the client's pilot signal variance (mean-field family: 1.0).
     noise_variance : float, default=None
         Initial noise variance of every client, in squared target units;
-        None: each client's pilot noise variance, for a client with fewer
-        than 32 observations at least the centre of its noise hyperprior
-        (its own pilot interpolates a handful of points; mean-field: 0.1 in
+        None: each client's pilot noise variance (mean-field: 0.1 in
         standardised units). Each client's noise variance stays above its
         own floor, ``1e-6`` times its own target variance (mean-field: 1e-6
         in standardised units); a smaller given value starts just above it.
