@@ -379,7 +379,8 @@ class ILMMState:
         Feature blocks and the map ``E_q`` (internal).
     Wf : ndarray of shape (Q, M_F, M_F)
         Whitened per-channel Grams ``F^T D_q F`` (a property, formed on
-        first access from ``_cache``).
+        first access from the Grams :func:`forward` keeps apart from
+        ``_cache``, so that it survives a cleared cache).
     wf : ndarray of shape (M_F, Q)
         ``F^T D_q (y_q - offset_q)``.
     wk : ndarray of shape (M_F, Q)
@@ -405,7 +406,10 @@ class ILMMState:
     _cache : dict
         Internal, filled by :func:`forward` and reused by :func:`posterior`
         and :func:`backward`: ``W_all`` (M_F, M_F), its ``U_all = W_all[idx,
-        idx]`` (N_u, N_u), ``Wc`` ``{q: (M_F, M_F)}`` and, once computed,
+        idx]`` (N_u, N_u), ``Wc`` ``{q: (M_F, M_F)}``, ``rows`` (the raw
+        and whitened kernel rows of a client of at most ``CHUNK_ROWS``
+        rows, which :func:`backward` reuses: it must then be called with
+        the same ``X`` and ``Y`` as :func:`forward`) and, once computed,
         ``Pinv`` (N_c, N_c).  Without it :func:`backward` treats every
         channel as partially observed (same results, slower).
     """
