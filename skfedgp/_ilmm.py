@@ -72,9 +72,7 @@ import numpy as np
 from ._hierarchy import Packer
 from ._linalg import (DEFAULT_JITTER, cholesky_backward, cholesky_inverse, jittered_cholesky,
                       solve_lower)
-from . import _structured as _st
-from ._linalg import single_threaded_blas
-from ._structured import CHUNK_ROWS, _se, _se_grad, _se_grad_sym
+from ._structured import CHUNK_ROWS, _se, _se_grad, _se_grad_sym, cached_factor
 
 __all__ = [
     "ILMMState",
@@ -262,33 +260,20 @@ def _block_factor(kind, r, Z, ell, jitter, client):
     A pure function of ``(Z, lengthscales, jitter)``: within a phase of
     training most blocks repeat (the global ones over a client's local phase
     and over the clients, a client's own ones over the server's phase), so
-    the factors are kept in :mod:`skfedgp._structured`'s factor cache (same
-    memory budget and lock), computed with one BLAS thread so that their bits
-    do not depend on who computed them first.  The cached arrays are
-    read-only.
+    the factors are kept in :func:`skfedgp._structured.cached_factor`'s
+    cache (same memory budget and lock; read-only arrays).
     """
     Z = np.asarray(Z, dtype=float)
     ell = np.asarray(ell, dtype=float)
-    key = ("ilmm", Z.shape, Z.tobytes(), ell.tobytes(), float(jitter))
-    with _st._FACTOR_LOCK:
-        hit = _st._FACTOR_CACHE.get(key)
-        if hit is not None:
-            _st._FACTOR_CACHE.move_to_end(key)
-            return hit[0], hit[1]
-    with single_threaded_blas():
+
+    def factor():
         K = _se(Z, Z, ell, 1.0)
-        Lc, _ = jittered_cholesky(K, scale=1.0, jitter=jitter, name=_block_name(kind, r),
-                                  client=client)
-    size = K.nbytes + Lc.nbytes + len(key[2]) + len(key[3])
-    if 4 * size <= _st._FACTOR_CACHE_BYTES:
-        K.flags.writeable = False
-        Lc.flags.writeable = False
-        with _st._FACTOR_LOCK:
-            if key not in _st._FACTOR_CACHE:
-                _st._FACTOR_CACHE[key] = (K, Lc, 0.0, size)
-                _st._FACTOR_CACHE_USED += size
-            while _st._FACTOR_CACHE_USED > _st._FACTOR_CACHE_BYTES:
-                _st._FACTOR_CACHE_USED -= _st._FACTOR_CACHE.popitem(last=False)[1][3]
+        Lc, e_ = jittered_cholesky(K, scale=1.0, jitter=jitter, name=_block_name(kind, r),
+                                   client=client)
+        return K, Lc, e_
+
+    K, Lc, _ = cached_factor(("ilmm", Z.shape, Z.tobytes(), ell.tobytes(), float(jitter)),
+                             factor)
     return K, Lc
 
 

@@ -410,7 +410,6 @@ _FACTOR_LOCK = threading.Lock()
 
 def _inducing_factor(name, Z, ell, var, jit, client):
     """``(K_zz, L, absolute jitter)`` of one block, from the cache when possible."""
-    global _FACTOR_CACHE_USED
 
     def factor():
         K = _block_kernel(name, Z, Z, ell, var)
@@ -427,18 +426,42 @@ def _inducing_factor(name, Z, ell, var, jit, client):
         return factor()
     Z = np.asarray(Z, dtype=float)
     key = (name, Z.shape, Z.tobytes(), np.asarray(ell, float).tobytes(), float(var), float(jit))
+    return cached_factor(key, factor)
+
+
+def cached_factor(key, factor):
+    """``factor()``'s ``(K_zz, L, absolute jitter)``, kept in the factor cache under ``key``.
+
+    ``key`` must determine the result exactly (the inputs' bytes among its
+    entries). On a miss ``factor`` runs with one BLAS thread, so that a
+    cached factor has the same bits whichever context (process, thread,
+    BLAS setting) first computed it; the result is stored (read-only arrays:
+    callers must not modify them in place) when it fits the memory budget,
+    oldest entries out first. Shared by the structured family's global
+    blocks and the multi-output (ILMM) blocks.
+
+    Parameters
+    ----------
+    key : tuple
+        Hashable; its ``bytes`` entries count towards the entry's size.
+    factor : callable
+        ``factor() -> (K, L, jitter)``, ``K`` and ``L`` of shape (M, M).
+
+    Returns
+    -------
+    K, L : ndarray of shape (M, M)
+    jitter : float
+    """
+    global _FACTOR_CACHE_USED
     with _FACTOR_LOCK:
         hit = _FACTOR_CACHE.get(key)
         if hit is not None:
             _FACTOR_CACHE.move_to_end(key)
             return hit[:3]
-    # one BLAS thread, so that a cached factor has the same bits whichever
-    # context (process, thread, BLAS setting) first computed it
     with single_threaded_blas():
         K, L, e_ = factor()
-    size = K.nbytes + L.nbytes + len(key[2]) + len(key[3])
+    size = K.nbytes + L.nbytes + sum(len(k) for k in key if isinstance(k, bytes))
     if 4 * size <= _FACTOR_CACHE_BYTES:
-        # the cached arrays are shared: callers must not modify them in place
         K.flags.writeable = False
         L.flags.writeable = False
         with _FACTOR_LOCK:
