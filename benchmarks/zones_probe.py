@@ -70,9 +70,7 @@ def cell_summaries(reg, X, y, g, clients):
     out = {}
     for c in clients:
         rows = g == c
-        parts = reg.predict_components(centres, [c] * K)
-        mu = sum(parts[k][0] for k in ("offset", "deviation", "local") if k in parts)
-        var = sum(parts[k][1] ** 2 for k in ("deviation", "local") if k in parts)
+        mu, var = OperatorClustering._personal(reg, c, centres)
         r = y[rows] - reg.predict(X[rows], [c] * int(rows.sum()))
         cell = OperatorClustering._cell_index(X[rows], lo, width, counts)
         n = np.bincount(cell, minlength=K)

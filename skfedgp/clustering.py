@@ -463,7 +463,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         mu[keep] += total[keep] / n[keep]
         return mu, var
 
-    def _personal(self, reg, label, T):
+    @staticmethod
+    def _personal(reg, label, T):
         """Posterior mean and variance of ``h_i = c_i + f_delta_i + f_i`` at ``T``."""
         parts = reg.predict_components(T, [label] * T.shape[0])
         names = [c for c in ("offset", "deviation", "local") if c in parts]

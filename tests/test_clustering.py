@@ -99,6 +99,21 @@ def test_default_operator_is_personal(two_regimes):
     np.testing.assert_array_equal(oc.dissimilarity_, ref.dissimilarity_)
 
 
+def _personal_by_hand(reg, client, T):
+    """Posterior mean and variance of client's c + f_delta + f_l at T (n, d)."""
+    parts = reg.predict_components(T, [client] * len(T))
+    mu = parts["offset"][0] + parts["deviation"][0] + parts["local"][0]
+    return mu, parts["deviation"][1] ** 2 + parts["local"][1] ** 2
+
+
+def _assert_personal_dissimilarity(oc, means, variances):
+    """rho between clients c1 and c4 from the hand-computed moments; symmetric, zero diagonal."""
+    ref = np.mean((means["c1"] - means["c4"]) ** 2 + variances["c1"] + variances["c4"])
+    np.testing.assert_allclose(oc.dissimilarity_[1, 4], ref, rtol=1e-10)
+    np.testing.assert_allclose(oc.dissimilarity_, oc.dissimilarity_.T)
+    np.testing.assert_array_equal(np.diag(oc.dissimilarity_), 0.0)
+
+
 def test_personal_residual_operator_by_hand(two_regimes):
     """m_i = personal function at the cell centres + mean residual of the cells
     holding at least MIN_CELL_ROWS of the client's rows; rho as for 'personal'."""
@@ -113,8 +128,7 @@ def test_personal_residual_operator_by_hand(two_regimes):
     ms, vs = {}, {}
     for c in ("c1", "c4"):
         rows = g == c
-        parts = reg.predict_components(T[:, None], [c] * K)
-        mu = parts["offset"][0] + parts["deviation"][0] + parts["local"][0]
+        mu, vs[c] = _personal_by_hand(reg, c, T[:, None])
         res = y[rows] - reg.predict(X[rows], [c] * rows.sum())
         cell = np.minimum(np.floor((X[rows, 0] - lo) / (hi - lo) * K).astype(int), K - 1)
         corr = np.zeros(K)
@@ -123,13 +137,9 @@ def test_personal_residual_operator_by_hand(two_regimes):
                 corr[k] = res[cell == k].mean()
         assert np.any(corr != 0) and np.sum(corr != 0) < np.unique(cell).size
         ms[c] = mu + corr
-        vs[c] = parts["deviation"][1] ** 2 + parts["local"][1] ** 2
         np.testing.assert_allclose(oc.operators_[c][0], ms[c], rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(oc.operators_[c][1], vs[c], rtol=1e-10)
-    ref = np.mean((ms["c1"] - ms["c4"]) ** 2 + vs["c1"] + vs["c4"])
-    np.testing.assert_allclose(oc.dissimilarity_[1, 4], ref, rtol=1e-10)
-    np.testing.assert_allclose(oc.dissimilarity_, oc.dissimilarity_.T)
-    np.testing.assert_array_equal(np.diag(oc.dissimilarity_), 0.0)
+    _assert_personal_dissimilarity(oc, ms, vs)
 
 
 def test_personal_residual_grid_in_two_dimensions():
@@ -297,15 +307,10 @@ def test_personal_operator(two_regimes):
     assert pts.min() >= X.min() and pts.max() <= X.max()
     mus, vs = {}, {}
     for c in ("c1", "c4"):
-        parts = reg.predict_components(pts, [c] * len(pts))
-        mus[c] = parts["offset"][0] + parts["deviation"][0] + parts["local"][0]
-        vs[c] = parts["deviation"][1] ** 2 + parts["local"][1] ** 2
+        mus[c], vs[c] = _personal_by_hand(reg, c, pts)
         np.testing.assert_allclose(oc.operators_[c][0], mus[c], rtol=1e-10)
         np.testing.assert_allclose(oc.operators_[c][1], vs[c], rtol=1e-10)
-    ref = np.mean((mus["c1"] - mus["c4"]) ** 2 + vs["c1"] + vs["c4"])
-    np.testing.assert_allclose(oc.dissimilarity_[1, 4], ref, rtol=1e-10)
-    np.testing.assert_allclose(oc.dissimilarity_, oc.dissimilarity_.T)
-    np.testing.assert_array_equal(np.diag(oc.dissimilarity_), 0.0)
+    _assert_personal_dissimilarity(oc, mus, vs)
 
 
 def test_personal_operator_separates_levels():
