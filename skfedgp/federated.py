@@ -633,6 +633,9 @@ LOCAL_CHUNK_GAIN = 1e-3
 #: phase as it always was. Larger values were measured and not adopted
 #: (docs/maths.md, section 11, "Local phases in chunks").
 LOCAL_MAX_CHUNKS = 1
+#: A client's local part counts as switched off when its variance is below
+#: this fraction of its restart value (:meth:`StructuredClient._restart_local`).
+LOCAL_OFF_RATIO = 1e-3
 
 
 def input_scaling(x_min, x_max):
@@ -3041,7 +3044,8 @@ class StructuredClient:
                            copy.deepcopy(getattr(self, "prior_local", None)),
                            getattr(self, "learn_local_inducing", None),
                            bool(getattr(self, "_noise_fitted", False)),
-                           getattr(self, "_inducing_checked", None))
+                           getattr(self, "_inducing_checked", None),
+                           int(getattr(self, "_local_phases", 0)))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -3060,6 +3064,7 @@ class StructuredClient:
         checked = getattr(state, "inducing_checked_at", None)
         if checked is not None:
             self._inducing_checked = checked
+        self._local_phases = int(getattr(state, "local_phases", None) or 0)
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -3129,7 +3134,12 @@ class StructuredClient:
                 # the larger of the population's signal and the client's own
                 # spread: a client on another scale keeps a local part of its size
                 "sd_rate": float(LOCAL_SD_RATE / np.sqrt(max(population.variance, own_var,
-                                                             1e-12)))}
+                                                             1e-12))),
+                # where a switched-off local part is restarted from
+                # (:meth:`_restart_local`): the population's local start
+                "restart": (np.asarray(start_lengthscale(population.lengthscale, span),
+                                       dtype=float).copy(),
+                            float(0.1 * population.variance * scale))}
         s2 = (p.noise_variance * ratio if config.noise_variance is None
               else float(config.noise_variance) / self._y_scale**2)
         # the client's own noise floor: NOISE_FLOOR times its own target variance
@@ -3442,6 +3452,7 @@ class StructuredClient:
                         break
             except (np.linalg.LinAlgError, FloatingPointError):
                 pass  # a failed trial point: keep the last good vector
+            self._restart_local(fun, fun_trial, bounds, config)
         else:
             adam = self._adam_state(config)
             t = theta0
@@ -3451,6 +3462,58 @@ class StructuredClient:
             self.theta = t
         self._noise_fitted = True
         self._state = None
+
+    def _local_switched_off(self):
+        """Whether the local part is switched off: its variance below
+        :data:`LOCAL_OFF_RATIO` times its restart value."""
+        restart = (getattr(self, "prior_local", None) or {}).get("restart")
+        if restart is None or "variance_l" not in self.pack.slices:
+            return False
+        var = float(np.exp(self.theta[self.pack.slices["variance_l"].start]))
+        return var < LOCAL_OFF_RATIO * restart[1]
+
+    def _restart_local(self, fun, fun_trial, bounds, config):
+        """Restart a local part switched off by the first local phase; keep it if better.
+
+        A local variance driven to its lower bound has no gradient left to
+        return, and a client's first local phase starts from its pilot,
+        which on a few points may interpolate them and so switch the local
+        part off (docs/maths.md, section 11, "A local part switched off
+        early"). When the local part is switched off
+        (:meth:`_local_switched_off`) after the client's first local phase,
+        one more L-BFGS-B run starts from the population's local
+        lengthscales and variance (the start of a client without a pilot)
+        and the noise variance at its hyperprior's centre, other entries
+        unchanged; its end replaces the current vector only if the client's
+        objective (the surrogate bound plus log hyperpriors, ``q(v_g)``
+        fixed) is higher, so the bound never goes down. Called by
+        :meth:`local_phase` (L-BFGS-B only); the count of local phases is
+        part of :class:`ClientState`.
+        """
+        from scipy.optimize import minimize
+
+        self._local_phases = getattr(self, "_local_phases", 0) + 1
+        k = self._local_phases
+        if k != 1 or not self._local_switched_off():
+            return
+        ell, var = self.prior_local["restart"]
+        sl = self.pack.slices
+        start = self.theta.copy()
+        start[sl["lengthscale_l"]] = np.log(ell)
+        start[sl["variance_l"]] = np.log(var)
+        start[sl["noise_variance"]] = np.log(self.prior_noise)
+        lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
+        hi = np.array([np.inf if b[1] is None else b[1] for b in bounds])
+        start = np.clip(start, lo, hi)
+        try:
+            f = fun(self.theta)[0]
+            res = minimize(fun_trial, start, jac=True, method="L-BFGS-B", bounds=bounds,
+                           options={"maxiter": config.local_steps, "ftol": 1e-12,
+                                    "gtol": 1e-9})
+        except (np.linalg.LinAlgError, FloatingPointError):
+            return  # the restart failed: keep the current vector
+        if np.isfinite(res.fun) and res.fun < f:
+            self.theta = res.x
 
     def bounds(self, config=None):
         """L-BFGS-B bounds of the local vector, with this client's own noise floor.
@@ -3576,6 +3639,10 @@ class ClientState:
     inducing_checked_at : bytes or None
         The local vector (its bytes) at the client's last ``"auto"`` check
         of its local inducing inputs (None: not recorded).
+    local_phases : int or None
+        Number of local phases the client has run (a switched-off local
+        part is restarted after the first, :meth:`StructuredClient._restart_local`;
+        None: not recorded, then 0).
     """
 
     theta: np.ndarray
@@ -3588,6 +3655,7 @@ class ClientState:
     learn_local_inducing: object = None
     noise_fitted: object = None
     inducing_checked_at: object = None
+    local_phases: object = None
 
 
 @dataclass(frozen=True)
