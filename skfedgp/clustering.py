@@ -16,6 +16,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import keep_state_on_error, normalise_labels, unique_labels
 from .federated import default_sizes_quiet
+from .kernels import se_ard
 from .regressor import FederatedHierarchicalGPRegressor
 
 __all__ = ["OperatorClustering", "default_clustering_regressor"]
@@ -90,11 +91,14 @@ def _client_hyperparameters(estimator, label):
 
 
 def _se(A, B, lengthscale, variance):
-    """Squared-exponential ARD kernel matrix, shape (len(A), len(B))."""
-    As = A / lengthscale
-    Bs = B / lengthscale
-    d2 = (np.sum(As**2, 1)[:, None] + np.sum(Bs**2, 1)[None, :] - 2.0 * As @ Bs.T)
-    return variance * np.exp(-0.5 * np.maximum(d2, 0.0))
+    """Squared-exponential ARD kernel matrix, shape (len(A), len(B)).
+
+    :func:`skfedgp.kernels.se_ard`, which forms the differences ``a - b``:
+    the expanded square ``|a|^2 + |b|^2 - 2 a.b`` cancels catastrophically
+    for inputs far from the origin (a client's Gram at ``x + 1e5`` was not
+    positive definite).
+    """
+    return se_ard(A, B, lengthscale, variance)
 
 
 def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury=None):

@@ -468,16 +468,19 @@ def test_mixed_type_client_labels_and_wrong_estimator():
         OperatorClustering(2, StandardScaler()).fit(X, y, groups=g)
 
 
-def test_reused_regressor_with_inputs_far_away_says_why():
+@pytest.mark.parametrize("shift", [1e4, 1e5, 1e7])
+def test_reused_regressor_with_inputs_far_away_says_why(shift):
     """A fitted regressor reused with X shifted far from its data: the published
-    operator's kernel underflows; the error names the likely cause."""
+    operator's kernel underflows; the error names the likely cause (far from
+    the origin too, where an expanded squared distance used to cancel and
+    the client's Gram failed its Cholesky instead)."""
     rng = np.random.default_rng(1)
     X = rng.uniform(size=(40, 1))
     g = np.repeat([0, 1, 2, 3], 10)
     y = np.sin(6 * X[:, 0]) + 0.1 * (g % 2)
     reg = FederatedHierarchicalGPRegressor(n_rounds=2, random_state=0).fit(X, y, g)
     with pytest.raises(FloatingPointError, match="inputs in other units or another range"):
-        OperatorClustering(2, reg, operator="published").fit(X + 1e3, y, groups=g)
+        OperatorClustering(2, reg, operator="published").fit(X + shift, y, groups=g)
 
 
 def test_an_excluded_client_is_named_as_excluded():
