@@ -3136,10 +3136,12 @@ class StructuredClient:
                 "sd_rate": float(LOCAL_SD_RATE / np.sqrt(max(population.variance, own_var,
                                                              1e-12))),
                 # where a switched-off local part is restarted from
-                # (:meth:`_restart_local`): the population's local start
-                "restart": (np.asarray(start_lengthscale(population.lengthscale, span),
-                                       dtype=float).copy(),
-                            float(0.1 * population.variance * scale))}
+                # (:meth:`_restart_local`): the start of a client without a pilot
+                "restart": (np.asarray(
+                    start_lengthscale(population.lengthscale, span)
+                    if config.local_lengthscale is None else ell, dtype=float).copy(),
+                    float(0.1 * population.variance * scale
+                          if config.local_variance is None else var))}
         s2 = (p.noise_variance * ratio if config.noise_variance is None
               else float(config.noise_variance) / self._y_scale**2)
         # the client's own noise floor: NOISE_FLOOR times its own target variance
@@ -3430,6 +3432,7 @@ class StructuredClient:
                 return np.inf, np.zeros_like(t)
 
         theta0 = self.theta.copy()
+        self._local_phases = getattr(self, "_local_phases", 0)
         if config.local_steps == 0:
             pass  # held (SciPy's L-BFGS-B would still take one step with maxiter=0)
         elif config.optimizer == "lbfgs":
@@ -3452,7 +3455,8 @@ class StructuredClient:
                         break
             except (np.linalg.LinAlgError, FloatingPointError):
                 pass  # a failed trial point: keep the last good vector
-            self._restart_local(fun, fun_trial, bounds, config)
+            if self._local_phases == 0:
+                self._restart_local(fun, fun_trial, bounds, config)
         else:
             adam = self._adam_state(config)
             t = theta0
@@ -3460,16 +3464,21 @@ class StructuredClient:
                 _, g = fun(t)
                 t = clip_to_bounds(adam.step(t, -g * n), bounds)
             self.theta = t
+        if config.local_steps:
+            self._local_phases += 1
         self._noise_fitted = True
         self._state = None
 
-    def _local_switched_off(self):
-        """Whether the local part is switched off: its variance below
-        :data:`LOCAL_OFF_RATIO` times its restart value."""
+    def _local_switched_off(self, theta=None):
+        """Whether the local part is switched off (at ``theta``, default the
+        client's vector): its variance below :data:`LOCAL_OFF_RATIO` times
+        its restart value (False for a client without one: multi-output
+        targets, no local component)."""
         restart = (getattr(self, "prior_local", None) or {}).get("restart")
         if restart is None or "variance_l" not in self.pack.slices:
             return False
-        var = float(np.exp(self.theta[self.pack.slices["variance_l"].start]))
+        theta = self.theta if theta is None else theta
+        var = float(np.exp(theta[self.pack.slices["variance_l"].start]))
         return var < LOCAL_OFF_RATIO * restart[1]
 
     def _restart_local(self, fun, fun_trial, bounds, config):
@@ -3479,22 +3488,21 @@ class StructuredClient:
         return, and a client's first local phase starts from its pilot,
         which on a few points may interpolate them and so switch the local
         part off (docs/maths.md, section 11, "A local part switched off
-        early"). When the local part is switched off
-        (:meth:`_local_switched_off`) after the client's first local phase,
-        one more L-BFGS-B run starts from the population's local
-        lengthscales and variance (the start of a client without a pilot)
-        and the noise variance at its hyperprior's centre, other entries
-        unchanged; its end replaces the current vector only if the client's
+        early"). Called by :meth:`local_phase` at the end of the client's
+        first local phase (L-BFGS-B only; the count of local phases is part
+        of :class:`ClientState`). When the local part is switched off
+        (:meth:`_local_switched_off`), one more L-BFGS-B run starts from the
+        start of a client without a pilot (the population's local
+        lengthscales and variance, or the given ``local_lengthscale`` and
+        ``local_variance``) with the noise variance at its hyperprior's
+        centre, other entries unchanged. Its end replaces the current vector
+        only if the local part is switched on there and the client's
         objective (the surrogate bound plus log hyperpriors, ``q(v_g)``
-        fixed) is higher, so the bound never goes down. Called by
-        :meth:`local_phase` (L-BFGS-B only); the count of local phases is
-        part of :class:`ClientState`.
+        fixed) is higher, so the bound never goes down.
         """
         from scipy.optimize import minimize
 
-        self._local_phases = getattr(self, "_local_phases", 0) + 1
-        k = self._local_phases
-        if k != 1 or not self._local_switched_off():
+        if not self._local_switched_off():
             return
         ell, var = self.prior_local["restart"]
         sl = self.pack.slices
@@ -3502,9 +3510,7 @@ class StructuredClient:
         start[sl["lengthscale_l"]] = np.log(ell)
         start[sl["variance_l"]] = np.log(var)
         start[sl["noise_variance"]] = np.log(self.prior_noise)
-        lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
-        hi = np.array([np.inf if b[1] is None else b[1] for b in bounds])
-        start = np.clip(start, lo, hi)
+        start = clip_to_bounds(start, bounds)
         try:
             f = fun(self.theta)[0]
             res = minimize(fun_trial, start, jac=True, method="L-BFGS-B", bounds=bounds,
@@ -3512,7 +3518,8 @@ class StructuredClient:
                                     "gtol": 1e-9})
         except (np.linalg.LinAlgError, FloatingPointError):
             return  # the restart failed: keep the current vector
-        if np.isfinite(res.fun) and res.fun < f:
+        if (np.isfinite(res.fun) and res.fun < f
+                and not self._local_switched_off(np.asarray(res.x, dtype=float))):
             self.theta = res.x
 
     def bounds(self, config=None):
@@ -3628,8 +3635,11 @@ class ClientState:
         Multi-output clients: the ``noise`` option the vector was trained
         with (a resumed run must use the same); None otherwise.
     prior_local : dict or None
-        Scalar targets: ``{"sd_rate": lambda}``, the rate of the prior of the
-        client's local standard deviation (:meth:`StructuredClient.log_prior`).
+        Scalar targets: ``"sd_rate"``, the rate of the prior of the client's
+        local standard deviation, and ``"log_amplitude_centre"`` for a client
+        that learns its scale (:meth:`StructuredClient.log_prior`);
+        ``"restart"``, the local lengthscales and variance a switched-off
+        local part restarts from (:meth:`StructuredClient._restart_local`).
     learn_local_inducing : bool or None
         The client's decision for its local inducing inputs under
         ``learn_inducing="auto"`` (None: not recorded; then learned).
@@ -3640,9 +3650,10 @@ class ClientState:
         The local vector (its bytes) at the client's last ``"auto"`` check
         of its local inducing inputs (None: not recorded).
     local_phases : int or None
-        Number of local phases the client has run (a switched-off local
-        part is restarted after the first, :meth:`StructuredClient._restart_local`;
-        None: not recorded, then 0).
+        Number of local phases the client has run with ``local_steps > 0``
+        or Adam (a switched-off local part is restarted at the end of the
+        first, :meth:`StructuredClient._restart_local`; None: not recorded,
+        then 0).
     """
 
     theta: np.ndarray

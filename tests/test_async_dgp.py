@@ -347,3 +347,19 @@ def test_fit_does_not_depend_on_the_inputs_units(sx):
     mb, sb = b.predict(Xt * sx, return_std=True)
     np.testing.assert_allclose(mb, ma, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(sb, sa, rtol=1e-5)
+
+
+@pytest.mark.parametrize("offset", [1e5, 1e7])
+def test_expert_gradient_does_not_depend_on_where_the_inputs_are(offset):
+    # the lengthscale gradient used the expanded square |x|^2 + |x'|^2 - 2 x.x',
+    # which cancels far from the origin (at 1e7: -344 instead of -15.3)
+    from skfedgp.async_dgp import _expert_nlml
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (40, 2))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(40)
+    theta = np.log([0.8, 2.0, 1.0, 0.05])
+    f0, g0 = _expert_nlml(X, y, theta)
+    f1, g1 = _expert_nlml(X + offset, y, theta)
+    assert f1 == pytest.approx(f0, rel=1e-6)
+    np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=1e-6)

@@ -68,43 +68,87 @@ def test_without_the_restart_the_local_part_stays_off(monkeypatch):
     assert np.sqrt(np.mean((mean[k] - ft[k]) ** 2)) > 0.3
 
 
-def test_restart_keeps_the_vector_when_its_bound_is_lower():
-    # a client whose local part is off but whose restart ends lower keeps
-    # its vector: call the restart with an objective that ranks every
-    # vector but the current one lower
+def _restart_case():
+    # a client after one round, its local part switched off by hand
     X, y, g, Xt, gt, ft = _federation()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = FederatedHierarchicalGPRegressor(random_state=777001, n_rounds=1).fit(X, y, g)
+        est = FederatedHierarchicalGPRegressor(random_state=777001, n_rounds=1,
+                                               learn_inducing_locations=False).fit(X, y, g)
     client = est.clients_[1]
     k = client.pack.slices["variance_l"].start
     client.theta = client.theta.copy()
     client.theta[k] = np.log(1e-6)
     assert client._local_switched_off()
-    current = client.theta.copy()
-
-    def fun(t):
-        d = float(np.sum((np.asarray(t) - current) ** 2))
-        return d, 2.0 * (np.asarray(t) - current)
-
-    client._local_phases = 0
-    bounds = [(None, None)] * current.size
+    start = client.theta.copy()
+    sl = client.pack.slices
+    start[sl["lengthscale_l"]] = np.log(client.prior_local["restart"][0])
+    start[k] = np.log(client.prior_local["restart"][1])
+    start[sl["noise_variance"]] = np.log(client.prior_noise)
 
     class _Config:
-        local_steps = 3
+        local_steps = 50
+        learn_inducing = False
 
-    client._restart_local(fun, fun, bounds, _Config())
+    return client, k, start, client.bounds(_Config()), _Config()
+
+
+def _two_basins(at_current, at_restart, current, start):
+    # a smooth objective with one basin at the current vector and one at the
+    # restart's start, of the given depths
+    def fun(t):
+        t = np.asarray(t, dtype=float)
+        a, b = t - current, t - start
+        ea, eb = np.exp(-np.sum(a**2)), np.exp(-np.sum(b**2))
+        value = -(at_current * ea + at_restart * eb)
+        return value, 2.0 * (at_current * ea * a + at_restart * eb * b)
+    return fun
+
+
+@pytest.mark.parametrize("deeper", ["current", "restart"])
+def test_restart_is_kept_only_when_its_objective_is_higher(deeper):
+    client, k, start, bounds, config = _restart_case()
+    current = client.theta.copy()
+    depths = (2.0, 1.0) if deeper == "current" else (1.0, 2.0)
+    fun = _two_basins(*depths, current, start)
+    client._restart_local(fun, fun, bounds, config)
+    if deeper == "current":
+        np.testing.assert_array_equal(client.theta, current)
+    else:
+        np.testing.assert_allclose(client.theta, start, atol=1e-4)
+    # held entries (the local inducing inputs here) never move
+    z = client.pack.slices["Z_l"]
+    np.testing.assert_array_equal(client.theta[z], current[z])
+
+
+def test_a_restart_that_ends_switched_off_is_not_kept():
+    # a deeper basin whose local variance is still off: a second start of
+    # the same switched-off model, not a restart of the local part
+    client, k, start, bounds, config = _restart_case()
+    current = client.theta.copy()
+    off = start.copy()
+    off[k] = current[k]
+    client._restart_local(_two_basins(1.0, 2.0, current, off), _two_basins(1.0, 2.0, current, off),
+                          bounds, config)
     np.testing.assert_array_equal(client.theta, current)
 
-    # and takes the restart's end when it is higher: an objective whose
-    # optimum is the restart's start
-    start = current.copy()
-    start[k] = np.log(client.prior_local["restart"][1])
 
-    def better(t):
-        d = float(np.sum((np.asarray(t) - start) ** 2))
-        return d, 2.0 * (np.asarray(t) - start)
-
-    client._local_phases = 0
-    client._restart_local(better, better, bounds, _Config())
-    assert client.theta[k] > np.log(1e-3)
+def test_resume_after_the_first_round_matches_the_whole_run(tmp_path):
+    # the restart runs after a client's first local phase only: a run resumed
+    # from the round-1 checkpoint must not restart again
+    X, y, g, _, _, _ = _federation()
+    kw = dict(random_state=777001, n_rounds=3, tol=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = FederatedHierarchicalGPRegressor(**kw).fit(X, y, g)
+        path = tmp_path / "state.joblib"
+        FederatedHierarchicalGPRegressor(**{**kw, "n_rounds": 1},
+                                         checkpoint=str(path)).fit(X, y, g)
+        # n_rounds counts the rounds still to run
+        resumed = FederatedHierarchicalGPRegressor(**{**kw, "n_rounds": 2},
+                                                   resume_from=str(path)).fit(X, y, g)
+    np.testing.assert_array_equal(resumed.server_.theta_global, full.server_.theta_global)
+    for c in full.clients_:
+        np.testing.assert_array_equal(resumed.clients_[c].theta, full.clients_[c].theta)
+    np.testing.assert_array_equal(resumed.elbo_history_, full.elbo_history_)
+    assert [c._local_phases for c in resumed.clients_.values()] == [3] * 5
