@@ -3433,6 +3433,7 @@ class StructuredClient:
 
         theta0 = self.theta.copy()
         self._local_phases = getattr(self, "_local_phases", 0)
+        failed = False  # the phase could not evaluate its start
         if config.local_steps == 0:
             pass  # held (SciPy's L-BFGS-B would still take one step with maxiter=0)
         elif config.optimizer == "lbfgs":
@@ -3454,8 +3455,10 @@ class StructuredClient:
                     if res.nit < config.local_steps or gain <= LOCAL_CHUNK_GAIN:
                         break
             except (np.linalg.LinAlgError, FloatingPointError):
-                pass  # a failed trial point: keep the last good vector
-            if self._local_phases == 0:
+                # a failed trial point: keep the last good vector (a phase
+                # that failed does not count: the restart waits for one that ran)
+                failed = True
+            if not failed and self._local_phases == 0:
                 self._restart_local(fun, fun_trial, bounds, config)
         else:
             adam = self._adam_state(config)
@@ -3464,7 +3467,7 @@ class StructuredClient:
                 _, g = fun(t)
                 t = clip_to_bounds(adam.step(t, -g * n), bounds)
             self.theta = t
-        if config.local_steps:
+        if config.local_steps and not failed:
             self._local_phases += 1
         self._noise_fitted = True
         self._state = None
@@ -3651,9 +3654,9 @@ class ClientState:
         of its local inducing inputs (None: not recorded).
     local_phases : int or None
         Number of local phases the client has run with ``local_steps > 0``
-        or Adam (a switched-off local part is restarted at the end of the
-        first, :meth:`StructuredClient._restart_local`; None: not recorded,
-        then 0).
+        (a phase that could not evaluate its start does not count; a
+        switched-off local part is restarted at the end of the first,
+        :meth:`StructuredClient._restart_local`; None: not recorded, then 0).
     """
 
     theta: np.ndarray

@@ -152,3 +152,26 @@ def test_resume_after_the_first_round_matches_the_whole_run(tmp_path):
         np.testing.assert_array_equal(resumed.clients_[c].theta, full.clients_[c].theta)
     np.testing.assert_array_equal(resumed.elbo_history_, full.elbo_history_)
     assert [c._local_phases for c in resumed.clients_.values()] == [3] * 5
+
+
+def test_a_first_phase_that_failed_does_not_use_up_the_restart(monkeypatch):
+    # the 15-point client's first local phase cannot evaluate its start (a
+    # failure injected once): the restart waits for its next phase
+    original = fed.StructuredClient._surrogate
+    failed = []
+
+    def surrogate(self, *args, **kwargs):
+        if self.client_id == 0 and not failed:
+            failed.append(True)
+            raise FloatingPointError("injected")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(fed.StructuredClient, "_surrogate", surrogate)
+    X, y, g, Xt, gt, ft = _federation()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=777001, n_jobs=1).fit(X, y, g)
+    assert failed
+    mean = est.predict(Xt, gt)
+    k = gt == 0
+    assert np.sqrt(np.mean((mean[k] - ft[k]) ** 2)) < 0.15
