@@ -90,17 +90,6 @@ def _client_hyperparameters(estimator, label):
     return out
 
 
-def _se(A, B, lengthscale, variance):
-    """Squared-exponential ARD kernel matrix, shape (len(A), len(B)).
-
-    :func:`skfedgp.kernels.se_ard`, which forms the differences ``a - b``:
-    the expanded square ``|a|^2 + |b|^2 - 2 a.b`` cancels catastrophically
-    for inputs far from the origin (a client's Gram at ``x + 1e5`` was not
-    positive definite).
-    """
-    return se_ard(A, B, lengthscale, variance)
-
-
 def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury=None):
     """``A = k(Z, X) (k(X, X) + s2 I)^{-1} k(X, Z)`` (pFedHGP paper, section 3.8.2).
 
@@ -129,16 +118,18 @@ def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury
     ``P = k(Z, X) k(X, Z)``: ``O(n m^2)``, only ``m x m`` factorisations.
     The two agree when ``Z`` covers the inputs densely.
     """
-    Kzx = _se(Z, X, lengthscale, variance)
+    # se_ard forms the differences x - z: the expanded square |x|^2 + |z|^2 - 2 x.z
+    # cancels far from the origin (a client's Gram at x + 1e5 was not positive definite)
+    Kzx = se_ard(Z, X, lengthscale, variance)
     n, m = X.shape[0], Z.shape[0]
     if woodbury is None:
         woodbury = n > m
     if not woodbury:
-        Kxx = _se(X, X, lengthscale, variance)
+        Kxx = se_ard(X, X, lengthscale, variance)
         Kxx[np.diag_indices_from(Kxx)] += noise_variance
         A = Kzx @ cho_solve(cho_factor(Kxx, lower=True), Kzx.T)
     else:
-        Kzz = _se(Z, Z, lengthscale, variance)
+        Kzz = se_ard(Z, Z, lengthscale, variance)
         Kzz[np.diag_indices_from(Kzz)] += 1e-6 * variance
         P = Kzx @ Kzx.T
         S = noise_variance * Kzz + P

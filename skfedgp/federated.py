@@ -3431,6 +3431,12 @@ class StructuredClient:
             except (np.linalg.LinAlgError, FloatingPointError):
                 return np.inf, np.zeros_like(t)
 
+        def lbfgs(start):
+            # one run of at most local_steps iterations (a chunk, or the restart)
+            return minimize(fun_trial, start, jac=True, method="L-BFGS-B", bounds=bounds,
+                            options={"maxiter": config.local_steps, "ftol": 1e-12,
+                                     "gtol": 1e-9})
+
         theta0 = self.theta.copy()
         self._local_phases = getattr(self, "_local_phases", 0)
         failed = False  # the phase could not evaluate its start
@@ -3444,10 +3450,7 @@ class StructuredClient:
             try:
                 f = fun(theta0)[0]
                 for _ in range(LOCAL_MAX_CHUNKS):
-                    res = minimize(fun_trial, self.theta, jac=True, method="L-BFGS-B",
-                                   bounds=bounds,
-                                   options={"maxiter": config.local_steps, "ftol": 1e-12,
-                                            "gtol": 1e-9})
+                    res = lbfgs(self.theta)
                     if not (np.isfinite(res.fun) and res.fun <= f):
                         break
                     gain, f = f - res.fun, res.fun
@@ -3459,7 +3462,7 @@ class StructuredClient:
                 # that failed does not count: the restart waits for one that ran)
                 failed = True
             if not failed and self._local_phases == 0:
-                self._restart_local(fun, fun_trial, bounds, config)
+                self._restart_local(fun, lbfgs, bounds)
         else:
             adam = self._adam_state(config)
             t = theta0
@@ -3484,7 +3487,7 @@ class StructuredClient:
         var = float(np.exp(theta[self.pack.slices["variance_l"].start]))
         return var < LOCAL_OFF_RATIO * restart[1]
 
-    def _restart_local(self, fun, fun_trial, bounds, config):
+    def _restart_local(self, fun, lbfgs, bounds):
         """Restart a local part switched off by the first local phase; keep it if better.
 
         A local variance driven to its lower bound has no gradient left to
@@ -3501,10 +3504,10 @@ class StructuredClient:
         centre, other entries unchanged. Its end replaces the current vector
         only if the local part is switched on there and the client's
         objective (the surrogate bound plus log hyperpriors, ``q(v_g)``
-        fixed) is higher, so the bound never goes down.
+        fixed) is higher, so the bound never goes down. ``fun(theta)`` is
+        the phase's objective (to minimise) and gradient, ``lbfgs(start)``
+        one of its L-BFGS-B runs, ``bounds`` their bounds.
         """
-        from scipy.optimize import minimize
-
         if not self._local_switched_off():
             return
         ell, var = self.prior_local["restart"]
@@ -3516,13 +3519,11 @@ class StructuredClient:
         start = clip_to_bounds(start, bounds)
         try:
             f = fun(self.theta)[0]
-            res = minimize(fun_trial, start, jac=True, method="L-BFGS-B", bounds=bounds,
-                           options={"maxiter": config.local_steps, "ftol": 1e-12,
-                                    "gtol": 1e-9})
+            res = lbfgs(start)
         except (np.linalg.LinAlgError, FloatingPointError):
             return  # the restart failed: keep the current vector
         if (np.isfinite(res.fun) and res.fun < f
-                and not self._local_switched_off(np.asarray(res.x, dtype=float))):
+                and not self._local_switched_off(res.x)):
             self.theta = res.x
 
     def bounds(self, config=None):

@@ -9,7 +9,7 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from skfedgp import FederatedHierarchicalGPRegressor, OperatorClustering
-from skfedgp.clustering import _client_hyperparameters, _se, projection_operator
+from skfedgp.clustering import _client_hyperparameters, projection_operator
 
 _SMALL = dict(n_inducing=6, n_inducing_local=4, n_rounds=2, local_steps=10)
 BEIJING = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "beijing_air_quality"

@@ -93,6 +93,15 @@ def _restart_case():
     return client, k, start, client.bounds(_Config()), _Config()
 
 
+def _lbfgs(fun, bounds, config):
+    # the local phase's L-BFGS-B run, as local_phase passes it to the restart
+    from scipy.optimize import minimize
+
+    return lambda start: minimize(fun, start, jac=True, method="L-BFGS-B", bounds=bounds,
+                                  options={"maxiter": config.local_steps, "ftol": 1e-12,
+                                           "gtol": 1e-9})
+
+
 def _two_basins(at_current, at_restart, current, start):
     # a smooth objective with one basin at the current vector and one at the
     # restart's start, of the given depths
@@ -111,7 +120,7 @@ def test_restart_is_kept_only_when_its_objective_is_higher(deeper):
     current = client.theta.copy()
     depths = (2.0, 1.0) if deeper == "current" else (1.0, 2.0)
     fun = _two_basins(*depths, current, start)
-    client._restart_local(fun, fun, bounds, config)
+    client._restart_local(fun, _lbfgs(fun, bounds, config), bounds)
     if deeper == "current":
         np.testing.assert_array_equal(client.theta, current)
     else:
@@ -128,8 +137,8 @@ def test_a_restart_that_ends_switched_off_is_not_kept():
     current = client.theta.copy()
     off = start.copy()
     off[k] = current[k]
-    client._restart_local(_two_basins(1.0, 2.0, current, off), _two_basins(1.0, 2.0, current, off),
-                          bounds, config)
+    fun = _two_basins(1.0, 2.0, current, off)
+    client._restart_local(fun, _lbfgs(fun, bounds, config), bounds)
     np.testing.assert_array_equal(client.theta, current)
 
 
