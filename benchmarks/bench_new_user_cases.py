@@ -1,6 +1,6 @@
 """Default settings on cases a new user meets.
 
-Five cases, each at the regressor's defaults (``random_state=0``), printing
+Six cases, each at the regressor's defaults (``random_state=0``), printing
 RMSE, mean Gaussian NLL, the share of test points beyond 3 predictive std
 and the 95 % coverage:
 
@@ -34,6 +34,13 @@ and the 95 % coverage:
   GP pooled over all clients with one-hot client features; the 15-point
   client is also shown alone (docs/maths.md section 11, "A local part
   switched off early").
+* ``five-point-2d``: three 2-D clients of 80 points and one of 5, each
+  departing from ``sin(3 x0) cos(2 x1) + 0.5 x0`` by ``0.3 k sin(2 x1)``
+  (``k`` the client, so the 5-point client departs most), noise sd 0.1,
+  300 test points per client. References: the exact GP with the
+  hierarchical kernel (``exact_hierarchical``) and the exact GP pooled with
+  one-hot client features. The 5-point client takes the larger clients'
+  local kernel as its prior from round 2 (docs/maths.md section 10).
 * ``unseen``: 8 clients of 30 points on different levels (``N(0, 1)``) and
   with their own smooth deviations; each client in turn is left out and
   predicted as a never-seen client (its band must include the spread of the
@@ -43,7 +50,7 @@ and the 95 % coverage:
 Usage::
 
     python benchmarks/bench_new_user_cases.py [--case relevance small-client data-poor
-        unequal-2d unseen]
+        unequal-2d five-point-2d unseen]
         [--seeds 0 1 2 3]
 """
 
@@ -286,8 +293,37 @@ def unequal_2d(seed):
     return rows, f"{est.n_iter_} rounds, M = {est.n_inducing_}"
 
 
+def five_point_2d(seed):
+    rng = np.random.default_rng(seed)
+    sizes = [80, 80, 80, 5]
+
+    def make(ns):
+        X = rng.uniform(-1.5, 1.5, (sum(ns), 2))
+        g = np.repeat(np.arange(len(ns)), ns)
+        f = (np.sin(3 * X[:, 0]) * np.cos(2 * X[:, 1]) + 0.5 * X[:, 0]
+             + 0.3 * g * np.sin(2 * X[:, 1]))
+        return X, f + 0.1 * rng.standard_normal(len(g)), g
+
+    X, y, g = make(sizes)
+    Xt, yt, gt = make([300] * len(sizes))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, g)
+    mean, std = est.predict(Xt, gt, return_std=True)
+    small = gt == 3
+    rows = {"skfedgp defaults": scores(yt, mean, std),
+            "skfedgp, 5-point client": scores(yt[small], mean[small], std[small])}
+    for name, (m, s_) in (("exact hierarchical GP (ML)", exact_hierarchical(X, y, g, Xt, gt)),
+                          ("exact GP pooled (one-hot)", exact_pooled(X, y, g, Xt, gt))):
+        rows[name] = scores(yt, m, s_)
+        rows[name.split(" (")[0] + ", 5-point"] = scores(yt[small], m[small], s_[small])
+    centre = est.server_.local_prior_centre_
+    return rows, (f"{est.n_iter_} rounds, local prior "
+                  f"{'none' if centre is False else f'variance {centre.variance:.3g}'}")
+
+
 CASES = {"relevance": relevance, "unseen": unseen, "small-client": small_client,
-         "data-poor": data_poor, "unequal-2d": unequal_2d}
+         "data-poor": data_poor, "unequal-2d": unequal_2d, "five-point-2d": five_point_2d}
 
 
 def main(argv=None):

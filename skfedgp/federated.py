@@ -1736,6 +1736,42 @@ class PilotSummary:
     noise_variance_target: float = None
 
 
+#: Population prior of the small clients' local kernels (round 2,
+#: :meth:`_StructuredRun._share_local_prior`): at least this many clients with
+#: :data:`PILOT_POOL_POINTS` observations or more must report their local
+#: kernel, and the prior's standard deviation on each log local lengthscale and
+#: on the log local variance (natural log: a factor e at one sd).
+LOCAL_PRIOR_MIN_CLIENTS = 2
+LOCAL_PRIOR_SD = 1.0
+
+
+@dataclass(frozen=True)
+class LocalKernelSummary:
+    """A local kernel's hyperparameters: a large client's report or the population's centre.
+
+    Round 2 of training with scalar targets: every client with at least
+    :data:`PILOT_POOL_POINTS` observations on the clients' typical scale sends
+    its local lengthscales and the size of its fitted departure after its
+    first local phase; the server sends the population's centre (mean size,
+    size-weighted geometric mean of the lengthscales) to the clients with
+    fewer observations, as the centre of a log-normal prior on their own
+    local kernel (:meth:`_StructuredRun._share_local_prior`).
+
+    Attributes
+    ----------
+    lengthscale : ndarray of shape (d,)
+        Local lengthscales (scaled inputs).
+    variance : float
+        Variance of a local part (standardised units): from a large client,
+        the size of its fitted departure (:meth:`StructuredClient.local_prior_summary`);
+        from the server, the centre of the small clients' prior on their
+        local variance.
+    """
+
+    lengthscale: np.ndarray
+    variance: float
+
+
 @dataclass(frozen=True)
 class PoolEvidence:
     """Set-up upload: one client's term of the pooled pilot's objective.
@@ -3072,6 +3108,68 @@ class StructuredClient:
         """Quick exact-GP hyperparameters of this client (:class:`PilotSummary` or None)."""
         return pilot_fit(self._Xs, self._y, random_state)
 
+    def _shares_local_prior(self):
+        """Whether this client takes part in the small clients' local prior (either side).
+
+        Scalar targets with a local kernel, targets on the clients' typical
+        scale (:func:`client_scale_ratio` 1) and no learned scale of its own.
+        """
+        sl = getattr(getattr(self, "pack", None), "slices", {})
+        return ("lengthscale_l" in sl and "variance_l" in sl and "shared_amplitude" not in sl
+                and client_scale_ratio(self.own_variance) == 1.0)
+
+    def local_prior_summary(self, post, theta_g, gpack, config):
+        """This client's local kernel for the small clients' prior (:class:`LocalKernelSummary`).
+
+        Its local lengthscales, and as the variance the size of the departure
+        its data show: the mean over its inputs of the squared posterior mean
+        of its local part (at the current ``q(v_g)``, the broadcast ``post``),
+        floored at the local variance's lower bound. The kernel's own
+        variance is not sent: where the global and local parts can explain
+        the same structure (many inputs, a capped ``M``) a large client's
+        local variance can be large while its fitted departure is small
+        (PUMADYN-32nm, 400 points: 3.4 against 0.007 in standardised units).
+        None (nothing sent) when the client has fewer than
+        :data:`PILOT_POOL_POINTS` observations, is not on the clients' typical
+        scale, learns its own scale, or has no local kernel.
+        """
+        from ._structured import client_posterior, feature_blocks, layout_map, predict_structured
+
+        if self.n_samples < PILOT_POOL_POINTS or not self._shares_local_prior():
+            return None
+        state = self._forward(theta_g, gpack, config)
+        mu_u, Sigma_u, _ = client_posterior(state, post.mean, post.covariance)
+        G, B = gpack.unpack(theta_g), self.pack.unpack(self.theta)
+        comps = config.components
+        phi = G.get("phi", 1.0)
+        blocks = feature_blocks(G, B, comps, jitter=config.jitter)
+        E, _ = layout_map(blocks, comps, phi, 1.0)
+        total = 0.0
+        for start in range(0, self.n_samples, 4096):
+            parts = predict_structured(self._Xs[start:start + 4096], blocks, comps, phi, mu_u,
+                                       Sigma_u, E, per_component=True)
+            total += float(np.sum(parts["local"][0] ** 2))
+        departure = max(total / self.n_samples, LOG_BOUNDS["variance_l"][0])
+        return LocalKernelSummary(np.array(B["lengthscale_l"], dtype=float), departure)
+
+    def set_local_prior(self, centre):
+        """Centre this small client's local-kernel hyperprior on the population's.
+
+        A client with fewer than :data:`PILOT_POOL_POINTS` observations on the
+        clients' typical scale replaces the penalised-complexity prior of its
+        local standard deviation by ``log ell_l ~ N(log ell_c, s^2)`` per
+        input and ``log sigma_l^2 ~ N(log sigma_c^2, s^2)``, ``s =``
+        :data:`LOCAL_PRIOR_SD`, ``(ell_c, sigma_c^2)`` the ``centre``
+        (:class:`LocalKernelSummary`). Returns None (nothing sent).
+        """
+        if (centre is None or self.n_samples >= PILOT_POOL_POINTS
+                or not self._shares_local_prior()):
+            return None
+        self.prior_local = {**(getattr(self, "prior_local", None) or {}),
+                            "population": (np.log(np.asarray(centre.lengthscale, dtype=float)),
+                                           float(np.log(centre.variance)))}
+        return None
+
     def pool_evidence(self, theta):
         """This client's term of the pooled pilot at ``theta`` (:func:`pool_evidence`).
 
@@ -3379,7 +3477,13 @@ class StructuredClient:
         grad[sl] = -delta / tau**2
         value = float(-0.5 * np.sum((delta / tau) ** 2))
         prior = getattr(self, "prior_local", None) or {}
-        if "sd_rate" in prior:
+        if "population" in prior:  # a small client: the population's local kernel
+            for key, centre in zip(("lengthscale_l", "variance_l"), prior["population"]):
+                sl = self.pack.slices[key]
+                delta = (theta[sl] - centre) / LOCAL_PRIOR_SD
+                value -= 0.5 * float(np.sum(delta**2))
+                grad[sl] -= delta / LOCAL_PRIOR_SD
+        elif "sd_rate" in prior:
             k = self.pack.slices["variance_l"].start
             sd = float(np.exp(0.5 * theta[k]))
             value -= prior["sd_rate"] * sd
@@ -3463,6 +3567,8 @@ class StructuredClient:
                 failed = True
             if not failed and self._local_phases == 0:
                 self._restart_local(fun, lbfgs, bounds)
+            if not failed:
+                self._start_from_population(fun, lbfgs, bounds)
         else:
             adam = self._adam_state(config)
             t = theta0
@@ -3486,6 +3592,34 @@ class StructuredClient:
         theta = self.theta if theta is None else theta
         var = float(np.exp(theta[self.pack.slices["variance_l"].start]))
         return var < LOCAL_OFF_RATIO * restart[1]
+
+    def _start_from_population(self, fun, lbfgs, bounds):
+        """Once, after the population prior arrives: one more run from the population's kernel.
+
+        A small client's local phase continues from its own vector, which may
+        sit in the basin of a fit that interpolates its few points (noise
+        variance near its floor). The first local phase after
+        :meth:`set_local_prior` therefore also runs L-BFGS-B from the
+        population's local lengthscales and variance with the noise variance
+        at its hyperprior's centre (other entries unchanged), and keeps that
+        end if the client's objective (with the new prior) is higher there.
+        """
+        prior = getattr(self, "prior_local", None) or {}
+        if "population" not in prior or prior.get("population_tried"):
+            return
+        self.prior_local = {**prior, "population_tried": True}
+        sl = self.pack.slices
+        start = self.theta.copy()
+        start[sl["lengthscale_l"]], start[sl["variance_l"]] = prior["population"]
+        start[sl["noise_variance"]] = np.log(self.prior_noise)
+        start = clip_to_bounds(start, bounds)
+        try:
+            f = fun(self.theta)[0]
+            res = lbfgs(start)
+        except (np.linalg.LinAlgError, FloatingPointError):
+            return  # keep the current vector
+        if np.isfinite(res.fun) and res.fun < f:
+            self.theta = res.x
 
     def _restart_local(self, fun, lbfgs, bounds):
         """Restart a local part switched off by the first local phase; keep it if better.
@@ -4197,7 +4331,7 @@ _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_in
                   "n_inducing_local_", "population_pilot", "level_upper", "learn_inducing_",
                   "design_residual_", "design_residual_history_", "inducing_switch_round_",
                   "inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
-                  "held_last_round_", "lengthscale_start_")
+                  "held_last_round_", "lengthscale_start_", "local_prior_centre_")
 #: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
 _RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                "held_last_round_")
@@ -4572,6 +4706,7 @@ class _StructuredRun:
                                       for c in self.active})
         # learn_inducing_ is resolved in run(); only "auto" decides it here
         server.learn_inducing_, server.design_residual_ = None, None
+        server.local_prior_centre_ = None  # round 2 decides (_share_local_prior)
         server.design_residual_history_, server.inducing_switch_round_ = [], None
         if isinstance(getattr(cfg, "learn_inducing", True), str) and "Z_g" in gpack.slices:
             # "auto": learn Z_g when the initial design leaves a large share of
@@ -4895,6 +5030,75 @@ class _StructuredRun:
         hist.append((int(r), float(share), nats / max(n, 1)))
         return auto_learns(residual, total, nats if r > 0 else None, n)
 
+    def _share_local_prior(self, r):
+        """Round 2: the large clients' local kernels become the small clients' prior.
+
+        Once, before the first round after a round of local phases (scalar
+        targets, a local component, hyperpriors on): the clients with at
+        least :data:`PILOT_POOL_POINTS` observations send their local
+        lengthscales and variance (:class:`LocalKernelSummary`); with at least
+        :data:`LOCAL_PRIOR_MIN_CLIENTS` reports the server sends the centre
+        of a prior to the clients with fewer observations
+        (:meth:`StructuredClient.set_local_prior`): as the local variance
+        the mean of the reported departure sizes (the departures are a
+        random effect per client: a median would call them zero as soon as
+        half the clients need no local part), as the lengthscales the
+        geometric mean of the reported ones weighted by those sizes (the
+        lengthscales of a switched-off local part say nothing).
+        No prior is formed when the mean departure is below
+        :data:`LOCAL_OFF_RATIO` times ``0.1 x`` the population's signal
+        variance (the threshold at which a client's own local part counts as
+        switched off, :meth:`StructuredClient._local_switched_off`): the
+        others then need no local part, and a small client that departs
+        from them must still be able to switch its own on.
+        A client with a handful of points cannot tell its local kernel's
+        shape and size; its own fit either switches the part off or
+        interpolates its points, and both leave its band far too narrow where
+        it has no data. The population's kernel is the hierarchical answer: the
+        size and shape of the others' departures from the shared function
+        (docs/maths.md section 10). The decision is ``server.local_prior_centre_``
+        (None: not yet made; False: no prior formed), kept in checkpoints.
+        """
+        server, cfg = self.server, self.config
+        if (r < 2 or getattr(server, "local_prior_centre_", None) is not None
+                or cfg.n_outputs or "local" not in cfg.components
+                or cfg.noise_prior_scale is None):
+            return
+        server.local_prior_centre_ = False
+        big = [c for c in self.active if self.n_samples[c] >= PILOT_POOL_POINTS]
+        small = [c for c in self.active if self.n_samples[c] < PILOT_POOL_POINTS]
+        if len(big) < LOCAL_PRIOR_MIN_CLIENTS or not small:
+            return
+        # the q(v_g) and global vector the clients already hold (as in the local phase)
+        post = self.last[2]
+        res, _, _ = self.call("local_prior_summary", (post, self.theta_g, self.gpack, cfg), big,
+                              r)
+        got = {c: m for c, m in res.items() if isinstance(m, LocalKernelSummary)}
+        counter = self.counter
+        counter["up"] += sum(message_nbytes(m) for m in got.values())
+        counter["msgs"] += len(got)
+        if len(got) < LOCAL_PRIOR_MIN_CLIENTS:
+            return
+        # the departures' variance: their mean over the clients (a random
+        # effect per client); their shape: the local lengthscales averaged on
+        # the log scale with weights the departures' sizes (a switched-off
+        # local part's lengthscales say nothing)
+        dep = np.array([m.variance for m in got.values()], dtype=float)
+        log_ell = np.log(np.array([m.lengthscale for m in got.values()], dtype=float))
+        w = dep / dep.sum()
+        centre = LocalKernelSummary(np.exp(w @ log_ell), float(dep.mean()))
+        # departures all but absent (below the threshold at which a client's
+        # own local part counts as switched off, LOCAL_OFF_RATIO times the
+        # population's restart value): no prior, so that a small client that
+        # departs from the others can still switch its own part on
+        if centre.variance <= LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance:
+            return
+        server.local_prior_centre_ = centre
+        _, n_calls, _ = self.call("set_local_prior", (centre,), small, r)
+        counter["down"] += n_calls * message_nbytes(centre)
+        # their objective changed: the round starts from fresh messages
+        self.fresh -= set(small)
+
     def _recheck_global_inducing(self, r):
         """Before round ``r``: learn a held ``Z_g`` from now on if the rule says so.
 
@@ -4975,6 +5179,7 @@ class _StructuredRun:
         cfg, c = self.config, self.counter
         t0 = time.perf_counter()
         self._recheck_global_inducing(r)
+        self._share_local_prior(r)
         ok, prev, N = self.round(r)
         elbo, _, _, lp = self.last
         self.history.append(float(elbo))

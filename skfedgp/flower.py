@@ -103,7 +103,7 @@ CODEC_TYPES = {
         _fed.ClientStatistics, _fed.ModelConfig, _fed.PilotSummary,
         _fed.StructuredStatistics, _fed.PosteriorBroadcast, _fed.GlobalGradient,
         _fed.LocalHyperparameters, _fed.ClientUpdateValue, _fed._PopulationPilot,
-        _fed.ClientState, _fed.DesignResidual, _fed.PoolEvidence,
+        _fed.ClientState, _fed.DesignResidual, _fed.PoolEvidence, _fed.LocalKernelSummary,
     )
 }
 _ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "t", "m", "v")
@@ -369,7 +369,7 @@ MESSAGE_CATEGORY = "train"
 METHODS = ("hello", "summary", "prepare", "pilot", "pool_evidence", "initialise",
            "design_residual",
            "statistics", "global_gradient", "local_phase", "finish", "close", "get_state",
-           "set_state")
+           "set_state", "local_prior_summary", "set_local_prior")
 _STATE_KEY = "skfedgp"
 
 #: Per-process registry: ``(run_id, node_id) -> _Node``. A SuperNode in

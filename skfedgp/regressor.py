@@ -582,8 +582,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         (Simpson et al., *Statistical Science* 32(1), 2017), so a client
         with a handful of points cannot turn its local part into a second,
         freely scaled level, while a local part not needed can still switch
-        off. None: no priors (maximum likelihood; also none on
-        ``client_scale``).
+        off. From round 2 a client with fewer than 32 observations instead
+        takes a log-normal prior (sd 1) on its local lengthscales and
+        variance centred on the larger clients' local kernels: their
+        lengthscales and the mean size of their fitted departures, when at
+        least two clients have 32 observations or more
+        (``server_.local_prior_centre_``; docs/maths.md section 10). None:
+        no priors (maximum likelihood; also none on ``client_scale`` and
+        no local-kernel prior).
     client_scale : {"auto", True, False}, default="auto"
         Structured family, 1-D targets: clients that learn their own scale
         ``s_i`` on the shared parts, so client ``i``'s function is
@@ -734,7 +740,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     objective_history_ : list of float
         Structured family: ELBO plus the clients' log hyperpriors (the
         objective that every L-BFGS-B round increases; Adam rounds may lose
-        some of it).
+        some of it). The small clients' local-kernel prior changes before
+        round 2 (docs/maths.md section 10), so the history is
+        non-decreasing from round 2 on.
     n_iter_ : int
         Number of rounds run (0 with ``n_rounds=0``: the set-up's model;
         with ``warm_start`` or ``resume_from`` it counts the earlier rounds
