@@ -319,7 +319,7 @@ def five_point_2d(seed):
         rows[name.split(" (")[0] + ", 5-point"] = scores(yt[small], m[small], s_[small])
     centre = est.server_.local_prior_centre_
     return rows, (f"{est.n_iter_} rounds, local prior "
-                  f"{'none' if centre is False else f'variance {centre.variance:.3g}'}")
+                  f"{f'variance {centre.variance:.3g}' if centre else 'none'}")
 
 
 CASES = {"relevance": relevance, "unseen": unseen, "small-client": small_client,

@@ -3165,7 +3165,9 @@ class StructuredClient:
         if (centre is None or self.n_samples >= PILOT_POOL_POINTS
                 or not self._shares_local_prior()):
             return None
-        self.prior_local = {**(getattr(self, "prior_local", None) or {}),
+        prior = {k: v for k, v in (getattr(self, "prior_local", None) or {}).items()
+                 if k != "population_tried"}  # a new centre: one more start from it
+        self.prior_local = {**prior,
                             "population": (np.log(np.asarray(centre.lengthscale, dtype=float)),
                                            float(np.log(centre.variance)))}
         return None
@@ -3477,7 +3479,9 @@ class StructuredClient:
         grad[sl] = -delta / tau**2
         value = float(-0.5 * np.sum((delta / tau) ** 2))
         prior = getattr(self, "prior_local", None) or {}
-        if "population" in prior:  # a small client: the population's local kernel
+        if "population" in prior and self.n_samples < PILOT_POOL_POINTS:
+            # a small client: the population's local kernel (a client grown
+            # beyond PILOT_POOL_POINTS by a warm start keeps its own prior)
             for key, centre in zip(("lengthscale_l", "variance_l"), prior["population"]):
                 sl = self.pack.slices[key]
                 delta = (theta[sl] - centre) / LOCAL_PRIOR_SD
@@ -4331,10 +4335,11 @@ _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_in
                   "n_inducing_local_", "population_pilot", "level_upper", "learn_inducing_",
                   "design_residual_", "design_residual_history_", "inducing_switch_round_",
                   "inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
-                  "held_last_round_", "lengthscale_start_", "local_prior_centre_")
+                  "held_last_round_", "lengthscale_start_", "local_prior_centre_",
+                  "local_prior_sent_", "local_fitted_")
 #: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
 _RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
-               "held_last_round_")
+               "held_last_round_", "local_prior_centre_", "local_prior_sent_", "local_fitted_")
 
 
 def _is_finite_message(msg):
@@ -4706,7 +4711,8 @@ class _StructuredRun:
                                       for c in self.active})
         # learn_inducing_ is resolved in run(); only "auto" decides it here
         server.learn_inducing_, server.design_residual_ = None, None
-        server.local_prior_centre_ = None  # round 2 decides (_share_local_prior)
+        server.local_prior_centre_ = None  # decided from round 2 (_share_local_prior)
+        server.local_prior_sent_, server.local_fitted_ = [], []
         server.design_residual_history_, server.inducing_switch_round_ = [], None
         if isinstance(getattr(cfg, "learn_inducing", True), str) and "Z_g" in gpack.slices:
             # "auto": learn Z_g when the initial design leaves a large share of
@@ -4846,6 +4852,9 @@ class _StructuredRun:
             self.fresh -= set(live)
             live = [c for c in live if c not in lost]
             self.local_done.update(live)
+            # every client that has fitted its local part (kept in checkpoints)
+            server.local_fitted_ = list(dict.fromkeys(
+                [*(getattr(server, "local_fitted_", None) or []), *live]))
             failed |= set(lost)
             if len(live) < self.min_clients:
                 raise _TooFewClients
@@ -5031,73 +5040,95 @@ class _StructuredRun:
         return auto_learns(residual, total, nats if r > 0 else None, n)
 
     def _share_local_prior(self, r):
-        """Round 2: the large clients' local kernels become the small clients' prior.
+        """From round 2: the large clients' local kernels become the small clients' prior.
 
-        Once, before the first round after a round of local phases (scalar
-        targets, a local component, hyperpriors on): the clients with at
-        least :data:`PILOT_POOL_POINTS` observations send their local
-        lengthscales and variance (:class:`LocalKernelSummary`); with at least
-        :data:`LOCAL_PRIOR_MIN_CLIENTS` reports the server sends the centre
-        of a prior to the clients with fewer observations
-        (:meth:`StructuredClient.set_local_prior`): as the local variance
-        the mean of the reported departure sizes (the departures are a
-        random effect per client: a median would call them zero as soon as
+        Once, before the first round in which at least
+        :data:`LOCAL_PRIOR_MIN_CLIENTS` clients with :data:`PILOT_POOL_POINTS`
+        observations or more have run a local phase (scalar targets, a local
+        component, hyperpriors on): those clients send their local
+        lengthscales and the size of their fitted departure
+        (:class:`LocalKernelSummary`, :meth:`StructuredClient.local_prior_summary`),
+        and the server forms the centre of a prior for the clients with fewer
+        observations (:meth:`StructuredClient.set_local_prior`): as the local
+        variance the mean of the reported departure sizes (the departures are
+        a random effect per client: a median would call them zero as soon as
         half the clients need no local part), as the lengthscales the
         geometric mean of the reported ones weighted by those sizes (the
-        lengthscales of a switched-off local part say nothing).
-        No prior is formed when the mean departure is below
-        :data:`LOCAL_OFF_RATIO` times ``0.1 x`` the population's signal
-        variance (the threshold at which a client's own local part counts as
-        switched off, :meth:`StructuredClient._local_switched_off`): the
-        others then need no local part, and a small client that departs
-        from them must still be able to switch its own on.
+        lengthscales of a switched-off local part say nothing). No prior is
+        formed when the mean departure is below :data:`LOCAL_OFF_RATIO` times
+        ``0.1 x`` the population's signal variance (the threshold at which a
+        client's own local part counts as switched off,
+        :meth:`StructuredClient._local_switched_off`): the others then need no
+        local part, and a small client that departs from them must still be
+        able to switch its own on. Once formed, the centre is sent before
+        every round to the small clients that have not received it (a failed
+        delivery). A warm start forms it again from the fits of its own run
+        (the three fields below belong to one run).
+
         A client with a handful of points cannot tell its local kernel's
         shape and size; its own fit either switches the part off or
         interpolates its points, and both leave its band far too narrow where
         it has no data. The population's kernel is the hierarchical answer: the
         size and shape of the others' departures from the shared function
-        (docs/maths.md section 10). The decision is ``server.local_prior_centre_``
-        (None: not yet made; False: no prior formed), kept in checkpoints.
+        (docs/maths.md section 10). The decision is ``server_.local_prior_centre_``
+        (None: not yet made; False: no prior formed), the clients that hold
+        the prior ``server_.local_prior_sent_``, the clients that have fitted
+        their local part ``server_.local_fitted_``; all three are kept in
+        checkpoints and reset by a warm start.
         """
         server, cfg = self.server, self.config
-        if (r < 2 or getattr(server, "local_prior_centre_", None) is not None
-                or cfg.n_outputs or "local" not in cfg.components
-                or cfg.noise_prior_scale is None):
+        if cfg.n_outputs or "local" not in cfg.components or cfg.noise_prior_scale is None:
             return
-        server.local_prior_centre_ = False
-        big = [c for c in self.active if self.n_samples[c] >= PILOT_POOL_POINTS]
-        small = [c for c in self.active if self.n_samples[c] < PILOT_POOL_POINTS]
-        if len(big) < LOCAL_PRIOR_MIN_CLIENTS or not small:
-            return
-        # the q(v_g) and global vector the clients already hold (as in the local phase)
-        post = self.last[2]
-        res, _, _ = self.call("local_prior_summary", (post, self.theta_g, self.gpack, cfg), big,
-                              r)
-        got = {c: m for c, m in res.items() if isinstance(m, LocalKernelSummary)}
         counter = self.counter
-        counter["up"] += sum(message_nbytes(m) for m in got.values())
-        counter["msgs"] += len(got)
-        if len(got) < LOCAL_PRIOR_MIN_CLIENTS:
+        centre = getattr(server, "local_prior_centre_", None)
+        if centre is None:
+            # the large clients that have fitted their local part at least once
+            fitted = set(getattr(server, "local_fitted_", None) or [])
+            big = [c for c in self.active
+                   if self.n_samples[c] >= PILOT_POOL_POINTS and c in fitted]
+            if len(big) < LOCAL_PRIOR_MIN_CLIENTS or not any(
+                    self.n_samples[c] < PILOT_POOL_POINTS for c in self.active):
+                return  # not yet (or nobody to send it to): asked again next round
+            server.local_prior_centre_ = False
+            # q(v_g) and the global vector: what a client holds if it sent the
+            # latest evaluation's statistics, else sent to it with the request
+            post = self.last[2]
+            self.unusable_up = 0
+            res, _, _ = self.call("local_prior_summary", (post, self.theta_g, self.gpack, cfg),
+                                  big, r)
+            got = {c: m for c, m in res.items() if isinstance(m, LocalKernelSummary)}
+            counter["up"] += sum(message_nbytes(m) for m in got.values()) + self.unusable_up
+            counter["down"] += ((8 * self.theta_g.size + message_nbytes(post))
+                                * sum(c not in self.fresh for c in big))
+            counter["msgs"] += len(got)
+            self.unusable_up = 0
+            if len(got) < LOCAL_PRIOR_MIN_CLIENTS:
+                return
+            # the departures' variance: their mean over the clients (a random
+            # effect per client); their shape: the local lengthscales averaged on
+            # the log scale with weights the departures' sizes (a switched-off
+            # local part's lengthscales say nothing)
+            dep = np.array([m.variance for m in got.values()], dtype=float)
+            log_ell = np.log(np.array([m.lengthscale for m in got.values()], dtype=float))
+            formed = LocalKernelSummary(np.exp((dep / dep.sum()) @ log_ell), float(dep.mean()))
+            # departures all but absent: no prior (see above)
+            if formed.variance <= LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance:
+                return
+            server.local_prior_centre_ = centre = formed
+            server.local_prior_sent_ = []
+        if not isinstance(centre, LocalKernelSummary):
             return
-        # the departures' variance: their mean over the clients (a random
-        # effect per client); their shape: the local lengthscales averaged on
-        # the log scale with weights the departures' sizes (a switched-off
-        # local part's lengthscales say nothing)
-        dep = np.array([m.variance for m in got.values()], dtype=float)
-        log_ell = np.log(np.array([m.lengthscale for m in got.values()], dtype=float))
-        w = dep / dep.sum()
-        centre = LocalKernelSummary(np.exp(w @ log_ell), float(dep.mean()))
-        # departures all but absent (below the threshold at which a client's
-        # own local part counts as switched off, LOCAL_OFF_RATIO times the
-        # population's restart value): no prior, so that a small client that
-        # departs from the others can still switch its own part on
-        if centre.variance <= LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance:
+        sent = list(getattr(server, "local_prior_sent_", None) or [])
+        small = [c for c in self.active
+                 if self.n_samples[c] < PILOT_POOL_POINTS and c not in sent]
+        if not small:
             return
-        server.local_prior_centre_ = centre
-        _, n_calls, _ = self.call("set_local_prior", (centre,), small, r)
+        _, n_calls, lost = self.call("set_local_prior", (centre,), small, r)
         counter["down"] += n_calls * message_nbytes(centre)
+        received = [c for c in small if c not in lost]
+        server.local_prior_sent_ = sent + received
         # their objective changed: the round starts from fresh messages
-        self.fresh -= set(small)
+        self.fresh -= set(received)
 
     def _recheck_global_inducing(self, r):
         """Before round ``r``: learn a held ``Z_g`` from now on if the rule says so.

@@ -582,11 +582,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         (Simpson et al., *Statistical Science* 32(1), 2017), so a client
         with a handful of points cannot turn its local part into a second,
         freely scaled level, while a local part not needed can still switch
-        off. From round 2 a client with fewer than 32 observations instead
+        off. From round 2 a client with fewer than 32 observations on the
+        clients' typical scale (and no learned scale of its own) instead
         takes a log-normal prior (sd 1) on its local lengthscales and
         variance centred on the larger clients' local kernels: their
-        lengthscales and the mean size of their fitted departures, when at
-        least two clients have 32 observations or more
+        lengthscales and the mean size of their fitted departures, once at
+        least two clients of 32 observations or more on the typical scale
+        have fitted theirs, unless that mean is below the size at which a
+        local part counts as switched off
         (``server_.local_prior_centre_``; docs/maths.md section 10). None:
         no priors (maximum likelihood; also none on ``client_scale`` and
         no local-kernel prior).
@@ -740,9 +743,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     objective_history_ : list of float
         Structured family: ELBO plus the clients' log hyperpriors (the
         objective that every L-BFGS-B round increases; Adam rounds may lose
-        some of it). The small clients' local-kernel prior changes before
-        round 2 (docs/maths.md section 10), so the history is
-        non-decreasing from round 2 on.
+        some of it). A small client's local-kernel prior changes when it
+        receives the population's centre (before round 2 with every client
+        taking part; docs/maths.md section 10), so the history can drop
+        once, between the round before and the round after.
     n_iter_ : int
         Number of rounds run (0 with ``n_rounds=0``: the set-up's model;
         with ``warm_start`` or ``resume_from`` it counts the earlier rounds

@@ -62,7 +62,7 @@ def test_small_client_follows_the_population_kernel(case):
     rmse, beyond = _small_client_scores(est, Xt, yt, gt)
     assert rmse < 0.25, rmse
     assert beyond <= 0.02, beyond
-    # the centre: weighted medians of the three large clients' local kernels
+    # the centre, formed from the three large clients' local kernels
     centre = est.server_.local_prior_centre_
     assert isinstance(centre, fed.LocalKernelSummary)
     assert centre.lengthscale.shape == (2,) and centre.variance > 0
@@ -76,7 +76,7 @@ def test_without_the_population_prior_the_small_client_fails(monkeypatch):
     monkeypatch.setattr(fed, "LOCAL_PRIOR_MIN_CLIENTS", 10**9)
     X, y, g, Xt, yt, gt = _federation()
     est = _fit(X, y, g)
-    assert est.server_.local_prior_centre_ is False
+    assert est.server_.local_prior_centre_ is None  # never enough large clients
     rmse, beyond = _small_client_scores(est, Xt, yt, gt)
     assert rmse > 0.35 and beyond > 0.05, (rmse, beyond)
 
@@ -102,9 +102,6 @@ def test_centre_is_formed_from_the_reports(monkeypatch):
     np.testing.assert_allclose(centre.variance, dep.mean(), rtol=1e-12)
     np.testing.assert_allclose(np.log(centre.lengthscale), dep @ np.log(ell) / dep.sum(),
                                rtol=1e-12)
-    # a report's departure is the mean square of the client's local posterior
-    # mean over its inputs; the fitted model after round 2 gives the same
-    # order of size (the report was at round 1's end)
     assert np.all(dep > 0)
     # what the small client received is what it now holds as its prior centre
     ell_c, var_c = est.clients_[3].prior_local["population"]
@@ -136,19 +133,87 @@ def test_departure_is_the_mean_square_of_the_local_mean(monkeypatch):
         np.testing.assert_allclose(reports[c].variance, expected, rtol=1e-6)
 
 
-def test_round_two_messages_are_counted():
+def _spy_share(monkeypatch):
+    """Record the round counter's change across each ``_share_local_prior`` call."""
+    log = []
+    orig = fed._StructuredRun._share_local_prior
+
+    def spy(self, r):
+        before = dict(self.counter)
+        orig(self, r)
+        log.append((r, {k: self.counter[k] - before[k] for k in ("up", "down", "msgs")}))
+
+    monkeypatch.setattr(fed._StructuredRun, "_share_local_prior", spy)
+    return log
+
+
+def test_round_two_messages_are_counted(monkeypatch):
+    log = _spy_share(monkeypatch)
     X, y, g, *_ = _federation()
-    with_prior = _fit(X, y, g, n_rounds=2, learn_inducing_locations=False)
-    d = X.shape[1]
-    nbytes = 8 * (d + 1)  # one LocalKernelSummary
-    comm = with_prior.communication_[2]
-    assert comm["round"] == 2
-    # three reports up and one centre down are part of round 2's traffic
-    assert comm["bytes_up"] >= 3 * nbytes and comm["bytes_down"] >= nbytes
-    # and the messages hold kernel hyperparameters only, never a training value
-    blob = pickle.dumps(with_prior.server_.local_prior_centre_)
+    est = _fit(X, y, g, n_rounds=3, tol=0.0)
+    nbytes = 8 * (X.shape[1] + 1)  # one LocalKernelSummary: d lengthscales, one variance
+    by_round = dict(log)
+    assert by_round[1] == {"up": 0, "down": 0, "msgs": 0}  # nothing before round 2
+    # round 2: three reports up, the centre down to the one small client (all
+    # clients fresh: q(v_g) and the global vector are not sent again)
+    assert by_round[2] == {"up": 3 * nbytes, "down": nbytes, "msgs": 3}
+    assert by_round[3] == {"up": 0, "down": 0, "msgs": 0}  # once
+    assert est.server_.local_prior_sent_ == [3]
+    # the centre holds kernel hyperparameters only, never a training value
+    blob = pickle.dumps(est.server_.local_prior_centre_)
     for v in np.r_[X.ravel(), y]:
         assert np.float64(v).tobytes() not in blob
+
+
+def test_round_two_starts_from_fresh_messages(monkeypatch):
+    # the small client's objective changes with its prior: round 2 must start
+    # with its fresh statistics (the stopping rule compares with them)
+    calls = []
+    orig = fed._StructuredRun.call
+
+    def spy(self, method, args, ids, r, *a, **k):
+        calls.append((method, r, list(ids)))
+        return orig(self, method, args, ids, r, *a, **k)
+
+    monkeypatch.setattr(fed._StructuredRun, "call", spy)
+    X, y, g, *_ = _federation()
+    _fit(X, y, g, n_rounds=2, tol=0.0)
+    r2 = [(m, ids) for m, r, ids in calls if r == 2]
+    names = [m for m, _ in r2]
+    first_stats = names.index("statistics")
+    assert names.index("set_local_prior") < first_stats < names.index("local_phase")
+    assert 3 in r2[first_stats][1]
+
+
+def test_a_failed_delivery_is_sent_again(monkeypatch):
+    failures = []
+
+    def hook(client, method, round_):
+        if client == 3 and method == "set_local_prior" and not failures:
+            failures.append(round_)
+            raise RuntimeError("connection lost")
+
+    X, y, g, *_ = _federation()
+    est = _fit(X, y, g, n_rounds=3, tol=0.0, fault_hook=hook, max_retries=0)
+    assert failures == [2]
+    assert est.server_.local_prior_sent_ == [3]
+    assert "population" in est.clients_[3].prior_local
+
+
+def test_partial_participation_reports_only_fitted_kernels(monkeypatch):
+    reports = {}
+    orig = fed.StructuredClient.local_prior_summary
+
+    def spy(self, *args):
+        reports[self.client_id] = getattr(self, "_local_phases", 0)
+        return orig(self, *args)
+
+    monkeypatch.setattr(fed.StructuredClient, "local_prior_summary", spy)
+    X, y, g, *_ = _federation()
+    est = _fit(X, y, g, n_rounds=4, tol=0.0, client_fraction=0.5)
+    # every client asked had run a local phase before it was asked
+    assert reports and all(n >= 1 for n in reports.values())
+    assert set(reports) <= set(est.server_.local_fitted_)
 
 
 def test_log_prior_gradient_with_the_population_prior(case):
@@ -184,7 +249,7 @@ def test_no_large_clients_no_prior():
     g = np.repeat(np.arange(6), 10)
     y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(60)
     est = _fit(X, y, g, n_rounds=3)
-    assert est.server_.local_prior_centre_ is False
+    assert est.server_.local_prior_centre_ is None  # nothing to form it from
     assert all("population" not in (c.prior_local or {}) for c in est.clients_.values())
 
 
