@@ -960,3 +960,34 @@ def test_server_checks_the_run_set_up_as_fit_does(tmp_path):
         config, n_rounds = est._check_params()
         with pytest.raises(ValueError, match=match):
             fl.fit_over_transport(Untouchable(), est, config, 1)
+
+
+def test_transport_in_process_small_client_local_prior(task_identity):
+    """The small client's local-kernel prior (round 2: LocalKernelSummary up from
+    the large clients, the centre down to the small one) over the Flower
+    transport gives fit's model, and its bytes are those of communication_."""
+    from skfedgp import FederatedHierarchicalGPRegressor
+
+    # tests/test_local_prior.py's federation: the clients depart by 0.3 k sin(2 x2)
+    rng = np.random.default_rng(7)
+    sizes = [80, 80, 80, 5]
+    groups = np.repeat(np.arange(4), sizes)
+    X = rng.uniform(-1.5, 1.5, (sum(sizes), 2))
+    y = (np.sin(3 * X[:, 0]) * np.cos(2 * X[:, 1]) + 0.5 * X[:, 0]
+         + 0.3 * groups * np.sin(2 * X[:, 1]) + 0.1 * rng.standard_normal(len(groups)))
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+    params = dict(random_state=3, n_rounds=3, tol=0.0)
+    est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+    assert est.server_.local_prior_centre_  # the prior was formed
+    grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 4)
+    transport = fl.FlowerTransport(grid, min_nodes=4).connect()
+    e, config, n_rounds = fl._check_server_params(params)
+    res = fl.fit_over_transport(transport, e, config, n_rounds)
+    np.testing.assert_allclose(res["theta_global"], est.server_.theta_global, rtol=1e-10)
+    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
+    methods = {entry["method"] for entry in transport.payload_log_}
+    assert {"local_prior_summary", "set_local_prior"} <= methods
+    per = {entry["round"]: (entry["bytes_up"], entry["bytes_down"])
+           for entry in fl.payload_per_round(transport.payload_log_)}
+    for c in est.communication_[1:]:
+        assert per[c["round"]] == (c["bytes_up"], c["bytes_down"]), c["round"]
