@@ -3612,18 +3612,7 @@ class StructuredClient:
         if "population" not in prior or prior.get("population_tried"):
             return
         self.prior_local = {**prior, "population_tried": True}
-        sl = self.pack.slices
-        start = self.theta.copy()
-        start[sl["lengthscale_l"]], start[sl["variance_l"]] = prior["population"]
-        start[sl["noise_variance"]] = np.log(self.prior_noise)
-        start = clip_to_bounds(start, bounds)
-        try:
-            f = fun(self.theta)[0]
-            res = lbfgs(start)
-        except (np.linalg.LinAlgError, FloatingPointError):
-            return  # keep the current vector
-        if np.isfinite(res.fun) and res.fun < f:
-            self.theta = res.x
+        self._try_local_start(fun, lbfgs, bounds, *prior["population"])
 
     def _restart_local(self, fun, lbfgs, bounds):
         """Restart a local part switched off by the first local phase; keep it if better.
@@ -3649,19 +3638,31 @@ class StructuredClient:
         if not self._local_switched_off():
             return
         ell, var = self.prior_local["restart"]
+        self._try_local_start(fun, lbfgs, bounds, np.log(ell), np.log(var),
+                              accept=lambda t: not self._local_switched_off(t))
+
+    def _try_local_start(self, fun, lbfgs, bounds, log_lengthscale, log_variance,
+                         accept=None):
+        """One more L-BFGS-B run of the local phase from another local kernel; keep it if better.
+
+        The start is the client's vector with its local log lengthscales and
+        log variance replaced and its noise variance at its hyperprior's
+        centre (clipped to ``bounds``). Its end replaces the current vector
+        only if the objective is higher there (and ``accept(end)`` holds,
+        when given); a run that fails numerically keeps the current vector.
+        """
         sl = self.pack.slices
         start = self.theta.copy()
-        start[sl["lengthscale_l"]] = np.log(ell)
-        start[sl["variance_l"]] = np.log(var)
+        start[sl["lengthscale_l"]] = log_lengthscale
+        start[sl["variance_l"]] = log_variance
         start[sl["noise_variance"]] = np.log(self.prior_noise)
         start = clip_to_bounds(start, bounds)
         try:
             f = fun(self.theta)[0]
             res = lbfgs(start)
         except (np.linalg.LinAlgError, FloatingPointError):
-            return  # the restart failed: keep the current vector
-        if (np.isfinite(res.fun) and res.fun < f
-                and not self._local_switched_off(res.x)):
+            return  # keep the current vector
+        if np.isfinite(res.fun) and res.fun < f and (accept is None or accept(res.x)):
             self.theta = res.x
 
     def bounds(self, config=None):

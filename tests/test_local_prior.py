@@ -81,7 +81,8 @@ def test_without_the_population_prior_the_small_client_fails(monkeypatch):
     assert rmse > 0.35 and beyond > 0.05, (rmse, beyond)
 
 
-def test_centre_is_formed_from_the_reports(monkeypatch):
+def _spy_reports(monkeypatch):
+    """{client: LocalKernelSummary} of every local_prior_summary call (the last one)."""
     reports = {}
     orig = fed.StructuredClient.local_prior_summary
 
@@ -91,6 +92,11 @@ def test_centre_is_formed_from_the_reports(monkeypatch):
         return msg
 
     monkeypatch.setattr(fed.StructuredClient, "local_prior_summary", spy)
+    return reports
+
+
+def test_centre_is_formed_from_the_reports(monkeypatch):
+    reports = _spy_reports(monkeypatch)
     X, y, g, *_ = _federation()
     est = _fit(X, y, g, n_rounds=2)
     # only the large clients are asked
@@ -112,15 +118,7 @@ def test_centre_is_formed_from_the_reports(monkeypatch):
 def test_departure_is_the_mean_square_of_the_local_mean(monkeypatch):
     # a large client's report at the start of round 2 against the local part
     # of the model after round 1 (the same run stopped there)
-    reports = {}
-    orig = fed.StructuredClient.local_prior_summary
-
-    def spy(self, *args):
-        msg = orig(self, *args)
-        reports[self.client_id] = msg
-        return msg
-
-    monkeypatch.setattr(fed.StructuredClient, "local_prior_summary", spy)
+    reports = _spy_reports(monkeypatch)
     X, y, g, *_ = _federation()
     after_one = _fit(X, y, g, n_rounds=1, tol=0.0)
     _fit(X, y, g, n_rounds=2, tol=0.0)
