@@ -1766,6 +1766,13 @@ class LocalKernelSummary:
         the size of its fitted departure (:meth:`StructuredClient.local_prior_summary`);
         from the server, the centre of the small clients' prior on their
         local variance.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (whose local kernels have no shared prior):
+    docs/maths.md, section 10, "A small client's local kernel". A plain
+    message: it validates nothing and raises nothing; a report with a
+    non-finite number is dropped by the transport like any message.
     """
 
     lengthscale: np.ndarray
