@@ -742,6 +742,9 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     lipschitz_ : float
         ``L_f`` in use.
     n_points_per_expert_ : ndarray of shape (n_experts,)
+    experts_ : list of length n_experts
+        The experts (each holds its points and the Cholesky factor of
+        ``K + s2 I``).
     """
 
     def __init__(
@@ -1103,6 +1106,11 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     def predict(self, X, return_std=False):
         """Aggregated prediction of the latent function.
 
+        Experts that hold no data are left out of every rule: their
+        prediction is the prior, which carries no information (``M`` in
+        the rules counts the experts with data).  With no expert holding
+        data the prediction is the prior ``(prior_mean_, sqrt(variance_))``.
+
         Parameters
         ----------
         X : array-like of shape (n_queries, n_features)
@@ -1110,11 +1118,6 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             Also return the aggregated standard deviation of the latent
             function (no noise): the rule's variance (see :func:`aggregate`),
             or ``omega / beta`` for "async" (see :class:`InformationSet`).
-
-        Experts that hold no data are left out of every rule: their
-        prediction is the prior, which carries no information (``M`` in
-        the rules counts the experts with data).  With no expert holding
-        data the prediction is the prior ``(prior_mean_, sqrt(variance_))``.
 
         Returns
         -------

@@ -447,7 +447,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         Broadcast lengthscales (unit-box units): the initial one and one per
         round.
     communication_ : list of dict
-        Bytes uploaded and downloaded per round (8 bytes per float64).
+        One dict per round with keys ``"round"`` (1, 2, ...),
+        ``"upload_bytes"`` and ``"download_bytes"`` (8 bytes per float64).
     n_iter_ : int
         Rounds run (at most ``n_rounds``; fewer when ``tol`` stopped it).
     n_outputs_ : int

@@ -498,6 +498,12 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
 
         Sigma_c = Sigma_c^latent + D (W_c W_c^T + s2_c I) D
 
+    with ``W_c`` of rank ``q_c`` by maximum-likelihood probabilistic PCA
+    (:func:`ppca_fit`) and the rank chosen by ``ppca_rank`` (default: one
+    rank for all classes, by cross-validated accuracy on the training
+    curves, :func:`select_rank_by_accuracy`); ``Sigma_c^latent`` is the
+    regressor's covariance without its noise variance.
+
     With at least 3 curves the residuals' own mean ``m_c`` is estimated too
     (the part of the class function the sparse regressor misses): the
     class mean is then ``mu_c + D m_c``, whose uncertainty is the ``1/n_c``
@@ -508,12 +514,6 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     most :data:`MIN_WITHIN_VARIANCE`, e.g. identical curves) keeps the
     regressor's law ``Sigma_c^latent`` plus its noise variance: its curves
     say nothing about the spread of a new one.
-
-    with ``W_c`` of rank ``q_c`` by maximum-likelihood probabilistic PCA
-    (:func:`ppca_fit`) and the rank chosen by ``ppca_rank`` (default: one
-    rank for all classes, by cross-validated accuracy on the training
-    curves, :func:`select_rank_by_accuracy`); ``Sigma_c^latent`` is the
-    regressor's covariance without its noise variance.
 
     Because every curve lies on one shared grid, ``mu_c`` and ``Sigma_c`` are
     the same for all test curves: each class's covariance is predicted and
@@ -602,8 +602,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         cross-validated log-evidence of the training curves
         (:func:`proba_temperature`); 1.0 with ``curve_variation="none"`` or
         too few curves to cross-validate.
-    inputs_ : ndarray of shape (n_channels * n_points,)
-        Regressor input of each column of ``X`` (concatenate mode).
+    inputs_ : ndarray of shape (n_channels * n_points,) or (n_points,)
+        Regressor input of each column of ``X`` (shape
+        (n_channels * n_points,), concatenate mode), or the grid (shape
+        (n_points,), multioutput mode).
     channel_mode_ : {"concatenate", "multioutput"}
         The mode used: ``channel_mode``, except ``"concatenate"`` for one
         channel.

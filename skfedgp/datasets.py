@@ -242,6 +242,14 @@ def load_beijing_air_quality(
     """
     import pandas as pd
 
+    # arguments first, then the file system
+    hour_set = _validate_hours(hours)
+    if not isinstance(target, str):
+        raise ValueError(f"target must be a column name (str), got {target!r}")
+    t_start = None if start is None else _as_timestamp(start, "start")
+    t_end = None if end is None else _as_timestamp(end, "end")
+    if t_start is not None and t_end is not None and t_start >= t_end:
+        raise ValueError(f"start ({t_start}) must be before end ({t_end})")
     data_dir = Path(data_dir)
     if data_dir.exists() and not data_dir.is_dir():
         raise FileNotFoundError(
@@ -256,9 +264,6 @@ def load_beijing_air_quality(
             f"<YYYYMMDD>.csv or .csv.gz) found in {str(data_dir)!r}; use "
             "fetch_beijing_air_quality() to download them"
         )
-    hour_set = _validate_hours(hours)
-    if not isinstance(target, str):
-        raise ValueError(f"target must be a column name (str), got {target!r}")
     if stations is not None:
         if isinstance(stations, str):
             stations = [stations]
@@ -271,10 +276,6 @@ def load_beijing_air_quality(
                 f"unknown station(s) {missing}; available: {sorted(files)}"
             )
         files = {s: files[s] for s in stations}
-    t_start = None if start is None else _as_timestamp(start, "start")
-    t_end = None if end is None else _as_timestamp(end, "end")
-    if t_start is not None and t_end is not None and t_start >= t_end:
-        raise ValueError(f"start ({t_start}) must be before end ({t_end})")
 
     frames = []
     for station, path in sorted(files.items()):

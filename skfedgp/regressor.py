@@ -670,7 +670,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         threads by default; any joblib backend, e.g. dask, applies).
     random_state : int, RandomState instance or None, default=None
         Seeds the pilot subsets, the initial inducing points (Sobol designs)
-        and nothing else.
+        and, with ``client_fraction < 1``, the sampling of each round's
+        clients.
     verbose : int, default=0
         If > 0, print one line per round (ELBO, time, bytes exchanged).
     client_fraction : float in (0, 1], default=1.0
@@ -754,6 +755,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     n_inducing_ : int
         Number of global inducing points used (0 without the global and
         deviation components, structured family).
+    n_evaluations_ : int
+        Structured family: number of evaluations of the collapsed bound
+        during training, two exchanges each (the final exchange is not
+        counted).
+    n_features_model_ : int
+        Number of input features the model uses (``n_features_in_`` without
+        the ``client_column``).
     learn_inducing_locations_ : bool
         Whether the global inducing inputs were optimised
         (``learn_inducing_locations``; with "auto", the structured family's
@@ -1243,7 +1251,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         TypeError
             If ``resume_from`` is a file that cannot be read as a saved
             :class:`~skfedgp.federated.TrainingState`.
-        skfedgp._linalg.CholeskyError
+        skfedgp.CholeskyError
             If a ``K_zz`` cannot be factorised even with jitter (names the
             matrix and client).
         FloatingPointError
@@ -2103,7 +2111,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         components : dict
             ``{name: (mean, std)}`` for each fitted component name in
             ``("global", "deviation", "local")``; arrays of shape
-            (n_samples,), target units. With the structured family (the
+            (n_samples,), or (n_samples, n_outputs) for multi-output
+            targets, target units. With the structured family (the
             default) an ``"offset"`` entry holds each row's client constant
             mean, ``y_offset_`` included, and its std (1-D targets: the
             posterior of the client's random level; for a never-seen client

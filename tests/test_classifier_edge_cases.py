@@ -104,19 +104,13 @@ def test_bad_class_prior_is_a_value_error_naming_it(prior, match):
 # --------------------------------------------------------------------------
 # load_beijing_air_quality dates, client_averaged_metrics lengths
 # --------------------------------------------------------------------------
-_BEIJING = "/work/shared/data/beijing_air_quality"
-
-
 @pytest.mark.parametrize("kw, name", [({"start": "yesterday"}, "start"),
                                       ({"end": "not a date"}, "end")])
-def test_unparseable_date_names_the_argument(kw, name):
-    # the date is checked before any file is read: a missing folder would be
-    # reported first only if the argument were not validated
-    import os
-    if not os.path.isdir(_BEIJING):
-        pytest.skip("Beijing data not available")
+def test_unparseable_date_names_the_argument(kw, name, tmp_path):
+    # the dates are checked before any file is read: an empty folder would
+    # otherwise be reported first (no station files)
     with pytest.raises(ValueError, match=f"{name} must be a date .* got '{list(kw.values())[0]}'"):
-        load_beijing_air_quality(_BEIJING, **kw)
+        load_beijing_air_quality(tmp_path, **kw)
 
 
 def test_client_averaged_metrics_groups_one_short():
