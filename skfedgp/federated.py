@@ -1692,6 +1692,15 @@ PILOT_MIN_START = 1e-2
 #: median noise variance 0.0031, the pooled one 0.0084, an exact GP over all
 #: clients 0.009.
 PILOT_POOL_POINTS = 32
+#: A client centres its noise hyperprior on its own pilot's noise variance
+#: when it has at least :data:`PILOT_POOL_POINTS` observations and this many
+#: per hyperparameter of its pilot (``d + 2``: the lengthscales, the signal
+#: and the noise variance; :func:`own_noise_centre`). PUMADYN-32nm, a client
+#: of 100 points in 32-D: its pilot's noise variance was below 1e-4 of its
+#: targets' (it interpolated), and centred there its band was too narrow
+#: (6 % of test points beyond 3 std against 1.5 % with the population's
+#: centre).
+OWN_NOISE_POINTS_PER_PARAMETER = 10
 #: Fewest observations of a client in the pooled pilot.
 PILOT_POOL_MIN_POINTS = 4
 #: The pooled pilot runs only with at least this many such clients ...
@@ -1704,6 +1713,29 @@ PILOT_POOL_MIN_TOTAL = 30
 #: the pool is fitted again once: one gross outlier would otherwise set every
 #: client's noise centre.
 PILOT_POOL_OUTLIER_Z = 5.0
+
+
+def own_noise_centre(n_samples, n_features):
+    """Whether a client's own pilot centres its noise hyperprior.
+
+    True with at least :data:`PILOT_POOL_POINTS` observations and
+    :data:`OWN_NOISE_POINTS_PER_PARAMETER` per hyperparameter of the pilot
+    (``n_features + 2``); otherwise the population's noise variance is the
+    centre (docs/maths.md, section 10, "Noise hyperprior").
+
+    Parameters
+    ----------
+    n_samples : int
+        The client's number of observations.
+    n_features : int
+        Number of input features.
+
+    Returns
+    -------
+    bool
+    """
+    return (n_samples >= PILOT_POOL_POINTS
+            and n_samples >= OWN_NOISE_POINTS_PER_PARAMETER * (n_features + 2))
 
 
 @dataclass(frozen=True)
@@ -3256,11 +3288,18 @@ class StructuredClient:
         # the others' units
         self.noise_floor = NOISE_FLOOR * (own_var if own_var > 1e-12 else 1.0)
         lo, hi = self.value_range("noise_variance")
-        # the hyperprior's centre: the population's noise, in the client's own
-        # units when its targets are clearly on a larger scale (prior_scale)
-        factor = prior_scale(own_var, population, None if own is None else own.noise_variance)
-        self.prior_noise = float(np.clip(population.noise_variance * factor,
-                                         2.0 * self.noise_floor, hi))
+        # the hyperprior's centre: a client whose pilot is reliable
+        # (own_noise_centre), its own pilot's noise (a population centre
+        # pulled a noisy client among nearly noise-free ones towards their
+        # noise, and its local part then fitted its noise); otherwise the
+        # population's noise, in the client's own units when its targets are
+        # clearly on a larger scale (prior_scale)
+        if own is not None and own_noise_centre(self.n_samples, d):
+            centre = own.noise_variance
+        else:
+            centre = population.noise_variance * prior_scale(
+                own_var, population, None if own is None else own.noise_variance)
+        self.prior_noise = float(np.clip(centre, 2.0 * self.noise_floor, hi))
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
         if config.noise_variance is not None and s2 > hi:
             check_in_bounds("noise_variance", s2, True, (lo, hi))  # raises: above the range
@@ -3447,7 +3486,10 @@ class StructuredClient:
     def log_prior(self, theta, config):
         """Log hyperprior of the client's own hyperparameters and its gradient (log scale).
 
-        ``log s2_i ~ N(log s2_pop, tau^2)`` with ``s2_pop`` the median of the
+        ``log s2_i ~ N(log s2_c, tau^2)``. A client with at least
+        :data:`PILOT_POOL_POINTS` observations centres it on its own pilot's
+        noise variance ``s2_c``; a smaller one on the population's
+        ``s2_pop``, the median of the
         clients' pilot noise variances weighted by their numbers of points
         (set-up exchange; a pilot on more points interpolates less), the
         small clients counting with one pooled pilot
