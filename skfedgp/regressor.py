@@ -109,6 +109,11 @@ def _warn_diagnostics(est, converged, n_rounds):
             "the level variance at its upper bound means clients' levels spread more "
             "than its range (e.g. a warm start or a resumed checkpoint whose first fit "
             "saw levels closer together): refit from scratch"),
+        ("noise_variance", "upper"): (
+            "a noise variance at its upper bound means the model explains almost nothing "
+            "of that client's targets (e.g. a warm start or a resumed checkpoint whose "
+            "first fit saw targets in other units or on levels far from these): refit "
+            "from scratch"),
     }
     reasons = []
 

@@ -257,9 +257,11 @@ def test_levels_too_far_apart_warn_for_the_mean_field_family(ab):
 
 def test_level_variance_at_its_upper_bound_warns():
     """A warm start keeps the first fit's units and level range: a new client
-    on a level far beyond them pins level_variance at its upper bound, and fit
-    says so (ConvergenceWarning) instead of returning a capped level spread
-    silently. A fit from scratch on the same data does not warn about it."""
+    on a level far beyond them leaves the model at a bound (the level
+    variance, or noise variances when the clients' noise cannot absorb the
+    misfit), and fit says so (ConvergenceWarning, with the advice to refit
+    from scratch) instead of returning silently. A fit from scratch on the
+    same data does not warn about it."""
     rng = np.random.default_rng(0)
     X = rng.uniform(size=(80, 1))
     y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=80)
@@ -274,11 +276,15 @@ def test_level_variance_at_its_upper_bound_warns():
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         est.fit(X2, y2, g2)
-    assert any("level_variance (upper bound)" in str(x.message) for x in w)
+    bound = [str(x.message) for x in w if issubclass(x.category, ConvergenceWarning)
+             and ("level_variance (upper bound)" in str(x.message)
+                  or "noise_variance of client 'A' (upper bound)" in str(x.message))]
+    assert bound and all("refit from scratch" in m for m in bound)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         FederatedHierarchicalGPRegressor(random_state=0, n_rounds=3).fit(X2, y2, g2)
-    assert not any("level_variance" in str(x.message) for x in w)
+    assert not any("level_variance" in str(x.message) or "(upper bound)" in str(x.message)
+                   for x in w)
 
 
 @pytest.mark.parametrize("n", [20, 50, 500])
