@@ -3486,10 +3486,12 @@ class StructuredClient:
     def log_prior(self, theta, config):
         """Log hyperprior of the client's own hyperparameters and its gradient (log scale).
 
-        ``log s2_i ~ N(log s2_c, tau^2)``. A client with at least
-        :data:`PILOT_POOL_POINTS` observations centres it on its own pilot's
-        noise variance ``s2_c``; a smaller one on the population's
-        ``s2_pop``, the median of the
+        ``log s2_i ~ N(log s2_c, tau^2)``. A client whose own pilot is
+        reliable (:func:`own_noise_centre`: at least
+        :data:`PILOT_POOL_POINTS` observations and
+        :data:`OWN_NOISE_POINTS_PER_PARAMETER` per pilot hyperparameter)
+        centres it on that pilot's noise variance ``s2_c``; another on the
+        population's ``s2_pop``, the median of the
         clients' pilot noise variances weighted by their numbers of points
         (set-up exchange; a pilot on more points interpolates less), the
         small clients counting with one pooled pilot

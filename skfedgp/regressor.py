@@ -573,9 +573,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         than ``tol * max(|objective|, n_samples)``.
     noise_prior_scale : float or None, default=1.0
         Structured family: standard deviation of a log-normal hyperprior on
-        each client's noise variance, centred, for a client with 32
-        observations or more and 1-D ``y``, at its own pilot's noise
-        variance, and otherwise at the median of the clients'
+        each client's noise variance, centred, for a client with 1-D ``y``
+        and at least 32 observations and 10 per hyperparameter of its pilot
+        (``n_features + 2``), at its own pilot's noise variance, and
+        otherwise at the median of the clients'
         pilot noise variances weighted by their numbers of points, the
         clients with 4-31 points (at least 3 of them, 30 points in all,
         1-D ``y``) counting with one pilot they fit together (empirical
