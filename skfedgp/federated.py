@@ -1692,10 +1692,11 @@ PILOT_MIN_START = 1e-2
 #: median noise variance 0.0031, the pooled one 0.0084, an exact GP over all
 #: clients 0.009.
 PILOT_POOL_POINTS = 32
-#: A client centres its noise hyperprior on its own pilot's noise variance
-#: when it has at least :data:`PILOT_POOL_POINTS` observations and this many
-#: per hyperparameter of its pilot (``d + 2``: the lengthscales, the signal
-#: and the noise variance; :func:`own_noise_centre`). PUMADYN-32nm, a client
+#: A client (1-D targets, with a pilot) centres its noise hyperprior on its
+#: own pilot's noise variance when it has at least :data:`PILOT_POOL_POINTS`
+#: observations and, among the points its pilot uses, this many per
+#: hyperparameter of the pilot (``d + 2``: the lengthscales, the signal and
+#: the noise variance; :func:`own_noise_centre`). PUMADYN-32nm, a client
 #: of 100 points in 32-D: its pilot's noise variance was below 1e-4 of its
 #: targets' (it interpolated), and centred there its band was too narrow
 #: (6 % of test points beyond 3 std against 1.5 % with the population's
@@ -1720,8 +1721,11 @@ def own_noise_centre(n_samples, n_features):
 
     True with at least :data:`PILOT_POOL_POINTS` observations and
     :data:`OWN_NOISE_POINTS_PER_PARAMETER` per hyperparameter of the pilot
-    (``n_features + 2``); otherwise the population's noise variance is the
-    centre (docs/maths.md, section 10, "Noise hyperprior").
+    (``n_features + 2``) among the points the pilot uses (at most
+    :data:`PILOT_MAX_POINTS`); otherwise the population's noise variance is
+    the centre (docs/maths.md, section 10, "Noise hyperprior"). Used for
+    1-D targets by clients that ran a pilot; multi-output clients always
+    take the population's centre.
 
     Parameters
     ----------
@@ -1735,7 +1739,8 @@ def own_noise_centre(n_samples, n_features):
     bool
     """
     return (n_samples >= PILOT_POOL_POINTS
-            and n_samples >= OWN_NOISE_POINTS_PER_PARAMETER * (n_features + 2))
+            and min(n_samples, PILOT_MAX_POINTS)
+            >= OWN_NOISE_POINTS_PER_PARAMETER * (n_features + 2))
 
 
 @dataclass(frozen=True)
@@ -3486,7 +3491,7 @@ class StructuredClient:
     def log_prior(self, theta, config):
         """Log hyperprior of the client's own hyperparameters and its gradient (log scale).
 
-        ``log s2_i ~ N(log s2_c, tau^2)``. A client whose own pilot is
+        ``log s2_i ~ N(log s2_c, tau^2)``. With 1-D targets, a client whose own pilot is
         reliable (:func:`own_noise_centre`: at least
         :data:`PILOT_POOL_POINTS` observations and
         :data:`OWN_NOISE_POINTS_PER_PARAMETER` per pilot hyperparameter)

@@ -425,8 +425,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     clients' input boxes. Targets are divided by the median of the clients'
     own standard deviations and every client has its own level, so a client
     on another level or scale does not change the others' units. Each
-    client's noise variance and local kernel get weak hyperpriors from the
-    population (see ``noise_prior_scale``).
+    client's noise variance and local kernel get weak hyperpriors: from the
+    population, or, for a client's noise variance when it has enough points
+    for its own pilot to be reliable, from that pilot (see
+    ``noise_prior_scale``).
 
     Parameters
     ----------
@@ -575,7 +577,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Structured family: standard deviation of a log-normal hyperprior on
         each client's noise variance, centred, for a client with 1-D ``y``
         and at least 32 observations and 10 per hyperparameter of its pilot
-        (``n_features + 2``), at its own pilot's noise variance, and
+        (the number of features used by the model plus 2) among the at most
+        256 points its pilot uses, at its own pilot's noise variance, and
         otherwise at the median of the clients'
         pilot noise variances weighted by their numbers of points, the
         clients with 4-31 points (at least 3 of them, 30 points in all,

@@ -10,6 +10,7 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning
 
 from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp.federated import own_noise_centre
 
 
 def _fit(X, y, g=None, **params):
@@ -62,17 +63,17 @@ def test_client_on_another_scale_does_not_harm_the_others(ab, reference, level, 
     assert np.all(np.abs(mC - yC) <= 3 * sC)
 
 
-def _scaled_client(ab, factor):
-    """The two clients of ``ab`` and a third of 40 points, ``factor`` times their targets.
+def _scaled_client(ab, factor, n=40):
+    """The two clients of ``ab`` and a third of ``n`` points, ``factor`` times their targets.
 
     Returns the fit and client C's z-scores (``|mean - y| / std``) on 1000
     held-out noisy readings, and its RMSE divided by ``factor``.
     """
     X, y, g = ab
     rng = np.random.default_rng(3)
-    xc = rng.uniform(size=40)
-    yc = factor * (np.sin(6 * xc) + 0.05 * rng.normal(size=40))
-    est = _fit(np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * 40])
+    xc = rng.uniform(size=n)
+    yc = factor * (np.sin(6 * xc) + 0.05 * rng.normal(size=n))
+    est = _fit(np.r_[X, xc[:, None]], np.r_[y, yc], np.r_[g, ["C"] * n])
     xt = rng.uniform(size=1000)
     yt = factor * (np.sin(6 * xt) + 0.05 * rng.normal(size=1000))
     m, s = est.predict(xt[:, None], ["C"] * 1000, return_std=True)
@@ -100,15 +101,35 @@ def test_client_on_a_larger_scale_is_calibrated_in_its_own_units(ab, factor):
 
 
 def test_client_on_a_smaller_scale_errs_on_the_wide_side(ab):
-    """A client 1000x smaller keeps the population's noise centre: a band too wide, never too narrow.
+    """A small client (20 points) 1000x smaller keeps the population's noise
+    centre: a band too wide, never too narrow.
 
     (Centring its prior in its own units would let a few such points pin
     the shared function; see :func:`skfedgp.federated.prior_scale`.)
     """
-    _, z, rmse = _scaled_client(ab, 1e-3)
+    est, z, rmse = _scaled_client(ab, 1e-3, n=20)
+    assert not own_noise_centre(20, 1)
     assert rmse <= 0.07
     assert np.mean(z > 3) <= 0.006
     assert np.mean(z < 1.96) >= 0.95
+
+
+def test_large_client_on_a_smaller_scale_is_calibrated(ab):
+    """A client of 40 points 1000x smaller centres its noise prior on its own
+    pilot (:func:`skfedgp.federated.own_noise_centre`): its band is
+    calibrated in its own units (95 % coverage within [0.92, 0.98]), its
+    noise sd is its own, and the other clients keep their accuracy."""
+    est, z, rmse = _scaled_client(ab, 1e-3)
+    assert own_noise_centre(40, 1)
+    assert rmse <= 0.07
+    assert np.mean(z > 3) <= 0.006
+    assert 0.92 <= np.mean(z < 1.96) <= 0.98
+    noise_sd = np.sqrt(est.clients_["C"].local_values()["noise_variance"]) * est.y_scale_
+    assert 0.8 * 0.05e-3 <= noise_sd <= 1.25 * 0.05e-3
+    X, y, g = ab
+    xa = np.linspace(0, 1, 200)[:, None]
+    m = est.predict(xa, ["A"] * 200)
+    assert np.sqrt(np.mean((m - np.sin(6 * xa[:, 0])) ** 2)) < 0.03
 
 
 def test_client_with_more_signal_in_the_same_units_keeps_the_population_noise(ab):

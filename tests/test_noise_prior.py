@@ -91,3 +91,15 @@ def test_small_client_keeps_the_population_centre():
     small = est.clients_[3].prior_noise * scale2
     assert np.all((0.05**2 / 4 < big) & (big < 4 * 0.05**2)), big
     assert big.min() / 2 <= small <= 2 * big.max(), (small, big)
+
+
+@pytest.mark.parametrize("n, d, expected", [
+    (31, 1, False), (32, 1, True),      # 1-D: PILOT_POOL_POINTS decides
+    (49, 3, False), (50, 3, True),      # 10 per (d + 2) decides
+    (100, 32, False), (340, 32, False),  # 32-D: the pilot uses at most 256 points
+    (5000, 23, True), (5000, 24, False),
+])
+def test_own_noise_centre_boundaries(n, d, expected):
+    from skfedgp.federated import own_noise_centre
+
+    assert own_noise_centre(n, d) is expected

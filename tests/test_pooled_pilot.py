@@ -4,7 +4,8 @@ Clients with a handful of points cannot estimate their noise variance alone:
 an exact GP fitted to 4-8 points interpolates them. The set-up exchange lets
 the small clients fit one shared kernel together (each an independent GP
 with its own constant mean, :func:`skfedgp.federated.pool_evidence`), and the
-population's noise variance, the centre of every client's noise hyperprior,
+population's noise variance, the centre of the noise hyperprior of every
+client without a reliable pilot of its own (``federated.own_noise_centre``),
 takes the pooled value.
 """
 import warnings
