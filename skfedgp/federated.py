@@ -3177,7 +3177,8 @@ class StructuredClient:
         :data:`PILOT_POOL_POINTS` observations, is not on the clients' typical
         scale, learns its own scale, or has no local kernel.
         """
-        from ._structured import client_posterior, feature_blocks, layout_map, predict_structured
+        from ._structured import (CHUNK_ROWS, client_posterior, feature_blocks, layout_map,
+                                  predict_structured)
 
         if self.n_samples < PILOT_POOL_POINTS or not self._shares_local_prior():
             return None
@@ -3189,8 +3190,8 @@ class StructuredClient:
         blocks = feature_blocks(G, B, comps, jitter=config.jitter)
         E, _ = layout_map(blocks, comps, phi, 1.0)
         total = 0.0
-        for start in range(0, self.n_samples, 4096):
-            parts = predict_structured(self._Xs[start:start + 4096], blocks, comps, phi, mu_u,
+        for start in range(0, self.n_samples, CHUNK_ROWS):
+            parts = predict_structured(self._Xs[start:start + CHUNK_ROWS], blocks, comps, phi, mu_u,
                                        Sigma_u, E, per_component=True)
             total += float(np.sum(parts["local"][0] ** 2))
         departure = max(total / self.n_samples, LOG_BOUNDS["variance_l"][0])

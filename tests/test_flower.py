@@ -968,13 +968,10 @@ def test_transport_in_process_small_client_local_prior(task_identity):
     transport gives fit's model, and its bytes are those of communication_."""
     from skfedgp import FederatedHierarchicalGPRegressor
 
+    from _federations import five_point_federation
+
     # tests/test_local_prior.py's federation: the clients depart by 0.3 k sin(2 x2)
-    rng = np.random.default_rng(7)
-    sizes = [80, 80, 80, 5]
-    groups = np.repeat(np.arange(4), sizes)
-    X = rng.uniform(-1.5, 1.5, (sum(sizes), 2))
-    y = (np.sin(3 * X[:, 0]) * np.cos(2 * X[:, 1]) + 0.5 * X[:, 0]
-         + 0.3 * groups * np.sin(2 * X[:, 1]) + 0.1 * rng.standard_normal(len(groups)))
+    X, y, groups, *_ = five_point_federation(7)
     names = np.array([f"site-{g}" for g in groups], dtype=object)
     params = dict(random_state=3, n_rounds=3, tol=0.0)
     est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)

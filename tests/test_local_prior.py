@@ -21,21 +21,11 @@ from scipy.optimize import approx_fprime
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp import federated as fed
 
+from _federations import five_point_federation
+
 
 def _federation(seed=7, n_test=150):
-    rng = np.random.default_rng(seed)
-    sizes = [80, 80, 80, 5]
-
-    def make(ns):
-        X = rng.uniform(-1.5, 1.5, (sum(ns), 2))
-        g = np.repeat(np.arange(len(ns)), ns)
-        f = (np.sin(3 * X[:, 0]) * np.cos(2 * X[:, 1]) + 0.5 * X[:, 0]
-             + 0.3 * g * np.sin(2 * X[:, 1]))
-        return X, f + 0.1 * rng.standard_normal(len(g)), g
-
-    X, y, g = make(sizes)
-    Xt, yt, gt = make([n_test] * 4)
-    return X, y, g, Xt, yt, gt
+    return five_point_federation(seed, n_test)
 
 
 def _fit(X, y, g, **params):
