@@ -1702,6 +1702,15 @@ PILOT_POOL_POINTS = 32
 #: (6 % of test points beyond 3 std against 1.5 % with the population's
 #: centre).
 OWN_NOISE_POINTS_PER_PARAMETER = 10
+#: A client (1-D targets) whose rows repeat inputs and give at least this
+#: many pure-error degrees of freedom (observations minus distinct input
+#: rows) centres its noise hyperprior on its pure-error variance, the
+#: spread of its targets around their means at repeated inputs
+#: (:func:`pure_error_variance`), unless its own pilot already does
+#: (:func:`own_noise_centre`). That estimate needs no model: its relative
+#: standard deviation is ``sqrt(2 / df)``, 0.45 at 10 degrees of freedom,
+#: against the several log units by which clients' noise can differ.
+PURE_ERROR_MIN_DOF = 10
 #: Fewest observations of a client in the pooled pilot.
 PILOT_POOL_MIN_POINTS = 4
 #: The pooled pilot runs only with at least this many such clients ...
@@ -1741,6 +1750,47 @@ def own_noise_centre(n_samples, n_features):
     return (n_samples >= PILOT_POOL_POINTS
             and min(n_samples, PILOT_MAX_POINTS)
             >= OWN_NOISE_POINTS_PER_PARAMETER * (n_features + 2))
+
+
+def pure_error_variance(X, y):
+    """Pure-error variance of targets at repeated inputs.
+
+    Rows of ``X`` that are exactly equal form a group; the pure-error sum of
+    squares is the sum over groups of the squared deviations of ``y`` from
+    the group's mean, and its degrees of freedom are ``n`` minus the number
+    of distinct rows (the replication error of the classical lack-of-fit
+    test; Draper and Smith, "Applied Regression Analysis", 3rd ed., Wiley
+    1998, section 2.1). It estimates the noise variance whatever the
+    function, since the function is the same at equal inputs.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+        Inputs.
+    y : ndarray of shape (n_samples,)
+        Targets.
+
+    Returns
+    -------
+    variance : float
+        The pure-error sum of squares over its degrees of freedom (NaN with
+        no degree of freedom).
+    dof : int
+        Degrees of freedom: ``n_samples`` minus the number of distinct rows.
+    """
+    X = np.asarray(X, dtype=float)
+    y = np.asarray(y, dtype=float).ravel()
+    if y.size == 0:
+        return float("nan"), 0
+    _, inverse, counts = np.unique(X.reshape(len(X), -1), axis=0,
+                                   return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    dof = int(len(y) - len(counts))
+    if dof <= 0:
+        return float("nan"), 0
+    means = np.bincount(inverse, weights=y) / counts
+    ss = float(np.sum((y - means[inverse]) ** 2))
+    return ss / dof, dof
 
 
 @dataclass(frozen=True)
@@ -3300,8 +3350,20 @@ class StructuredClient:
         # noise, and its local part then fitted its noise); otherwise the
         # population's noise, in the client's own units when its targets are
         # clearly on a larger scale (prior_scale)
-        if own is not None and own_noise_centre(self.n_samples, d):
+        replicate_var, replicate_dof = pure_error_variance(self._Xs, self._y)
+        own_centre = own is not None and own_noise_centre(self.n_samples, d)
+        # a client too small for that whose rows repeat inputs: the spread
+        # of its targets at equal inputs (pure error; needs no model), if
+        # above the client's noise floor (a client that repeats noise-free
+        # readings keeps the population's centre)
+        replicate_centre = (not own_centre and replicate_dof >= PURE_ERROR_MIN_DOF
+                            and replicate_var > 2.0 * self.noise_floor)
+        if own_centre:
             centre = own.noise_variance
+        elif replicate_centre:
+            centre = replicate_var
+            if config.noise_variance is None:
+                s2 = replicate_var
         else:
             centre = population.noise_variance * prior_scale(
                 own_var, population, None if own is None else own.noise_variance)

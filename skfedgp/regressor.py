@@ -427,7 +427,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     on another level or scale does not change the others' units. Each
     client's noise variance and local kernel get weak hyperpriors: from the
     population, or, for a client's noise variance when it has enough points
-    for its own pilot to be reliable, from that pilot (see
+    for its own pilot to be reliable, from that pilot, or, for a smaller
+    client whose rows repeat inputs (at least 10 pure-error degrees of
+    freedom), from the spread of its targets at equal inputs (see
     ``noise_prior_scale``).
 
     Parameters
@@ -578,7 +580,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         each client's noise variance, centred, for a client with 1-D ``y``
         and at least 32 observations and 10 per hyperparameter of its pilot
         (the number of features used by the model plus 2) among the at most
-        256 points its pilot uses, at its own pilot's noise variance, and
+        256 points its pilot uses, at its own pilot's noise variance, for
+        a smaller client with 1-D ``y`` whose rows repeat inputs (at least
+        10 pure-error degrees of freedom, a spread above its noise floor) at
+        the variance of its targets around their means at equal inputs, and
         otherwise at the median of the clients'
         pilot noise variances weighted by their numbers of points, the
         clients with 4-31 points (at least 3 of them, 30 points in all,

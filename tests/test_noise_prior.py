@@ -103,3 +103,94 @@ def test_own_noise_centre_boundaries(n, d, expected):
     from skfedgp.federated import own_noise_centre
 
     assert own_noise_centre(n, d) is expected
+
+
+def test_pure_error_variance_by_hand():
+    """Groups of equal rows: the squared deviations from each group's mean
+    over n minus the number of distinct rows."""
+    from skfedgp.federated import pure_error_variance
+
+    X = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [2.0, 0.0], [2.0, 0.0], [3.0, 3.0]])
+    y = np.array([1.0, 2.0, 6.0, -1.0, 1.0, 7.0])
+    # group 1: mean 3, squares 4 + 1 + 9; group 2: mean 0, squares 1 + 1
+    var, dof = pure_error_variance(X, y)
+    assert dof == 3
+    assert var == pytest.approx(16.0 / 3.0)
+    var, dof = pure_error_variance(np.arange(5.0)[:, None], np.ones(5))
+    assert dof == 0 and np.isnan(var)
+
+
+def _replicated(seed, n_fresh=20000):
+    """The given instance (new-user probe): client 0 takes 20 readings at
+    x = 2 (noise sd 0.1), client 1 has 30 noise-free rows of sin(x) on [0, 5]."""
+    rng = np.random.default_rng(seed)
+    X = np.vstack([np.full((20, 1), 2.0), rng.uniform(0, 5, (30, 1))])
+    y = np.concatenate([1 + 0.1 * rng.standard_normal(20), np.sin(X[20:, 0])])
+    g = np.repeat([0, 1], [20, 30])
+    return X, y, g, 1 + 0.1 * rng.standard_normal(n_fresh)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_small_client_with_replicates_centres_on_them(seed):
+    """Client 0 is below PILOT_POOL_POINTS but its 19 pure-error degrees of
+    freedom estimate its noise without a model. Before, it took the
+    noise-free client's centre: predictive std 0.067 for readings of sd 0.1,
+    its band covered 0.76 of fresh readings (an exact GP on its rows: 0.90)."""
+    X, y, g, fresh = _replicated(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=seed).fit(X, y, groups=g)
+    scale2 = float(np.ravel(est.y_scale_)[0]) ** 2
+    sample_var = np.var(y[:20], ddof=1)
+    assert est.clients_[0].prior_noise * scale2 == pytest.approx(sample_var, rel=1e-6)
+    mean, std = est.predict(np.array([[2.0]]), [0], return_std=True)
+    assert 0.075 < std[0] < 0.13, std
+    cover = np.mean(np.abs(fresh - mean[0]) < 1.959964 * std[0])
+    assert 0.86 < cover < 0.99, cover
+    # the noise-free client keeps its narrow band
+    _, std1 = est.predict(X[20:25], [1] * 5, return_std=True)
+    assert np.all(std1 < 0.02), std1
+
+
+def test_replicates_at_several_inputs_beside_quiet_clients():
+    """The same kind with replicates at four inputs (6 readings each, noise
+    sd 0.3; 20 pure-error degrees of freedom) and two quiet clients of 30
+    points (sd 0.02): the client's band covers fresh readings at its
+    inputs at about the nominal rate."""
+    rng = np.random.default_rng(3)
+    xs = np.array([0.5, 1.5, 3.0, 4.0])
+    X0 = np.repeat(xs, 6)[:, None]
+    X1 = rng.uniform(0, 5, (60, 1))
+    X = np.vstack([X0, X1])
+    g = np.r_[np.zeros(24, int), np.repeat([1, 2], 30)]
+    f = np.sin(2 * X[:, 0])
+    y = f + np.where(g == 0, 0.3, 0.02) * rng.standard_normal(len(g))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=3).fit(X, y, groups=g)
+    mean, std = est.predict(xs[:, None], [0] * 4, return_std=True)
+    fresh = np.sin(2 * xs)[:, None] + 0.3 * rng.standard_normal((4, 5000))
+    cover = np.mean(np.abs(fresh - mean[:, None]) < 1.959964 * std[:, None])
+    beyond = np.mean(np.abs(fresh - mean[:, None]) > 3 * std[:, None])
+    assert 0.88 < cover < 0.99, cover
+    assert beyond < 0.01, beyond
+
+
+def test_repeated_noise_free_readings_keep_the_population_centre():
+    """Replicates that agree exactly say nothing reliable about the noise
+    (a zero pure error, below the client's floor): such a client keeps the
+    population's centre, like a small client without replicates."""
+    rng = np.random.default_rng(0)
+    x_rep = np.repeat(rng.uniform(0, 5, 12), 2)  # 12 pure-error degrees of freedom
+    x_one = rng.uniform(0, 5, 24)
+    X1 = rng.uniform(0, 5, (40, 1))
+    X = np.vstack([x_rep[:, None], x_one[:, None], X1])
+    g = np.r_[np.zeros(24, int), np.ones(24, int), np.full(40, 2)]
+    f = np.sin(2 * X[:, 0])
+    noise = 0.05 * rng.standard_normal(len(g))
+    noise[:24] = np.repeat(noise[:24:2], 2)  # each reading repeated exactly
+    y = f + noise
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1).fit(X, y, groups=g)
+    assert est.clients_[0].prior_noise == pytest.approx(est.clients_[1].prior_noise, rel=1e-9)
