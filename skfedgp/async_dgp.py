@@ -120,10 +120,21 @@ def chol_append(L, Xb, n, x, inv_ell, sf2, sn2, work):  # pragma: no cover - com
         False if the new diagonal entry is not positive (the factor is left
         unchanged apart from row ``n``).
 
+    Raises
+    ------
+    ZeroDivisionError
+        If a diagonal entry of the stored factor is zero (``L`` is not a
+        Cholesky factor).
+    numba.core.errors.TypingError
+        If an argument has a type the kernel cannot be compiled for (e.g. a
+        list instead of an ndarray).
+
     Notes
     -----
     ``L21 = L11^{-1} k(X, x)``, ``l22 = sqrt(k(x, x) + sn2 - ||L21||^2)``:
-    ``O(n d + n^2)`` operations.
+    ``O(n d + n^2)`` operations. Indices are not bounds-checked (compiled
+    code): ``n >= cap``, or ``inv_ell`` shorter than ``x``, reads or writes
+    outside the buffers instead of raising.
     """
     d = x.shape[0]
     for i in range(n):
@@ -172,11 +183,22 @@ def chol_delete_first(L, Xb, yb, n, work):  # pragma: no cover - compiled
     work : ndarray of shape (cap,)
         Scratch space.
 
+    Raises
+    ------
+    ZeroDivisionError
+        If a diagonal entry of the stored factor is zero (``L`` is not a
+        Cholesky factor).
+    numba.core.errors.TypingError
+        If an argument has a type the kernel cannot be compiled for (e.g. a
+        list instead of an ndarray).
+
     Notes
     -----
     ``A[1:, 1:] = L22 L22^T + l l^T`` with ``l = L[1:, 0]``: a rank-one
     *update* of ``L22`` (Givens-like recurrence; Golub & Van Loan, "Matrix
-    Computations", section 6.5.4), ``O(n^2)`` and always stable.
+    Computations", section 6.5.4), ``O(n^2)`` and always stable. Indices are
+    not bounds-checked (compiled code): ``n = 0`` zeroes the buffer's last
+    row instead of raising.
     """
     m = n - 1
     for i in range(m):
@@ -599,7 +621,18 @@ class InformationSet:
         x : ndarray of shape (d,)
             Current input ``x(t)``.
         new : iterable of tuples ``(x_k, mu_k, sigma_k)``
-            Predictions received since the last call.
+            Predictions received since the last call: ``x_k`` of shape (d,),
+            ``mu_k`` and ``sigma_k`` floats.
+
+        Raises
+        ------
+        ValueError
+            If ``x`` and the stored or received inputs have shapes that do
+            not broadcast (another dimension ``d``), an item of ``new`` is
+            not a triple, or a ``mu_k`` is a string that is not a number.
+        TypeError
+            If ``new`` or one of its items is not iterable, or a ``mu_k`` or
+            ``sigma_k`` is not a number (e.g. None; a string ``sigma_k``).
         """
         bound = self.beta * self.sigma_f
         if self.convention == "paper":
@@ -638,6 +671,30 @@ class InformationSet:
         """Aggregated mean and standard deviation at ``x`` (eqs. 11-15).
 
         Returns the prior ``(m, sigma_f)`` when no entry has ``rho > 0``.
+
+        Parameters
+        ----------
+        x : ndarray of shape (d,)
+            Current input ``x(t)``.
+        prior_mean : float, default=0.0
+            Constant prior mean ``m``.
+
+        Returns
+        -------
+        mean : float
+            Aggregated mean ``f_hat(x)``.
+        std : float
+            ``omega / beta`` (class Notes), target units.
+
+        Raises
+        ------
+        ValueError
+            If ``x`` and the stored inputs have shapes that do not broadcast
+            (another dimension ``d``), or, with an empty set, ``prior_mean``
+            is a string that is not a number.
+        TypeError
+            If ``x`` or ``prior_mean`` is not numeric (e.g. a string, or
+            None). ``x`` is read only when the set holds entries.
         """
         bound = self.beta * self.sigma_f
         eta = self._eta(x)
@@ -921,8 +978,13 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            For NaN/inf, inconsistent shapes, invalid parameters, or fewer
-            than 2 samples when the hyperparameters are learned.
+            For NaN/inf, inconsistent shapes (``X`` not 2-D, ``y`` not 1-D
+            or of another length), string targets or targets whose spread
+            float64 cannot hold, ``groups`` that are not integers in
+            ``[0, n_experts)`` or not one per sample, invalid parameters, or
+            fewer than 2 samples when the hyperparameters are learned.
+        TypeError
+            If ``X`` is sparse.
         numpy.linalg.LinAlgError
             If an expert's kernel matrix cannot be factorised (a given noise
             variance too small for duplicated inputs); names the expert.
@@ -999,10 +1061,15 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            For NaN/inf, a different number of features than before,
-            invalid parameters, ``n_experts`` changed since the model was
-            fitted, or a first call with fewer than 2 samples when the
-            hyperparameters are learned.
+            For NaN/inf, inconsistent shapes (``X`` not 2-D, ``y`` not 1-D
+            or of another length), a different number of features than
+            before, string targets or targets whose spread float64 cannot
+            hold, ``groups`` that are not integers in ``[0, n_experts)`` or
+            not one per sample, invalid parameters, ``n_experts`` changed
+            since the model was fitted, or a first call with fewer than 2
+            samples when the hyperparameters are learned.
+        TypeError
+            If ``X`` is sparse.
         numpy.linalg.LinAlgError
             If a rank-one update loses positive definiteness (a noise
             variance too small for a duplicated input).
@@ -1097,6 +1164,16 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Returns
         -------
         mu, var : ndarray of shape (n_queries, n_experts)
+
+        Raises
+        ------
+        ValueError
+            For NaN/inf in ``X``, ``X`` not 2-D, or a different number of
+            features than in fit.
+        TypeError
+            If ``X`` is sparse.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         check_is_fitted(self, "experts_")
         X = validate_data(self, X, reset=False, dtype=float)
@@ -1123,6 +1200,18 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         -------
         mean : ndarray of shape (n_queries,)
         std : ndarray of shape (n_queries,), only if ``return_std``
+
+        Raises
+        ------
+        ValueError
+            For invalid parameters (checked first, also before the fitted
+            state, e.g. an ``aggregation`` set with ``set_params``), NaN/inf
+            in ``X``, ``X`` not 2-D, or a different number of features than
+            in fit.
+        TypeError
+            If ``X`` is sparse.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         self._check_params()
         mu, var = self.predict_experts(X)

@@ -176,6 +176,18 @@ def lmc_log_marginal_likelihood(Xe, qe, v, B, ell, noise_variance, *, gradient=T
     grads : dict, only if ``gradient``
         ``"log_ell"`` (R, d): derivative with respect to ``log ell``;
         ``"B"`` (Q, R); ``"log_noise"`` float: with respect to ``log s2``.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        If the covariance ``K`` is not positive definite even with jitter
+        (e.g. a negative ``noise_variance``).
+    ValueError
+        If the shapes of ``Xe``, ``qe``, ``v`` and ``ell`` do not match
+        (``m`` entries, ``d`` columns).
+    IndexError
+        If ``qe`` holds a channel outside ``0..Q-1`` or is not an integer
+        array, or ``ell`` has fewer than ``R`` rows.
     """
     m = Xe.shape[0]
     K, kr = _lmc_cov(Xe, qe, B, ell, noise_variance)
@@ -219,6 +231,12 @@ def fedavg_log_mean(lengthscales, weights):
     -------
     ell : ndarray of shape (R, d)
         ``exp(sum_i w_i log ell_i / sum_i w_i)``.
+
+    Raises
+    ------
+    ValueError
+        If ``lengthscales`` is empty or its arrays differ in shape, or
+        ``weights`` does not have one entry per array.
     """
     w = np.asarray(weights, dtype=float)
     logs = np.log(np.stack([np.asarray(e, dtype=float) for e in lengthscales]))
@@ -610,13 +628,25 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            NaN/inf in ``X``, inf in ``y``, a row of ``y`` with every channel
-            NaN, inconsistent lengths, a missing client label, a client with
+            NaN/inf in ``X``, ``X`` not 2-D, inf in ``y``, ``y`` missing,
+            not numeric or not of shape (n_samples,) or (n_samples, Q), a
+            row of ``y`` with every channel NaN, targets whose spread float64
+            cannot hold, inconsistent lengths, a ``groups`` of the wrong
+            length, a missing or unhashable client label, labels of
+            different types that look alike (``1`` and ``"1"``), a
+            ``client_column`` that is not a column of ``X``, a client with
             fewer than 2 rows, with no observation of some channel, or with
             more than :data:`MAX_ENTRIES_PER_CLIENT` observed entries, or bad
-            parameters.
+            parameters (``n_latent``, ``n_rounds``, ``local_steps``, ``tol``,
+            ``noise_variance``, ``verbose``, ``lengthscale``).
+        TypeError
+            If ``X`` is sparse.
         FloatingPointError
             A non-finite likelihood or gradient during training.
+        numpy.linalg.LinAlgError
+            If a client's LMC covariance is not positive definite even with
+            jitter (not expected above the noise floor of 1e-6 times the
+            client's target variance).
 
         Notes
         -----
@@ -756,8 +786,18 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Both ``return_std`` and ``return_cov``, NaN/inf in ``X``, wrong
-            number of features, a missing label.
+            Both ``return_std`` and ``return_cov``, NaN/inf in ``X``, ``X``
+            not 2-D, wrong number of features or other column names than in
+            fit, a ``groups`` of the wrong length, a missing or unhashable
+            label.
+        TypeError
+            If ``X`` is sparse.
+        FloatingPointError
+            If the prediction is not finite.
+        MemoryError
+            If the joint ``(n_samples, n_samples)`` covariance of
+            ``return_cov`` cannot be allocated (NumPy's own error; there is
+            no memory budget check).
         sklearn.exceptions.NotFittedError
             Before fit.
         """
@@ -864,6 +904,19 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         Returns
         -------
         score : float
+
+        Raises
+        ------
+        ValueError
+            As :meth:`predict`, or if ``y`` or ``sample_weight`` does not
+            match ``X`` in length, a 1-D ``y`` holds NaN, or a channel of a
+            2-D ``y`` has no observed entry.
+        TypeError
+            If ``X`` is sparse.
+        FloatingPointError
+            If the prediction is not finite.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         return r2_observed(y, self.predict(X, groups), sample_weight=sample_weight)
 

@@ -62,6 +62,12 @@ def default_curve_regressor(step=1.0):
     -------
     FederatedHierarchicalGPRegressor
         Unfitted.
+
+    Raises
+    ------
+    TypeError
+        If ``step`` is not a number (``50.0 * step`` fails). Nothing else is
+        checked here: the regressor validates its lengthscales in ``fit``.
     """
     return FederatedHierarchicalGPRegressor(
         n_inducing=81, n_inducing_local=41, lengthscale=50.0 * step,
@@ -139,6 +145,15 @@ def ppca_fit(R, rank):
     s2 : float
         Isotropic variance, at least ``1e-10`` times the mean of ``S``'s
         diagonal (and positive).
+
+    Raises
+    ------
+    ValueError
+        If ``R`` is not 2-D or ``rank`` is negative.
+    TypeError
+        If ``rank`` is not an integer.
+    numpy.linalg.LinAlgError
+        If the SVD of ``R`` does not converge (e.g. NaN in ``R``).
     """
     n, p = R.shape
     _, sv, Vt = np.linalg.svd(R, full_matrices=False)
@@ -165,6 +180,13 @@ def ppca_loglik(R, W, s2):
     Returns
     -------
     ndarray of shape (n,)
+
+    Raises
+    ------
+    ValueError
+        If ``R`` or ``W`` is not 2-D, or their shapes do not match (``p``).
+    numpy.linalg.LinAlgError
+        If ``I + W^T W / s2`` is not positive definite (a negative ``s2``).
     """
     p, q = W.shape
     M = np.eye(q) + (W.T @ W) / s2
@@ -197,6 +219,14 @@ def select_ppca_rank(R, n_folds=N_RANK_FOLDS, center=False):
     -------
     rank : int
         0 if ``n < 3`` (too few curves to hold any out usefully).
+
+    Raises
+    ------
+    ValueError
+        If ``R`` is not 2-D, or ``n_folds < 1`` with ``n >= 3``.
+    numpy.linalg.LinAlgError
+        If an SVD of the residual curves does not converge (e.g. NaN in
+        ``R``).
     """
     n, p = R.shape
     if n < 3:
@@ -305,8 +335,14 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
 
     Raises
     ------
+    ValueError
+        If ``means``, ``scales`` or ``log_prior`` do not match the columns
+        of ``X`` or the number of classes.
+    IndexError
+        If ``X`` is not 2-D.
     numpy.linalg.LinAlgError
-        If an SVD of the residual curves does not converge.
+        If an SVD of the residual curves does not converge (e.g. a zero
+        entry in ``scales``).
     """
     return _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds)[0]
 
@@ -446,8 +482,16 @@ def proba_temperature(loglik, own, log_prior=None, sample_weight=None):
     -------
     float
         ``T`` (1.0 when softening does not lower the held-out log loss, with
-        no held-out curve, or with non-finite log-likelihoods). Raises
-        nothing.
+        no held-out curve, or with non-finite log-likelihoods).
+
+    Raises
+    ------
+    ValueError
+        If ``loglik`` is not a 2-D array of numbers, or ``log_prior`` or
+        ``sample_weight`` does not match its shape.
+    IndexError
+        If ``own`` is not an integer array of one valid column per row of
+        ``loglik``.
     """
     from scipy.optimize import minimize_scalar
 
@@ -833,13 +877,26 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Fewer than two classes, a column count that is not
-            ``n_channels`` times the grid length, fewer than 2 points per
-            channel, an all-NaN curve, a class with fewer than 2 observed
-            points, inf values, bad parameters (e.g. a ``grid`` with fewer
-            than 2 distinct values, a ``class_prior`` dict whose keys are not
-            the classes), or ``channel_mode=
-            "multioutput"`` with a regressor that has no multi-output support.
+            Fewer than two classes, continuous (non-class) ``y``,
+            inconsistent lengths of ``X`` and ``y``, ``X`` not 2-D, a
+            column count that is not ``n_channels`` times the grid length,
+            fewer than 2 points per channel, an all-NaN curve, a class with
+            fewer than 2 observed points, inf values, bad parameters (e.g. a
+            ``grid`` with fewer than 2 distinct values, a ``class_prior``
+            dict whose keys are not the classes), an ``estimator`` with a
+            ``client_column``, NaN points or a regressor without multi-output
+            support with ``channel_mode="multioutput"``, a class whose client
+            the regressor excluded after failed calls, or as the regressor's
+            ``fit``.
+        TypeError
+            If ``estimator`` is not a
+            :class:`~skfedgp.FederatedHierarchicalGPRegressor` (or None), or
+            ``X`` is sparse.
+        skfedgp.CholeskyError
+            As the regressor's ``fit``: a ``K_zz`` that cannot be
+            factorised even with jitter.
+        FloatingPointError
+            As the regressor's ``fit``: a non-finite ELBO or gradient.
 
         Notes
         -----
@@ -1113,9 +1170,16 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Wrong number of columns, inf values or an all-NaN curve.
+            Wrong number of columns, ``X`` not 2-D or not numeric, inf
+            values or an all-NaN curve.
+        TypeError
+            If ``X`` is sparse.
         skfedgp.CholeskyError
             If a predictive covariance cannot be factorised.
+        FloatingPointError
+            If a log-evidence is not finite.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         check_is_fitted(self, "estimator_")
         X = validate_data(self, X, reset=False, ensure_all_finite="allow-nan",
@@ -1163,6 +1227,20 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             arg max is the same for any ``T``); with two classes, the
             difference ``score(classes_[1]) - score(classes_[0])`` (the
             scikit-learn convention: positive means ``classes_[1]``).
+
+        Raises
+        ------
+        ValueError
+            As :meth:`log_evidence`: wrong number of columns, ``X`` not 2-D
+            or not numeric, inf values or an all-NaN curve.
+        TypeError
+            If ``X`` is sparse.
+        skfedgp.CholeskyError
+            If a predictive covariance cannot be factorised.
+        FloatingPointError
+            If a log-evidence is not finite.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         j = self._joint(X)
         if j.shape[1] == 2:
@@ -1183,6 +1261,20 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         proba : ndarray of shape (n_curves, n_classes)
+
+        Raises
+        ------
+        ValueError
+            As :meth:`log_evidence`: wrong number of columns, ``X`` not 2-D
+            or not numeric, inf values or an all-NaN curve.
+        TypeError
+            If ``X`` is sparse.
+        skfedgp.CholeskyError
+            If a predictive covariance cannot be factorised.
+        FloatingPointError
+            If a log-evidence is not finite.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         return softmax(self._joint(X), axis=1)
 
@@ -1196,6 +1288,20 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         log_proba : ndarray of shape (n_curves, n_classes)
+
+        Raises
+        ------
+        ValueError
+            As :meth:`log_evidence`: wrong number of columns, ``X`` not 2-D
+            or not numeric, inf values or an all-NaN curve.
+        TypeError
+            If ``X`` is sparse.
+        skfedgp.CholeskyError
+            If a predictive covariance cannot be factorised.
+        FloatingPointError
+            If a log-evidence is not finite.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         j = self._joint(X)
         m = j.max(axis=1, keepdims=True)
@@ -1215,6 +1321,20 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         y_pred : ndarray of shape (n_curves,)
+
+        Raises
+        ------
+        ValueError
+            As :meth:`log_evidence`: wrong number of columns, ``X`` not 2-D
+            or not numeric, inf values or an all-NaN curve.
+        TypeError
+            If ``X`` is sparse.
+        skfedgp.CholeskyError
+            If a predictive covariance cannot be factorised.
+        FloatingPointError
+            If a log-evidence is not finite.
+        sklearn.exceptions.NotFittedError
+            Before fit.
         """
         joint = self._joint(X)  # checks the fitted state first
         return self.classes_[np.argmax(joint, axis=1)]

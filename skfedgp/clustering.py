@@ -109,6 +109,18 @@ def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury
     A : ndarray of shape (m, m)
         Symmetric positive semi-definite.
 
+    Raises
+    ------
+    ValueError
+        If ``X`` and ``Z`` are not 2-D with the same number of columns,
+        ``lengthscale`` is not a scalar or of shape (d,), a hyperparameter
+        of the kernel is not finite and positive, or NaN in ``X`` or
+        ``noise_variance`` makes the matrix to factorise non-finite.
+    numpy.linalg.LinAlgError
+        If the matrix to factorise (``k(X, X) + s2 I``, or ``s2 K_zz + P``
+        in the Woodbury form) is not positive definite, e.g. a negative
+        ``noise_variance`` or repeated inputs with ``noise_variance=0``.
+
     Notes
     -----
     The exact form factorises the ``n x n`` matrix ``k(X, X) + s2 I``
@@ -497,11 +509,29 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         ------
         ValueError
             Without ``groups``, with fewer clients than ``n_clusters`` or
-            fewer than 2 clients, a label unknown to a reused fitted
-            regressor, X of another width than a reused fitted regressor's,
-            invalid input (NaN/inf, wrong lengths), or, with
+            fewer than 2 clients, a missing or unhashable label, a label
+            unknown to a reused fitted regressor (or excluded from it after
+            failed calls), X of another width than a reused fitted
+            regressor's, invalid input (NaN/inf, wrong lengths), bad
+            parameters (``n_clusters``, ``affinity``, ``operator``,
+            ``woodbury``), an ``estimator`` with a ``client_column``, no
+            ``y`` when the regressor is fitted here, a regressor that lacks
+            the components the ``operator`` needs, or, with
             ``operator="personal_residual"``, ``y`` missing, not 1-D or not
-            finite.
+            finite or a multi-output regressor; also as the regressor's
+            ``fit`` when it is fitted here.
+        TypeError
+            If ``estimator`` is not a
+            :class:`~skfedgp.FederatedHierarchicalGPRegressor` (or None), or
+            ``X`` is sparse.
+        FloatingPointError
+            With ``operator="published"``, if a client's operator has zero
+            trace (its inputs lie many lengthscales away from every inducing
+            input); also as the regressor's ``fit``.
+        numpy.linalg.LinAlgError
+            With ``operator="published"``, as :func:`projection_operator`.
+        skfedgp.CholeskyError
+            As the regressor's ``fit`` when it is fitted here.
 
         Notes
         -----
@@ -618,11 +648,29 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
 
         Parameters
         ----------
-        X, y, groups
+        X : array-like of shape (n_samples, n_features)
             As in :meth:`fit`.
+        y : array-like of shape (n_samples,), default=None
+            As in :meth:`fit`.
+        groups : array-like of shape (n_samples,)
+            As in :meth:`fit` (required).
 
         Returns
         -------
         labels : ndarray of shape (n_samples,)
+            Cluster of each row of ``X``.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`fit`.
+        TypeError
+            As :meth:`fit`.
+        FloatingPointError
+            As :meth:`fit`.
+        numpy.linalg.LinAlgError
+            As :meth:`fit`.
+        skfedgp.CholeskyError
+            As :meth:`fit`.
         """
         return self.fit(X, y, groups).labels_

@@ -230,10 +230,15 @@ def load_beijing_air_quality(
     FileNotFoundError
         If ``data_dir`` does not exist, is a file, or holds no matching file.
     ValueError
-        If ``target`` is not a numeric column of the files, ``hours`` are
-        outside 0..23, a requested station is absent, ``start`` or ``end``
-        is not a parseable date, ``start >= end``, or no row is left after
-        filtering.
+        If ``target`` is not a string or not a numeric column of the files,
+        ``hours`` are not whole numbers in 0..23 (or an empty collection),
+        ``stations`` is empty or names an absent station, ``start`` or
+        ``end`` is not a parseable date, ``start >= end``, a file lacks the
+        time or station columns or holds an invalid date, or no row is left
+        after filtering.
+    TypeError
+        If ``data_dir`` is not a path (e.g. None) or ``stations`` is not a
+        string or an iterable.
 
     Notes
     -----
@@ -454,6 +459,15 @@ def fetch_beijing_air_quality(
         download fails (:class:`urllib.error.URLError` is an ``OSError``),
         the file is not a zip archive, holds no station CSV files, or fails
         the checksum. A bad archive is deleted.
+    ValueError
+        If ``url`` is not a URL :func:`urllib.request.urlopen` can open
+        (e.g. no scheme), or as :func:`load_beijing_air_quality` for bad
+        ``loader_kwargs``.
+    TypeError
+        If ``loader_kwargs`` holds a keyword that
+        :func:`load_beijing_air_quality` does not take, or as that function
+        (``loader_kwargs`` are checked only when the loader is called, after
+        any download).
     """
     from sklearn.datasets import get_data_home
 
@@ -724,8 +738,11 @@ def hierarchical_covariance(truth, X1, groups1, X2=None, groups2=None):
     Raises
     ------
     ValueError
-        If ``truth`` is not such a Bunch, inputs have the wrong number of
-        columns or hold NaN/inf, or client ids are out of range.
+        If ``truth`` is not such a Bunch, inputs are not 2-D with
+        ``truth.n_features`` columns or hold NaN/inf, a ``groups`` array
+        does not have one entry per row, client ids are not integers in
+        range, or ``groups2`` is given without ``X2`` or ``X2`` without
+        ``groups2``.
     """
     truth = _check_truth(truth)
     X1, g1 = _check_client_inputs(truth, X1, groups1, "X1")
@@ -1247,7 +1264,10 @@ def make_hierarchical_regression(
         ``n_samples``, non-positive lengthscales, negative variances, ``phi``
         or ``noise``, ``n_test < 0``, ``low >= high``, an unknown
         ``scenario``, ``n_outputs < 1``, ``n_latent`` given to the
-        single-output generator, ...).
+        single-output generator, multi-output hyperparameters left at None
+        with an ``n_latent`` other than 2 (no default), a non-bool
+        ``return_components`` or ``return_truth``, a ``random_state`` that
+        cannot seed a generator, ...).
     numpy.linalg.LinAlgError
         If a kernel matrix cannot be factorised even with jitter 0.1 * var.
 
@@ -1515,8 +1535,12 @@ def load_ucr_ts(path):
         (``@timeStamps true``, not supported), series of unequal length or
         channel count or of another length than ``@seriesLength``, a
         channel count other than ``@dimensions``, a label not listed in
-        ``@classLabel`` or empty, a value that is not a finite number, or
-        an empty value (a stray comma; a missing value is ``?`` or NaN).
+        ``@classLabel`` or empty, a series line without a label, a value
+        that is not a finite number, an empty value (a stray comma; a
+        missing value is ``?`` or NaN), a line before ``@data`` that is not
+        a header, an ``@data`` section without series, an ``@dimensions`` or
+        ``@seriesLength`` that is not an integer, or an ``@timeStamps``
+        other than true or false.
 
     References
     ----------
@@ -1706,8 +1730,10 @@ def make_stamping_waveforms(
     Raises
     ------
     ValueError
-        For counts below 1, ``n_points < 10``, negative ``variation`` or
-        ``noise``, or ``fault_size`` outside ``[0, 1)``.
+        For ``n_normal``, ``n_per_fault`` or ``n_channels`` not an integer
+        >= 1, ``n_points`` not an integer >= 10, negative or non-finite
+        ``variation`` or ``noise``, ``fault_size`` outside ``[0, 1)``, or a
+        ``random_state`` that cannot seed a generator.
 
     References
     ----------

@@ -305,9 +305,10 @@ def smse(y_true, y_pred):
     Raises
     ------
     ValueError
-        On a shape mismatch, complex, non-numeric or non-finite values, if
-        an output of ``y_true`` is constant (zero variance, SMSE undefined),
-        or if the SMSE itself exceeds the float64 range.
+        On a shape mismatch, an empty array or one that is not 1-D/2-D,
+        complex, non-numeric or non-finite values, if an output of
+        ``y_true`` is constant (zero variance, SMSE undefined), or if the
+        SMSE itself exceeds the float64 range.
     """
     y, p = _pair(y_true, y_pred)
     # per output: Var(y) in units of s = max|y| and the MSE in units of
@@ -375,9 +376,11 @@ def gaussian_nll(y_true, y_mean, y_std=None, *, y_cov=None):
     ------
     ValueError
         If both or neither of ``y_std``/``y_cov`` are given, shapes disagree,
-        a value is complex, non-numeric or non-finite, a standard deviation
-        is not positive, a covariance block is not symmetric positive
-        definite, or the NLL itself exceeds the float64 range.
+        an array is empty or of the wrong number of dimensions (1-D/2-D,
+        ``y_cov`` 3-D), a value is complex, non-numeric or non-finite, a
+        standard deviation is not positive, a covariance block is not
+        symmetric positive definite, or the NLL itself exceeds the float64
+        range.
     """
     if (y_std is None) == (y_cov is None):
         raise ValueError("give exactly one of y_std and y_cov")
@@ -443,10 +446,12 @@ def crps_gaussian(y_true, y_mean, y_std=None, *, y_cov=None):
     Raises
     ------
     ValueError
-        On a shape mismatch, complex, non-numeric or non-finite values,
-        non-positive ``y_std`` (or diagonal of ``y_cov``), an asymmetric
-        block, if both or neither of ``y_std``/``y_cov`` are given, or if the
-        CRPS itself exceeds the float64 range.
+        On a shape mismatch, an empty array or one of the wrong number of
+        dimensions (1-D/2-D, ``y_cov`` 3-D), complex, non-numeric or
+        non-finite values, non-positive ``y_std`` (or diagonal of
+        ``y_cov``), an asymmetric block, if both or neither of
+        ``y_std``/``y_cov`` are given, or if the CRPS itself exceeds the
+        float64 range.
     """
     y, mu = _pair(y_true, y_mean, "y_mean")
     std = _marginal_std(y_std, y_cov, y.shape)
@@ -494,9 +499,11 @@ def coverage(y_true, y_mean, y_std=None, level=0.95, *, y_cov=None):
     Raises
     ------
     ValueError
-        On a shape mismatch, complex, non-numeric or non-finite values,
-        non-positive ``y_std``, a
-        ``level`` outside (0, 1), or if both or neither of ``y_std``/``y_cov``
+        On a shape mismatch, an empty array or one of the wrong number of
+        dimensions (1-D/2-D, ``y_cov`` 3-D), complex, non-numeric or
+        non-finite values, non-positive ``y_std`` (or diagonal of
+        ``y_cov``), an asymmetric block of ``y_cov``, a ``level`` that is
+        not a number in (0, 1), or if both or neither of ``y_std``/``y_cov``
         are given.
     """
     level = _check_level(level)
@@ -531,8 +538,12 @@ def interval_width(y_std=None, level=0.95, *, y_cov=None):
     Raises
     ------
     ValueError
-        On non-finite or non-positive ``y_std``, a ``level`` outside (0, 1),
-        or if both or neither of ``y_std``/``y_cov`` are given.
+        On non-finite or non-positive ``y_std``, a ``y_std`` that is empty,
+        not 1-D/2-D, complex or non-numeric, a ``y_cov`` that is empty or
+        not 3-D with square blocks, is not finite or symmetric or has a
+        non-positive diagonal, a ``level`` that is not a number in (0, 1),
+        if both or neither of ``y_std``/``y_cov`` are given, or if the width
+        itself exceeds the float64 range.
     """
     level = _check_level(level)
     if (y_std is None) == (y_cov is None):
@@ -621,10 +632,12 @@ def expected_calibration_error(y_true, y_mean, y_std=None, *, y_cov=None, levels
     Raises
     ------
     ValueError
-        On a shape mismatch, complex, non-numeric or non-finite values,
-        non-positive ``y_std``, a
-        level outside (0, 1), or if both or neither of ``y_std``/``y_cov``
-        are given.
+        On a shape mismatch, an empty array or one of the wrong number of
+        dimensions (1-D/2-D, ``y_cov`` 3-D), complex, non-numeric or
+        non-finite values, non-positive ``y_std`` (or diagonal of
+        ``y_cov``), an asymmetric block of ``y_cov``, ``levels`` that are
+        not a non-empty 1-D sequence of numbers, a level outside (0, 1), or
+        if both or neither of ``y_std``/``y_cov`` are given.
     """
     lv = _check_levels(levels)
     y, mu = _pair(y_true, y_mean, "y_mean")
@@ -673,9 +686,11 @@ def output_covariance(y_mean, y_cov=None, *, noise_var=0.0):
     Raises
     ------
     ValueError
-        On shape mismatches, complex, non-numeric or non-finite values, a
-        block of ``y_cov`` that is not symmetric positive semi-definite (the
-        symmetry check of :func:`gaussian_nll`), a negative ``noise_var``, or
+        On shape mismatches (``y_mean`` not 2-D, ``y_cov`` not of shape
+        (n, Q, Q)), an empty array, complex, non-numeric or non-finite
+        values, a block of ``y_cov`` that is not symmetric positive
+        semi-definite (the symmetry check of :func:`gaussian_nll`), a
+        ``noise_var`` that is negative, not finite or not a real number, or
         a result that exceeds the float64 range.
     """
     mu = _as_array(y_mean, "y_mean", ndims=(2,))
@@ -732,8 +747,10 @@ def covariance_error(cov_pred, cov_true):
     Raises
     ------
     ValueError
-        On a shape mismatch, non-square matrices, non-finite values or a
-        ``cov_true`` with zero Frobenius norm.
+        On a shape mismatch, an empty array or one that is not 2-D/3-D,
+        non-square matrices, complex, non-numeric or non-finite values, a
+        ``cov_true`` with zero Frobenius norm, or if CovErr itself exceeds
+        the float64 range.
     """
     pred = _as_array(cov_pred, "cov_pred", ndims=(2, 3))
     true = _as_array(cov_true, "cov_true", ndims=(2, 3))
@@ -795,10 +812,10 @@ def regression_report(y_true, y_mean, y_std=None, *, y_cov=None):
     ValueError
         As the individual metrics (shape mismatch, non-finite values,
         non-positive ``y_std``, constant ``y_true``, both or neither of
-        ``y_std``/``y_cov``), if ``y_cov`` is not positive definite, or if
-        a metric's value itself exceeds the float64 range (e.g. an RMSE
-        above ~1.8e308; rescale the data). Large-but-finite data such as
-        1e200 are handled without overflow.
+        ``y_std``/``y_cov``), if ``y_cov`` is not symmetric positive
+        definite, or if a metric's value itself exceeds the float64 range
+        (e.g. an RMSE above ~1.8e308; rescale the data). Large-but-finite
+        data such as 1e200 are handled without overflow.
     """
     y, mu = _pair(y_true, y_mean, "y_mean")
     std = _marginal_std(y_std, y_cov, y.shape)

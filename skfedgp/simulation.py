@@ -237,9 +237,14 @@ def simulate_stream(
         information set (:class:`skfedgp.async_dgp.InformationSet`).
     max_info : int, default=10
         Capacity of the information set.
-    lengthscale, variance, noise_variance : float or ndarray
-        Fixed kernel hyperparameters of the experts (learn them beforehand,
-        e.g. with :class:`skfedgp.AsyncDGPRegressor`, on separate data).
+    lengthscale : float or array-like of shape (d,), default=1.0
+        Fixed (ARD) lengthscale(s) of the experts' kernel (learn the
+        hyperparameters beforehand, e.g. with
+        :class:`skfedgp.AsyncDGPRegressor`, on separate data).
+    variance : float, default=1.0
+        Fixed signal variance of the experts' kernel.
+    noise_variance : float, default=0.1
+        Fixed noise variance of the experts.
     max_points_per_expert : int or None, default=1000
         Sliding window of each expert (the paper's experts are LoG-GPs,
         whose cost grows like ``log N``; ours are exact GPs with a window).
@@ -281,13 +286,20 @@ def simulate_stream(
     Raises
     ------
     ValueError
-        For NaN/inf, inconsistent shapes, unknown rules, ``max_info < 1``,
-        ``decision_time`` outside ``[0, 1)``, a lengthscale, variance or
-        noise variance that is not positive and finite,
+        For NaN/inf, inconsistent shapes (``X`` not 2-D, ``y`` not 1-D or
+        of another length), unknown rules, ``n_experts`` or ``max_info``
+        not an integer >= 1, ``decision_time`` outside ``[0, 1)``, a
+        lengthscale, variance or noise variance that is not positive and
+        finite, a ``lengthscale`` array whose length is not ``d`` (raised
+        by the kernel at the first prediction with data),
         ``max_points_per_expert`` not an integer >= 1 (or None), a negative
         or non-finite delay parameter, a ``rkhs_bound``, ``lipschitz`` or
-        ``beta`` that is not positive and finite, or a non-finite
-        ``prior_mean``.
+        ``beta`` that is not positive and finite, a non-finite
+        ``prior_mean`` (or a bool, which the baseline rules refuse), or a
+        ``random_state`` that cannot seed a generator.
+    TypeError
+        If ``X`` is sparse or ``aggregations`` is neither a string nor an
+        iterable.
     """
     X = check_array(X, dtype=float)
     if np.ndim(y) != 1 and not (np.ndim(y) == 2 and np.shape(y)[1] == 1):
@@ -337,6 +349,23 @@ def reference_dynamics(x):
     ``f(x) = 1 + x1 x2 / 10 + cos(x2) / 2 - 10 sin(5 x1) + 1 / (2 (1 +
     exp(-x2 / 10)))`` for ``x`` of shape (2,) or (n, 2); our reading of the
     garbled formula in Yang, Dai & Hirche (AAAI 2025), section "Simulation".
+
+    Parameters
+    ----------
+    x : array-like of shape (2,) or (n, 2)
+        State ``(x1, x2)`` (the last axis; further columns are ignored).
+
+    Returns
+    -------
+    float or ndarray of shape (n,)
+        ``f(x)``: a NumPy scalar for ``x`` of shape (2,).
+
+    Raises
+    ------
+    ValueError
+        If ``x`` cannot be converted to floats (e.g. strings).
+    IndexError
+        If the last axis of ``x`` has fewer than 2 entries.
     """
     x = np.asarray(x, dtype=float)
     x1, x2 = x[..., 0], x[..., 1]
@@ -399,13 +428,15 @@ def simulate_tracking(
         ``(l1, l2)``.
     initial_state : array-like of shape (2,) or None
         ``x(0)``; None draws it from ``U(0, 1)^2`` per run.
+    lengthscale : float or array-like of shape (2,), default=(0.3, 1.0)
+        Fixed (ARD) lengthscale(s) of the experts' kernel.
     decision_time : float in [0, 1), default=0.0
         As in :func:`simulate_stream`.
     n_runs : int, default=1
         Monte-Carlo runs (different seeds from ``random_state``).
     Others
-        As in :func:`simulate_stream`; ``lengthscale``, ``variance`` and
-        ``noise_variance`` are the experts' fixed hyperparameters.
+        As in :func:`simulate_stream`; ``variance`` and ``noise_variance``
+        are the experts' fixed hyperparameters.
 
     Returns
     -------
@@ -419,11 +450,17 @@ def simulate_tracking(
     ------
     ValueError
         For bad rules, sizes, ``decision_time``, hyperparameters (not
-        positive and finite), ``dt``/``duration`` (not positive, or
-        shorter than one step), the window, delay and information-set
-        constants (as :func:`simulate_stream`), ``n_runs < 1``, ``gains``
-        not two finite numbers, or a negative or non-finite ``amplitude``,
-        ``frequency``, ``noise_std`` or ``initial_state``.
+        positive and finite; a ``lengthscale`` array not of length 2),
+        ``dt``/``duration`` (not positive, or shorter than one step), the
+        window, delay and information-set constants (as
+        :func:`simulate_stream`), ``n_runs < 1``, ``gains`` not two finite
+        numbers, a negative or non-finite ``amplitude``, ``frequency`` or
+        ``noise_std``, an ``initial_state`` that is not finite or not of 2
+        entries (the latter found when the first run starts), or a
+        ``random_state`` that cannot seed a generator.
+    TypeError
+        If ``dynamics`` is not callable or ``aggregations`` is neither a
+        string nor an iterable.
     FloatingPointError
         If a plant diverges.
     """
