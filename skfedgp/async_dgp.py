@@ -92,50 +92,8 @@ def _reference_lengthscale(X):
 
 
 @njit(nogil=True, cache=True)
-def chol_append(L, Xb, n, x, inv_ell, sf2, sn2, work):  # pragma: no cover - compiled
-    """Extend the Cholesky factor of ``K + sn2 I`` by one point, in place.
-
-    Parameters
-    ----------
-    L : ndarray of shape (cap, cap)
-        Buffer whose leading ``n x n`` block is the lower factor of the first
-        ``n`` points; row ``n`` is overwritten.
-    Xb : ndarray of shape (cap, d)
-        Input buffer; its first ``n`` rows are the stored points.  Row ``n``
-        is set to ``x``.
-    n : int
-        Number of stored points (``n < cap``).
-    x : ndarray of shape (d,)
-        New input.
-    inv_ell : ndarray of shape (d,)
-        Inverse lengthscales.
-    sf2, sn2 : float
-        Signal and noise variance.
-    work : ndarray of shape (cap,)
-        Scratch space.
-
-    Returns
-    -------
-    ok : bool
-        False if the new diagonal entry is not positive (the factor is left
-        unchanged apart from row ``n``).
-
-    Raises
-    ------
-    ZeroDivisionError
-        If a diagonal entry of the stored factor is zero (``L`` is not a
-        Cholesky factor).
-    numba.core.errors.TypingError
-        If an argument has a type the kernel cannot be compiled for (e.g. a
-        list instead of an ndarray).
-
-    Notes
-    -----
-    ``L21 = L11^{-1} k(X, x)``, ``l22 = sqrt(k(x, x) + sn2 - ||L21||^2)``:
-    ``O(n d + n^2)`` operations. Indices are not bounds-checked (compiled
-    code): ``n >= cap``, or ``inv_ell`` shorter than ``x``, reads or writes
-    outside the buffers instead of raising.
-    """
+def _chol_append(L, Xb, n, x, inv_ell, sf2, sn2, work):  # pragma: no cover - compiled
+    """Compiled kernel of :func:`chol_append` (no bounds checks: call that)."""
     d = x.shape[0]
     for i in range(n):
         s = 0.0
@@ -165,41 +123,8 @@ def chol_append(L, Xb, n, x, inv_ell, sf2, sn2, work):  # pragma: no cover - com
 
 
 @njit(nogil=True, cache=True)
-def chol_delete_first(L, Xb, yb, n, work):  # pragma: no cover - compiled
-    """Drop the first point from a Cholesky factor and the data buffers, in place.
-
-    Parameters
-    ----------
-    L : ndarray of shape (cap, cap)
-        Buffer whose leading ``n x n`` block is the lower factor of
-        ``A = K + sn2 I``; on return its leading ``(n-1) x (n-1)`` block is
-        the factor of ``A[1:, 1:]``.
-    Xb : ndarray of shape (cap, d)
-        Input buffer (rows shifted up by one).
-    yb : ndarray of shape (cap,)
-        Target buffer (shifted up by one).
-    n : int
-        Number of stored points, at least 1.
-    work : ndarray of shape (cap,)
-        Scratch space.
-
-    Raises
-    ------
-    ZeroDivisionError
-        If a diagonal entry of the stored factor is zero (``L`` is not a
-        Cholesky factor).
-    numba.core.errors.TypingError
-        If an argument has a type the kernel cannot be compiled for (e.g. a
-        list instead of an ndarray).
-
-    Notes
-    -----
-    ``A[1:, 1:] = L22 L22^T + l l^T`` with ``l = L[1:, 0]``: a rank-one
-    *update* of ``L22`` (Givens-like recurrence; Golub & Van Loan, "Matrix
-    Computations", section 6.5.4), ``O(n^2)`` and always stable. Indices are
-    not bounds-checked (compiled code): ``n = 0`` zeroes the buffer's last
-    row instead of raising.
-    """
+def _chol_delete_first(L, Xb, yb, n, work):  # pragma: no cover - compiled
+    """Compiled kernel of :func:`chol_delete_first` (no bounds checks: call that)."""
     m = n - 1
     for i in range(m):
         work[i] = L[i + 1, 0]
@@ -222,6 +147,144 @@ def chol_delete_first(L, Xb, yb, n, work):  # pragma: no cover - compiled
         yb[i] = yb[i + 1]
     for j in range(L.shape[1]):
         L[m, j] = 0.0
+
+
+def _shape(a):
+    """``a.shape`` (fast, for ndarrays), else ``np.shape(a)``."""
+    try:
+        return a.shape
+    except AttributeError:
+        return np.shape(a)
+
+
+def _check_chol_buffers(L, Xb, work, n, lo, hi, what):
+    """Shapes of the buffers and ``lo <= n <= cap + hi``.
+
+    The compiled kernels do not check indices, so this runs first: a bad
+    ``n`` or buffer raises here instead of reading or writing outside them.
+    Returns ``cap`` and ``d``.
+    """
+    shape_L, shape_X, shape_w = _shape(L), _shape(Xb), _shape(work)
+    if len(shape_L) != 2 or shape_L[0] != shape_L[1]:
+        raise ValueError(f"{what}: L must be a square 2-D buffer of shape (cap, cap), "
+                         f"got shape {shape_L}")
+    cap = shape_L[0]
+    if len(shape_X) != 2 or shape_X[0] != cap:
+        raise ValueError(f"{what}: Xb must be of shape (cap, d) = ({cap}, d) like L, "
+                         f"got shape {shape_X}")
+    if shape_w != (cap,):
+        raise ValueError(f"{what}: work must be of shape (cap,) = ({cap},), got shape {shape_w}")
+    if not (type(n) is int or (isinstance(n, numbers.Integral)
+                               and not isinstance(n, (bool, np.bool_)))) or not lo <= n <= cap + hi:
+        full = (" (at n = cap the buffers are full: grow them first)"
+                if isinstance(n, numbers.Integral) and n == cap else "")
+        raise ValueError(f"{what}: n (the number of stored points) must be an integer in "
+                         f"[{lo}, {cap + hi}] for buffers of capacity {cap}, got {n!r}{full}")
+    return cap, shape_X[1]
+
+
+def chol_append(L, Xb, n, x, inv_ell, sf2, sn2, work):
+    """Extend the Cholesky factor of ``K + sn2 I`` by one point, in place.
+
+    Parameters
+    ----------
+    L : ndarray of shape (cap, cap)
+        Buffer whose leading ``n x n`` block is the lower factor of the first
+        ``n`` points; row ``n`` is overwritten.
+    Xb : ndarray of shape (cap, d)
+        Input buffer; its first ``n`` rows are the stored points.  Row ``n``
+        is set to ``x``.
+    n : int
+        Number of stored points (``0 <= n < cap``).
+    x : ndarray of shape (d,)
+        New input.
+    inv_ell : ndarray of shape (d,)
+        Inverse lengthscales.
+    sf2, sn2 : float
+        Signal and noise variance.
+    work : ndarray of shape (cap,)
+        Scratch space.
+
+    Returns
+    -------
+    ok : bool
+        False if the new diagonal entry is not positive (the factor is left
+        unchanged apart from row ``n``).
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is not an integer in ``[0, cap - 1]`` (the buffer is full
+        at ``n = cap``), or the shapes of ``L``, ``Xb``, ``x``, ``inv_ell``
+        and ``work`` are not those above; checked before the compiled
+        kernel runs, so nothing is read or written outside the buffers and
+        nothing is changed.
+    ZeroDivisionError
+        If a diagonal entry of the stored factor is zero (``L`` is not a
+        Cholesky factor).
+    numba.core.errors.TypingError
+        If an argument has a type the kernel cannot be compiled for (e.g. a
+        list instead of an ndarray).
+
+    Notes
+    -----
+    ``L21 = L11^{-1} k(X, x)``, ``l22 = sqrt(k(x, x) + sn2 - ||L21||^2)``:
+    ``O(n d + n^2)`` operations, in a compiled (Numba) kernel; the shape
+    and bounds checks above run once per call, outside its loops.
+    """
+    cap, d = _check_chol_buffers(L, Xb, work, n, 0, -1, "chol_append")
+    if _shape(x) != (d,) or _shape(inv_ell) != (d,):
+        raise ValueError(f"chol_append: x and inv_ell must be of shape (d,) = ({d},) like the "
+                         f"columns of Xb, got shapes {_shape(x)} and {_shape(inv_ell)}")
+    return _chol_append(L, Xb, n, x, inv_ell, sf2, sn2, work)
+
+
+def chol_delete_first(L, Xb, yb, n, work):
+    """Drop the first point from a Cholesky factor and the data buffers, in place.
+
+    Parameters
+    ----------
+    L : ndarray of shape (cap, cap)
+        Buffer whose leading ``n x n`` block is the lower factor of
+        ``A = K + sn2 I``; on return its leading ``(n-1) x (n-1)`` block is
+        the factor of ``A[1:, 1:]``.
+    Xb : ndarray of shape (cap, d)
+        Input buffer (rows shifted up by one).
+    yb : ndarray of shape (cap,)
+        Target buffer (shifted up by one).
+    n : int
+        Number of stored points, ``1 <= n <= cap``.
+    work : ndarray of shape (cap,)
+        Scratch space.
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is not an integer in ``[1, cap]`` (there is no point to
+        drop at ``n = 0``), or the shapes of ``L``, ``Xb``, ``yb`` and
+        ``work`` are not those above; checked before the compiled kernel
+        runs, so nothing is read or written outside the buffers and nothing
+        is changed.
+    ZeroDivisionError
+        If a diagonal entry of the stored factor is zero (``L`` is not a
+        Cholesky factor).
+    numba.core.errors.TypingError
+        If an argument has a type the kernel cannot be compiled for (e.g. a
+        list instead of an ndarray).
+
+    Notes
+    -----
+    ``A[1:, 1:] = L22 L22^T + l l^T`` with ``l = L[1:, 0]``: a rank-one
+    *update* of ``L22`` (Givens-like recurrence; Golub & Van Loan, "Matrix
+    Computations", section 6.5.4), ``O(n^2)`` and always stable, in a
+    compiled (Numba) kernel; the shape and bounds checks above run once per
+    call, outside its loops.
+    """
+    cap, _ = _check_chol_buffers(L, Xb, work, n, 1, 0, "chol_delete_first")
+    if np.shape(yb) != (cap,):
+        raise ValueError(f"chol_delete_first: yb must be of shape (cap,) = ({cap},), "
+                         f"got shape {np.shape(yb)}")
+    _chol_delete_first(L, Xb, yb, n, work)
 
 
 # ---------------------------------------------------------------------------
@@ -530,6 +593,18 @@ def aggregate(mu, var, prior_var, rule, prior_mean=0.0):
     raise AssertionError(rule)  # pragma: no cover - checked above
 
 
+def _finite_real(v, name):
+    """``float(v)`` for a finite real number (not a string, None or a bool), else ValueError."""
+    if (isinstance(v, (bool, np.bool_, str, bytes))
+            or not (isinstance(v, numbers.Real)
+                    or (isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iuf"))):
+        raise ValueError(f"{name} must be a finite real number, got {v!r}")
+    v = float(v)
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be a finite real number, got {v!r}")
+    return v
+
+
 class InformationSet:
     """Information set ``I(t)`` of the Async DGP (Algorithm 1 of Yang et al.).
 
@@ -616,6 +691,9 @@ class InformationSet:
     def update(self, x, new):
         """Algorithm 1, parts I and II, at the current input ``x``.
 
+        Every item of ``new`` is checked before the set changes: a rejected
+        update leaves the set as it was.
+
         Parameters
         ----------
         x : ndarray of shape (d,)
@@ -627,13 +705,17 @@ class InformationSet:
         Raises
         ------
         ValueError
-            If ``x`` and the stored or received inputs have shapes that do
-            not broadcast (another dimension ``d``), an item of ``new`` is
-            not a triple, or a ``mu_k`` is a string that is not a number.
+            If ``x`` is not a finite 1-D array of numbers, an item of
+            ``new`` is not a triple, an ``x_k`` is not a finite array of
+            shape ``(d,)`` like ``x``, ``x`` has another length than the
+            stored inputs (or, with "gpgym", than ``lengthscale``), or a
+            ``mu_k`` is not a finite real number or a ``sigma_k`` not a
+            finite real number ``>= 0`` (e.g. a string, None, a bool or
+            NaN). The set is then unchanged.
         TypeError
-            If ``new`` or one of its items is not iterable, or a ``mu_k`` or
-            ``sigma_k`` is not a number (e.g. None; a string ``sigma_k``).
+            If ``new`` is not iterable.
         """
+        x, items = self._check_update(x, new)
         bound = self.beta * self.sigma_f
         if self.convention == "paper":
             eta = self._eta(x)
@@ -641,7 +723,7 @@ class InformationSet:
             self.x = [self.x[i] for i in keep]
             self.mu = [self.mu[i] for i in keep]
             self.sigma = [self.sigma[i] for i in keep]
-            for xk, mk, sk in new:
+            for xk, mk, sk in items:
                 ek = self.lipschitz * self._dist(xk, x) + self.beta * sk
                 if ek <= bound:
                     self.x.append(np.asarray(xk, dtype=float))
@@ -654,7 +736,7 @@ class InformationSet:
                 self.mu = [self.mu[i] for i in order]
                 self.sigma = [self.sigma[i] for i in order]
         else:
-            for xk, mk, sk in new:
+            for xk, mk, sk in items:
                 dk = self._dist(xk, x)
                 if not self.lipschitz * dk < self.beta * (self.sigma_f - sk):
                     continue
@@ -666,6 +748,50 @@ class InformationSet:
                 worst = int(np.argmax(eta))
                 if self.lipschitz * dk + self.beta * sk < eta[worst]:
                     self.x[worst], self.mu[worst], self.sigma[worst] = item
+
+    def _check_update(self, x, new):
+        """``x`` and the items of ``new`` as a list, every one checked.
+
+        Nothing is changed here; :meth:`update` mutates the set only after
+        this has accepted every item. The values are returned as given
+        (:meth:`update` computes with them as before).
+        """
+        try:
+            xa = np.asarray(x, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"x must be a 1-D array of numbers (the current input), "
+                             f"got {x!r}") from exc
+        if xa.ndim != 1 or xa.size == 0 or not np.all(np.isfinite(xa)):
+            raise ValueError(f"x must be a finite 1-D array of shape (d,) (the current input), "
+                             f"got {x!r}")
+        d = xa.shape[0]
+        if self.x and self.x[0].shape != (d,):
+            raise ValueError(f"x has {d} entries but the stored inputs have "
+                             f"{self.x[0].shape[0]}: every input must have the same d")
+        if self.scale is not None and self.scale.size not in (1, d):
+            raise ValueError(f"x has {d} entries but lengthscale has {self.scale.size}: "
+                             "lengthscale must be a scalar or of shape (d,)")
+        items = []
+        for k, item in enumerate(new):
+            try:
+                xk, mk, sk = item
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"item {k} of new must be a triple (x_k, mu_k, sigma_k), "
+                                 f"got {item!r}") from exc
+            try:
+                xka = np.asarray(xk, dtype=float)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"x_k of item {k} must be an array of numbers of shape "
+                                 f"({d},), got {xk!r}") from exc
+            if xka.shape != (d,) or not np.all(np.isfinite(xka)):
+                raise ValueError(f"x_k of item {k} must be a finite array of shape ({d},) "
+                                 f"like x, got {xk!r}")
+            _finite_real(mk, f"mu_k of item {k}")
+            if _finite_real(sk, f"sigma_k of item {k}") < 0:
+                raise ValueError(f"sigma_k of item {k} must be >= 0 (a standard deviation), "
+                                 f"got {sk!r}")
+            items.append((xk, mk, sk))
+        return x, items
 
     def aggregate(self, x, prior_mean=0.0):
         """Aggregated mean and standard deviation at ``x`` (eqs. 11-15).
@@ -1204,15 +1330,16 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            For invalid parameters (checked first, also before the fitted
-            state, e.g. an ``aggregation`` set with ``set_params``), NaN/inf
-            in ``X``, ``X`` not 2-D, or a different number of features than
-            in fit.
+            For invalid parameters (e.g. an ``aggregation`` set with
+            ``set_params``; checked after the fitted state), NaN/inf in
+            ``X``, ``X`` not 2-D, or a different number of features than in
+            fit.
         TypeError
             If ``X`` is sparse.
         sklearn.exceptions.NotFittedError
-            Before fit.
+            Before fit (checked first, whatever the parameters).
         """
+        check_is_fitted(self, "experts_")
         self._check_params()
         mu, var = self.predict_experts(X)
         # an expert without data predicts the prior: it carries no information

@@ -57,7 +57,7 @@ from ._validation import (
 )
 from .federated import input_scaling
 from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
-from .regressor import check_target_values
+from .regressor import _check_cov_budget, check_target_values
 
 __all__ = [
     "PFedGPRegressor",
@@ -183,12 +183,25 @@ def lmc_log_marginal_likelihood(Xe, qe, v, B, ell, noise_variance, *, gradient=T
         If the covariance ``K`` is not positive definite even with jitter
         (e.g. a negative ``noise_variance``).
     ValueError
-        If the shapes of ``Xe``, ``qe``, ``v`` and ``ell`` do not match
-        (``m`` entries, ``d`` columns).
+        If ``Xe``, ``v``, ``B`` or ``ell`` holds NaN/inf, ``ell`` is not
+        positive, ``noise_variance`` is not a finite number (each would
+        make the result NaN), or the shapes of ``Xe``, ``qe``, ``v`` and
+        ``ell`` do not match (``m`` entries, ``d`` columns).
     IndexError
         If ``qe`` holds a channel outside ``0..Q-1`` or is not an integer
         array, or ``ell`` has fewer than ``R`` rows.
     """
+    for name, a in (("Xe", Xe), ("v", v), ("B", B), ("ell", ell)):
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name} contains NaN or inf")
+    if np.any(np.asarray(ell) <= 0):
+        raise ValueError("ell (the lengthscales) must be positive")
+    try:
+        noise_ok = bool(np.ndim(noise_variance) == 0 and np.isfinite(noise_variance))
+    except TypeError:  # a string, None
+        noise_ok = False
+    if not noise_ok:
+        raise ValueError(f"noise_variance must be a finite number, got {noise_variance!r}")
     m = Xe.shape[0]
     K, kr = _lmc_cov(Xe, qe, B, ell, noise_variance)
     L = _cholesky(K)
@@ -235,11 +248,21 @@ def fedavg_log_mean(lengthscales, weights):
     Raises
     ------
     ValueError
-        If ``lengthscales`` is empty or its arrays differ in shape, or
-        ``weights`` does not have one entry per array.
+        If ``lengthscales`` is empty, its arrays differ in shape or hold a
+        lengthscale that is not finite and positive (its log would be
+        NaN or -inf), or ``weights`` does not have one entry per array,
+        holds a negative or non-finite weight or sums to zero.
     """
     w = np.asarray(weights, dtype=float)
-    logs = np.log(np.stack([np.asarray(e, dtype=float) for e in lengthscales]))
+    ells = np.stack([np.asarray(e, dtype=float) for e in lengthscales])
+    if not np.all(np.isfinite(ells)) or np.any(ells <= 0):
+        raise ValueError("lengthscales must be finite and positive (their logs are averaged)")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError(f"weights must be finite and non-negative, got {w!r}")
+    if not w.sum() > 0:
+        raise ValueError("weights sum to zero: the weighted mean of the log lengthscales is "
+                         "undefined; give at least one positive weight")
+    logs = np.log(ells)
     return np.exp(np.tensordot(w / w.sum(), logs, axes=1))
 
 
@@ -773,8 +796,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             ``y`` in fit the joint ``(n_samples, n_samples)`` covariance (rows
             of different clients are independent, zero); for 2-D ``y`` the
             per-input ``Q x Q`` blocks, shape (n_samples, Q, Q). The joint
-            matrix takes ``8 n_samples^2`` bytes; ask for fewer rows if that
-            is too much.
+            matrix takes ``8 n_samples^2`` bytes, at most
+            :data:`skfedgp.regressor.MAX_COV_BYTES` (2 GiB, 16 384 rows; the
+            budget of :class:`~skfedgp.FederatedHierarchicalGPRegressor`).
 
         Returns
         -------
@@ -795,9 +819,10 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         FloatingPointError
             If the prediction is not finite.
         MemoryError
-            If the joint ``(n_samples, n_samples)`` covariance of
-            ``return_cov`` cannot be allocated (NumPy's own error; there is
-            no memory budget check).
+            If ``return_cov`` is set with 1-D ``y`` in fit and the joint
+            ``(n_samples, n_samples)`` covariance would exceed
+            :data:`skfedgp.regressor.MAX_COV_BYTES`; raised before anything
+            of that size is allocated, with the memory needed.
         sklearn.exceptions.NotFittedError
             Before fit.
         """
@@ -806,6 +831,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "clients_")
         X, groups = self._validate_predict_X(X, groups, "predict")
         n, Q = X.shape[0], self.n_outputs_
+        if return_cov and self._y_ndim == 1:
+            _check_cov_budget(n)  # before anything n x n is allocated
         if groups is None:
             if len(self.clients_) == 1:
                 groups = np.array([next(iter(self.clients_))] * n, dtype=object)

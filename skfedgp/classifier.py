@@ -135,7 +135,7 @@ def ppca_fit(R, rank):
     Parameters
     ----------
     R : ndarray of shape (n, p)
-        Residual curves (finite).
+        Residual curves (finite), ``n >= 1``.
     rank : int
         ``0 <= rank < p``; ranks above ``n`` give zero columns.
 
@@ -149,13 +149,24 @@ def ppca_fit(R, rank):
     Raises
     ------
     ValueError
-        If ``R`` is not 2-D or ``rank`` is negative.
+        If ``R`` is not 2-D, has no rows or holds NaN/inf (checked before
+        the SVD, which does not return on inf), or ``rank`` is outside
+        ``[0, p - 1]`` (at ``rank >= p`` no eigenvalue is left for
+        ``s2``).
     TypeError
         If ``rank`` is not an integer.
     numpy.linalg.LinAlgError
-        If the SVD of ``R`` does not converge (e.g. NaN in ``R``).
+        If the SVD of ``R`` does not converge.
     """
     n, p = R.shape
+    if n < 1:
+        raise ValueError(f"R must hold at least one residual curve, got shape {R.shape}")
+    if not np.all(np.isfinite(R)):
+        raise ValueError("R contains NaN or inf")
+    if not 0 <= rank < p:
+        raise ValueError(f"rank must be in [0, p - 1] = [0, {p - 1}] for curves of p = {p} "
+                         f"points (s2 is the mean of the other p - rank eigenvalues), "
+                         f"got {rank!r}")
     _, sv, Vt = np.linalg.svd(R, full_matrices=False)
     lam = np.zeros(p)
     lam[: sv.size] = sv**2 / n
@@ -174,8 +185,11 @@ def ppca_loglik(R, W, s2):
     Parameters
     ----------
     R : ndarray of shape (n, p)
+        Finite.
     W : ndarray of shape (p, q)
+        Finite.
     s2 : float
+        Finite and positive.
 
     Returns
     -------
@@ -184,10 +198,22 @@ def ppca_loglik(R, W, s2):
     Raises
     ------
     ValueError
-        If ``R`` or ``W`` is not 2-D, or their shapes do not match (``p``).
+        If ``R`` or ``W`` is not 2-D, their shapes do not match (``p``),
+        ``R`` or ``W`` holds NaN/inf, or ``s2`` is not a finite positive
+        number (0, negative, NaN, or not a number).
     numpy.linalg.LinAlgError
-        If ``I + W^T W / s2`` is not positive definite (a negative ``s2``).
+        If ``I + W^T W / s2`` is not positive definite.
     """
+    try:
+        s2_ok = bool(np.ndim(s2) == 0 and np.isfinite(s2) and s2 > 0)
+    except TypeError:  # a string, None
+        s2_ok = False
+    if not s2_ok:
+        raise ValueError(f"s2 must be a finite positive number, got {s2!r}")
+    if not np.all(np.isfinite(R)):
+        raise ValueError("R contains NaN or inf")
+    if not np.all(np.isfinite(W)):
+        raise ValueError("W contains NaN or inf")
     p, q = W.shape
     M = np.eye(q) + (W.T @ W) / s2
     L = np.linalg.cholesky(M)
@@ -223,10 +249,10 @@ def select_ppca_rank(R, n_folds=N_RANK_FOLDS, center=False):
     Raises
     ------
     ValueError
-        If ``R`` is not 2-D, or ``n_folds < 1`` with ``n >= 3``.
+        If ``R`` is not 2-D, or, with ``n >= 3``, holds NaN/inf or
+        ``n_folds < 1``.
     numpy.linalg.LinAlgError
-        If an SVD of the residual curves does not converge (e.g. NaN in
-        ``R``).
+        If an SVD of the residual curves does not converge.
     """
     n, p = R.shape
     if n < 3:
@@ -336,14 +362,26 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
     Raises
     ------
     ValueError
-        If ``means``, ``scales`` or ``log_prior`` do not match the columns
-        of ``X`` or the number of classes.
+        If ``y_idx`` does not hold one class index in ``0 .. n_classes - 1``
+        (``n_classes = len(means)``) per row of ``X`` (an index outside
+        that range would leave its curve out silently), or ``means``,
+        ``scales`` or ``log_prior`` do not match the columns of ``X`` or
+        the number of classes.
     IndexError
         If ``X`` is not 2-D.
     numpy.linalg.LinAlgError
         If an SVD of the residual curves does not converge (e.g. a zero
         entry in ``scales``).
     """
+    K = len(means)
+    y = np.asarray(y_idx)
+    if y.shape != (np.shape(X)[0],):
+        raise ValueError(f"y_idx must hold one class index per curve, shape "
+                         f"({np.shape(X)[0]},), got shape {y.shape}")
+    bad = ~np.isin(y, np.arange(K))
+    if np.any(bad):
+        raise ValueError(f"y_idx must hold class indices in 0 .. {K - 1} (n_classes = "
+                         f"len(means) = {K}); got {y[bad][:5].tolist()}")
     return _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds)[0]
 
 

@@ -113,9 +113,11 @@ def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury
     ------
     ValueError
         If ``X`` and ``Z`` are not 2-D with the same number of columns,
-        ``lengthscale`` is not a scalar or of shape (d,), a hyperparameter
-        of the kernel is not finite and positive, or NaN in ``X`` or
-        ``noise_variance`` makes the matrix to factorise non-finite.
+        ``X`` or ``Z`` holds NaN/inf, ``noise_variance`` is not a finite
+        number (all checked first: in the Woodbury form an inf in ``X``
+        would otherwise drop its row silently), ``lengthscale`` is not a
+        scalar or of shape (d,), or a hyperparameter of the kernel is not
+        finite and positive.
     numpy.linalg.LinAlgError
         If the matrix to factorise (``k(X, X) + s2 I``, or ``s2 K_zz + P``
         in the Woodbury form) is not positive definite, e.g. a negative
@@ -130,6 +132,17 @@ def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury
     ``P = k(Z, X) k(X, Z)``: ``O(n m^2)``, only ``m x m`` factorisations.
     The two agree when ``Z`` covers the inputs densely.
     """
+    X = np.asarray(X, dtype=float)
+    Z = np.asarray(Z, dtype=float)
+    for name, a in (("X", X), ("Z", Z)):
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name} contains NaN or inf")
+    try:
+        noise_ok = bool(np.ndim(noise_variance) == 0 and np.isfinite(noise_variance))
+    except TypeError:  # a string, None
+        noise_ok = False
+    if not noise_ok:
+        raise ValueError(f"noise_variance must be a finite number, got {noise_variance!r}")
     # se_ard forms the differences x - z: the expanded square |x|^2 + |z|^2 - 2 x.z
     # cancels far from the origin (a client's Gram at x + 1e5 was not positive definite)
     Kzx = se_ard(Z, X, lengthscale, variance)

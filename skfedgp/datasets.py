@@ -646,12 +646,34 @@ def _per_latent(name, value, default, n_latent):
     return arr
 
 
+#: Keys of the ``truth`` Bunch that :func:`hierarchical_covariance` (and so
+#: :func:`hierarchical_oracle_predict`) reads; "gamma" is read in scenario C
+#: only, "rho" in scenario D only.
+_TRUTH_KEYS = (
+    "scenario", "n_outputs", "n_clients", "n_features", "noise", "loadings_global",
+    "loadings_deviation", "loadings_local", "global_lengthscale", "global_variance",
+    "deviation_variance", "local_lengthscale", "local_variance", "periodic",
+)
+
+
 def _check_truth(truth):
-    keys = ("scenario", "n_outputs", "n_clients", "n_features", "noise", "loadings_global")
-    if not isinstance(truth, dict) or any(k not in truth for k in keys):
+    """``truth`` if it is a dict holding every key read from it; else ValueError naming them."""
+    if not isinstance(truth, dict):
         raise ValueError(
             "truth must be the Bunch returned by make_hierarchical_regression("
-            "..., return_truth=True)"
+            f"..., return_truth=True), got a {type(truth).__name__}"
+        )
+    keys = list(_TRUTH_KEYS)
+    scenario = truth.get("scenario")
+    if scenario == "C":
+        keys.append("gamma")
+    elif scenario == "D":
+        keys.append("rho")
+    missing = [k for k in keys if k not in truth]
+    if missing:
+        raise ValueError(
+            "truth must be the Bunch returned by make_hierarchical_regression("
+            f"..., return_truth=True); it lacks the keys {missing}"
         )
     return truth
 
@@ -738,7 +760,10 @@ def hierarchical_covariance(truth, X1, groups1, X2=None, groups2=None):
     Raises
     ------
     ValueError
-        If ``truth`` is not such a Bunch, inputs are not 2-D with
+        If ``truth`` is not such a Bunch (not a dict, or lacking a key that
+        is read: every key of the Bunch but ``n_latent``, ``phi`` and the
+        clean targets, with ``gamma`` in scenario C and ``rho`` in scenario
+        D; the message names the missing keys), inputs are not 2-D with
         ``truth.n_features`` columns or hold NaN/inf, a ``groups`` array
         does not have one entry per row, client ids are not integers in
         range, or ``groups2`` is given without ``X2`` or ``X2`` without
@@ -845,8 +870,10 @@ def hierarchical_oracle_predict(
     Raises
     ------
     ValueError
-        On a ``truth`` that is not the generator's, shape mismatches, NaN or
-        inf in ``y`` or the inputs, or out-of-range client ids.
+        On a ``truth`` that is not the generator's (the message names the
+        keys it lacks, as in :func:`hierarchical_covariance`), shape
+        mismatches, NaN or inf in ``y`` or the inputs, or out-of-range
+        client ids.
     numpy.linalg.LinAlgError
         If the training covariance is singular even with a small jitter
         (only possible with ``noise == 0``).

@@ -192,20 +192,24 @@ def _check_cov_psd(cov):
             f"{eig_min[bad] * scale[bad]:.3g}); the blocks must be covariance matrices")
 
 
-def _overflow_error(what, y):
-    """The ValueError for a metric whose value is not representable in float64."""
+def _overflow_error(what, y, name="y_true"):
+    """The ValueError for a metric whose value is not representable in float64.
+
+    ``y`` is the input whose largest magnitude the message gives, ``name``
+    its name in the message.
+    """
     with np.errstate(over="ignore", invalid="ignore"):
         big = float(np.max(np.abs(y)))
     return ValueError(
-        f"{what} overflowed float64 (largest |y_true| = {big:.3g}); rescale the "
+        f"{what} overflowed float64 (largest |{name}| = {big:.3g}); rescale the "
         "targets and predictions")
 
 
-def _finite(value, what, y):
+def _finite(value, what, y, name="y_true"):
     """``float(value)``, or :func:`_overflow_error` if it is not finite."""
     value = float(value)
     if not np.isfinite(value):
-        raise _overflow_error(what, y)
+        raise _overflow_error(what, y, name)
     return value
 
 
@@ -543,7 +547,8 @@ def interval_width(y_std=None, level=0.95, *, y_cov=None):
         not 3-D with square blocks, is not finite or symmetric or has a
         non-positive diagonal, a ``level`` that is not a number in (0, 1),
         if both or neither of ``y_std``/``y_cov`` are given, or if the width
-        itself exceeds the float64 range.
+        itself exceeds the float64 range (the message gives the largest
+        ``y_std``).
     """
     level = _check_level(level)
     if (y_std is None) == (y_cov is None):
@@ -559,8 +564,9 @@ def interval_width(y_std=None, level=0.95, *, y_cov=None):
         std = _marginal_std(None, cov, cov.shape[:2])
     z = norm.ppf(0.5 + 0.5 * level)
     s = float(np.max(std))
+    name = "y_std" if y_std is not None else "sqrt(diag(y_cov))"
     with np.errstate(over="ignore"):
-        return _finite(2.0 * z * s * np.mean(std / s), "width", std)
+        return _finite(2.0 * z * s * np.mean(std / s), "width", std, name)
 
 
 def _check_levels(levels):

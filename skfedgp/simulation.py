@@ -157,13 +157,17 @@ class _Network:
         return float(aggregate(mu, var, self.sf2, rule, mean)[0][0])
 
 
-def _check_hyper(lengthscale, variance, noise_variance):
-    """The experts' fixed hyperparameters must be positive and finite."""
+def _check_hyper(lengthscale, variance, noise_variance, d):
+    """The experts' fixed hyperparameters must be positive and finite, the
+    lengthscale a scalar or of shape ``(d,)``."""
     for name, v in (("lengthscale", lengthscale), ("variance", variance),
                     ("noise_variance", noise_variance)):
         a = np.asarray(v, dtype=float)
         if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 0):
             raise ValueError(f"{name} must be positive and finite, got {v!r}")
+    if np.ndim(lengthscale) != 0 and np.shape(lengthscale) != (d,):
+        raise ValueError(f"lengthscale must be a scalar or have shape ({d},) (one per input "
+                         f"dimension), got shape {np.shape(lengthscale)}")
 
 
 def _check_network(max_points_per_expert, delays, rkhs_bound, lipschitz, beta):
@@ -176,8 +180,9 @@ def _check_network(max_points_per_expert, delays, rkhs_bound, lipschitz, beta):
     check_real(beta, "beta", allow_none=True)
 
 
-def _check_common(n_experts, aggregations, max_info, convention, decision_time, hyper):
-    """Checks shared by the simulations; returns ``aggregations`` as a tuple."""
+def _check_common(n_experts, aggregations, max_info, convention, decision_time, hyper, d):
+    """Checks shared by the simulations (inputs of ``d`` dimensions); returns
+    ``aggregations`` as a tuple."""
     # one rule name is that rule ("rbcm", not ("r", "b", "c", "m"))
     aggregations = (aggregations,) if isinstance(aggregations, str) else tuple(aggregations)
     if not (isinstance(decision_time, numbers.Real) and np.isfinite(decision_time)
@@ -190,7 +195,7 @@ def _check_common(n_experts, aggregations, max_info, convention, decision_time, 
             raise ValueError(f"unknown aggregation {a!r}; expected one of {AGGREGATIONS}")
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
-    _check_hyper(*hyper)
+    _check_hyper(*hyper, d)
     return aggregations
 
 
@@ -290,12 +295,12 @@ def simulate_stream(
         of another length), unknown rules, ``n_experts`` or ``max_info``
         not an integer >= 1, ``decision_time`` outside ``[0, 1)``, a
         lengthscale, variance or noise variance that is not positive and
-        finite, a ``lengthscale`` array whose length is not ``d`` (raised
-        by the kernel at the first prediction with data),
+        finite, a ``lengthscale`` array not of shape ``(d,)``,
         ``max_points_per_expert`` not an integer >= 1 (or None), a negative
         or non-finite delay parameter, a ``rkhs_bound``, ``lipschitz`` or
         ``beta`` that is not positive and finite, a non-finite
-        ``prior_mean`` (or a bool, which the baseline rules refuse), or a
+        ``prior_mean`` (or a bool when ``aggregations`` holds a baseline
+        rule, which refuses it; checked before the stream starts), or a
         ``random_state`` that cannot seed a generator.
     TypeError
         If ``X`` is sparse or ``aggregations`` is neither a string nor an
@@ -308,11 +313,18 @@ def simulate_stream(
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
     aggregations = _check_common(n_experts, aggregations, max_info, convention, decision_time,
-                                 (lengthscale, variance, noise_variance))
+                                 (lengthscale, variance, noise_variance), X.shape[1])
     _check_network(max_points_per_expert, (base_delay, delay_per_point, delay_spread),
                    rkhs_bound, lipschitz, beta)
     if not (isinstance(prior_mean, numbers.Real) and np.isfinite(prior_mean)):
         raise ValueError(f"prior_mean must be a finite number, got {prior_mean!r}")
+    refusing = [a for a in aggregations if a != "async"]
+    if isinstance(prior_mean, bool) and refusing:
+        # aggregate() refuses a bool prior mean: say so now, not at the first iteration
+        raise ValueError(
+            f"prior_mean must be a finite number, not a bool ({prior_mean!r}): the baseline "
+            f"rules {refusing} refuse it (only 'async' would read it as {float(prior_mean)}); "
+            "pass a float")
     rng = np.random.default_rng(check_random_state(random_state).randint(2**31))
     net = _Network(
         X.shape[1], n_experts, (lengthscale, variance, noise_variance), max_points_per_expert,
@@ -456,8 +468,7 @@ def simulate_tracking(
         :func:`simulate_stream`), ``n_runs < 1``, ``gains`` not two finite
         numbers, a negative or non-finite ``amplitude``, ``frequency`` or
         ``noise_std``, an ``initial_state`` that is not finite or not of 2
-        entries (the latter found when the first run starts), or a
-        ``random_state`` that cannot seed a generator.
+        entries, or a ``random_state`` that cannot seed a generator.
     TypeError
         If ``dynamics`` is not callable or ``aggregations`` is neither a
         string nor an iterable.
@@ -465,7 +476,7 @@ def simulate_tracking(
         If a plant diverges.
     """
     aggregations = _check_common(n_experts, aggregations, max_info, convention, decision_time,
-                                 (lengthscale, variance, noise_variance))
+                                 (lengthscale, variance, noise_variance), 2)
     _check_network(max_points_per_expert, (base_delay, delay_per_point, delay_spread),
                    rkhs_bound, lipschitz, beta)
     check_count(n_runs, "n_runs")
@@ -474,9 +485,13 @@ def simulate_tracking(
     for name, v in (("amplitude", amplitude), ("frequency", frequency),
                     ("noise_std", noise_std)):
         check_real(v, name, positive=False)
-    if initial_state is not None and not np.all(np.isfinite(np.asarray(initial_state,
-                                                                        dtype=float))):
-        raise ValueError(f"initial_state must be finite, got {initial_state!r}")
+    if initial_state is not None:
+        x0 = np.asarray(initial_state, dtype=float)
+        if x0.size != 2:
+            raise ValueError(f"initial_state must be of shape (2,) (x1, x2), got shape "
+                             f"{x0.shape}: {initial_state!r}")
+        if not np.all(np.isfinite(x0)):
+            raise ValueError(f"initial_state must be finite, got {initial_state!r}")
     for name, v in (("dt", dt), ("duration", duration)):
         if not (isinstance(v, numbers.Real) and np.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive number, got {v!r}")

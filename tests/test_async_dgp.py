@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from skfedgp import AsyncDGPRegressor
@@ -194,6 +195,36 @@ def test_incremental_cholesky_matches_numpy_after_1000_appends_and_window(rng):
     np.testing.assert_array_equal(yb, np.arange(700, 1000))
 
 
+def test_incremental_cholesky_refuses_n_outside_the_buffers(rng):
+    """chol_append with n = cap wrote a row past the buffer and returned True;
+    chol_delete_first with n = 0 zeroed the buffer's last row. Both now raise
+    before the compiled kernel runs. The buffers are views of larger arrays, so
+    a write past their end lands in a guard row that must stay zero."""
+    d, cap = 2, 4
+    ell = np.array([0.7, 1.3])
+    Lg, Xg, ig = np.zeros((cap + 1, cap)), np.zeros((cap + 1, d)), np.ones(d + 1)
+    L, Xb, inv_ell = Lg[:cap], Xg[:cap], ig[:d] / ell
+    yb, work = np.arange(cap, dtype=float), np.zeros(cap)
+    for n in range(cap):
+        assert chol_append(L, Xb, n, rng.standard_normal(d), inv_ell, 1.3, 0.05, work)
+    saved = Lg.copy(), Xg.copy(), yb.copy()
+    with pytest.raises(ValueError, match=r"n \(the number of stored points\) must be an integer "
+                                         r"in \[0, 3\].*got 4 \(at n = cap the buffers are full"):
+        chol_append(L, Xb, cap, np.ones(d), inv_ell, 1.3, 0.05, work)
+    with pytest.raises(ValueError, match=r"must be an integer in \[0, 3\].*got -1"):
+        chol_append(L, Xb, -1, np.ones(d), inv_ell, 1.3, 0.05, work)
+    with pytest.raises(ValueError, match=r"x and inv_ell must be of shape \(d,\) = \(2,\)"):
+        chol_append(L, Xb, 1, np.ones(d + 1), ig / 1.0, 1.3, 0.05, work)
+    with pytest.raises(ValueError, match=r"must be an integer in \[1, 4\].*got 0"):
+        chol_delete_first(L, Xb, yb, 0, work)
+    with pytest.raises(ValueError, match=r"yb must be of shape \(cap,\) = \(4,\)"):
+        chol_delete_first(L, Xb, yb[:2], 2, work)
+    for got, want in zip((Lg, Xg, yb), saved):
+        np.testing.assert_array_equal(got, want)  # nothing written, guard rows still zero
+    chol_delete_first(L, Xb, yb, cap, work)  # the full range still works
+    np.testing.assert_array_equal(yb[: cap - 1], [1.0, 2.0, 3.0])
+
+
 def test_partial_fit_in_chunks_equals_fit(rng):
     X, y = _data(rng, n=90)
     a = _fixed(n_experts=3).fit(X, y)
@@ -291,6 +322,16 @@ def test_bad_input(rng):
         _fixed(n_experts=2).fit(X, y, groups=np.full(30, 5))
     with pytest.raises(ValueError, match="lengthscale"):
         _fixed(lengthscale=[1.0, -1.0]).fit(X, y)
+
+
+def test_predict_before_fit_is_not_fitted_whatever_the_parameters():
+    """An unfitted model with a bad parameter (set before fit) raised the
+    parameter's ValueError from predict, not NotFittedError."""
+    est = AsyncDGPRegressor(aggregation="median")
+    with pytest.raises(NotFittedError):
+        est.predict(np.zeros((2, 2)))
+    with pytest.raises(NotFittedError):
+        est.predict(np.zeros((2, 2)), return_std=True)
 
 
 def test_one_sample_cannot_learn_hyperparameters(rng):

@@ -206,3 +206,42 @@ def test_information_set_rejects_bad_parameters_by_name(kw, match):
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         InformationSet(**args)
+
+
+_GOOD_ITEM = (np.array([0.0, 0.05]), 2.0, 0.1)
+
+
+@pytest.mark.parametrize("convention", ["paper", "gpgym"])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ((np.array([0.0, 0.0]), "abc", 0.1), r"mu_k of item 1 must be a finite real number"),
+        ((np.array([0.0, 0.0]), np.nan, 0.1), r"mu_k of item 1 must be a finite real number"),
+        ((np.array([0.0, 0.0]), True, 0.1), r"mu_k of item 1 must be a finite real number"),
+        ((np.array([0.0, 0.0]), 2.0, None), r"sigma_k of item 1 must be a finite real number"),
+        ((np.array([0.0, 0.0]), 2.0, -0.1), r"sigma_k of item 1 must be >= 0"),
+        ((np.array([0.0]), 2.0, 0.1), r"x_k of item 1 must be a finite array of shape \(2,\)"),
+        ((np.array([0.0, np.inf]), 2.0, 0.1), r"x_k of item 1 must be a finite array"),
+        ((np.array([0.0, 0.0]), 2.0), r"item 1 of new must be a triple"),
+    ],
+)
+def test_information_set_rejected_update_leaves_the_set_unchanged(convention, bad, match):
+    """A bad item (a string mu_k, an input of the wrong length for d = 2, NaN)
+    used to be stored in part before the error, or silently: lists of different
+    lengths, after which every aggregate raised (or NaN means). Every item is
+    now checked first, and a rejected update changes nothing."""
+    s = InformationSet(3, beta=2.0, sigma_f=1.0, lipschitz=1.0, lengthscale=[1.0, 1.0],
+                       convention=convention)
+    x = np.zeros(2)
+    s.update(x, [(np.array([0.1, 0.0]), 1.0, 0.1)])
+    before = (s.aggregate(x), [a.tolist() for a in s.x], list(s.mu), list(s.sigma))
+    with pytest.raises(ValueError, match=match):
+        s.update(x, iter([_GOOD_ITEM, bad]))  # the good item first: not stored either
+    assert (s.aggregate(x), [a.tolist() for a in s.x], list(s.mu), list(s.sigma)) == before
+    assert len(s.x) == len(s.mu) == len(s.sigma) == 1
+    # a current input of another length than the stored ones is named too
+    with pytest.raises(ValueError, match="x has 3 entries but the stored inputs have 2"):
+        s.update(np.zeros(3), [])
+    assert len(s) == 1
+    s.update(x, [_GOOD_ITEM])  # the set still works
+    assert s.mu == [1.0, 2.0]

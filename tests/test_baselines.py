@@ -143,9 +143,70 @@ def test_scalar_targets_joint_covariance(rng):
     np.testing.assert_allclose(m_col[:, 0], m, rtol=1e-12)
 
 
+def test_joint_covariance_has_the_regressors_memory_budget(rng, monkeypatch):
+    """predict(return_cov=True) had no budget (NumPy's own MemoryError, or
+    swapping, at a huge n); it now refuses above skfedgp.regressor.MAX_COV_BYTES,
+    as FederatedHierarchicalGPRegressor does, naming the memory needed."""
+    import skfedgp.regressor as regressor
+
+    X = rng.uniform(0, 1, (20, 1))
+    y = np.sin(6 * X[:, 0]) + 0.1 * rng.normal(size=20)
+    est = PFedGPRegressor(n_rounds=1, local_steps=3, random_state=0).fit(X, y)
+    Xs = np.linspace(0, 1, 10)[:, None]
+    monkeypatch.setattr(regressor, "MAX_COV_BYTES", 8 * 10 * 10 - 1)
+    with pytest.raises(MemoryError,
+                       match=r"10 x 10 float64 covariance .*800 bytes.*MAX_COV_BYTES"):
+        est.predict(Xs, return_cov=True)
+    assert est.predict(Xs[:9], return_cov=True)[1].shape == (9, 9)  # within the budget
+    # the marginal variances and the Q x Q blocks of 2-D targets have no n x n matrix
+    assert est.predict(Xs, return_std=True)[1].shape == (10,)
+    multi = PFedGPRegressor(n_rounds=1, local_steps=3, random_state=0).fit(X, np.c_[y, -y])
+    assert multi.predict(Xs, return_cov=True)[1].shape == (10, 2, 2)
+
+
+def test_lml_refuses_nan_inputs_and_noise(rng):
+    """NaN in the inputs, targets, loadings or noise (or a zero lengthscale)
+    returned a NaN log marginal likelihood silently."""
+    X = rng.uniform(0, 1, (6, 2))
+    qe = np.array([0, 1, 0, 1, 0, 1])
+    v = rng.normal(size=6)
+    B = rng.normal(size=(2, 2))
+    ell = rng.uniform(0.3, 1.0, (2, 2))
+    assert np.isfinite(lmc_log_marginal_likelihood(X, qe, v, B, ell, 0.1, gradient=False))
+    for name, args in [
+        ("Xe", (np.where(np.arange(12).reshape(6, 2) == 3, np.nan, X), qe, v, B, ell, 0.1)),
+        ("v", (X, qe, np.r_[v[:5], np.nan], B, ell, 0.1)),
+        ("B", (X, qe, v, np.full((2, 2), np.inf), ell, 0.1)),
+        ("ell", (X, qe, v, B, np.full((2, 2), np.nan), 0.1)),
+    ]:
+        with pytest.raises(ValueError, match=f"{name} contains NaN or inf"):
+            lmc_log_marginal_likelihood(*args)
+    with pytest.raises(ValueError, match="ell .* must be positive"):
+        lmc_log_marginal_likelihood(X, qe, v, B, np.zeros((2, 2)), 0.1)
+    for noise in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="noise_variance must be a finite number"):
+            lmc_log_marginal_likelihood(X, qe, v, B, ell, noise, gradient=False)
+
+
 # ---------------------------------------------------------------------------
 # federated averaging
 # ---------------------------------------------------------------------------
+def test_fedavg_log_mean_refuses_zero_weights_and_non_positive_lengthscales():
+    """Weights summing to zero (0 / 0) and lengthscales <= 0 (log) gave NaN
+    or a zero lengthscale silently."""
+    a, b = np.array([[1.0, 4.0]]), np.array([[9.0, 1.0]])
+    with pytest.raises(ValueError, match="weights sum to zero"):
+        fedavg_log_mean([a, b], [0, 0])
+    with pytest.raises(ValueError, match="weights must be finite and non-negative"):
+        fedavg_log_mean([a, b], [1, -1])
+    with pytest.raises(ValueError, match="weights must be finite and non-negative"):
+        fedavg_log_mean([a, b], [1, np.nan])
+    for bad in (-a, 0 * a, np.array([[1.0, np.nan]])):
+        with pytest.raises(ValueError, match="lengthscales must be finite and positive"):
+            fedavg_log_mean([a, bad], [1, 1])
+    np.testing.assert_allclose(fedavg_log_mean([a, b], [0, 2]), b, rtol=1e-12)
+
+
 def test_fedavg_log_mean_by_hand():
     a = np.array([[1.0, 4.0]])
     b = np.array([[9.0, 1.0]])

@@ -162,6 +162,77 @@ def test_ppca_fit_loglik_and_rank():
     assert select_ppca_rank(R[:2]) == 0
 
 
+def test_ppca_fit_refuses_non_finite_curves_and_ranks_out_of_range():
+    """rank >= p divided by p - rank = 0 (s2 inf or NaN, a NaN law); NaN in R
+    failed in the SVD with LinAlgError; inf in R made NumPy's SVD hang. All are
+    now ValueErrors raised before the SVD. Ranks between n and p - 1 stay valid."""
+    import subprocess
+    import sys
+
+    from skfedgp.classifier import ppca_fit
+
+    R = np.random.default_rng(0).standard_normal((5, 4))
+    for rank in (4, 6, -1):
+        with pytest.raises(ValueError, match=r"rank must be in \[0, p - 1\] = \[0, 3\]"):
+            ppca_fit(R, rank)
+    bad = R.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="R contains NaN or inf"):
+        ppca_fit(bad, 1)
+    with pytest.raises(ValueError, match="at least one residual curve"):
+        ppca_fit(R[:0], 1)
+    W, s2 = ppca_fit(R[:2], 3)  # rank above n: zero columns, a finite law
+    assert np.isfinite(s2) and s2 > 0 and np.all(W[:, 2] == 0)
+    # inf: in a child process, so that a hanging SVD fails the test instead of the suite
+    code = ("import numpy as np\nfrom skfedgp.classifier import ppca_fit\n"
+            "R = np.ones((5, 4)); R[0, 0] = np.inf\n"
+            "try:\n    ppca_fit(R, 1)\nexcept ValueError as e:\n    print(e)\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ppca_fit with inf in R did not return within 120 s")
+    assert "R contains NaN or inf" in out.stdout, out.stderr
+
+
+def test_ppca_loglik_refuses_a_zero_or_nan_variance_and_nan_curves():
+    """s2 = 0 or NaN, or NaN in R, returned NaN log-likelihoods silently."""
+    from skfedgp.classifier import ppca_fit, ppca_loglik
+
+    R = np.random.default_rng(1).standard_normal((6, 5))
+    W, s2 = ppca_fit(R, 2)
+    for bad_s2 in (0.0, np.nan, -1.0, np.inf, None):
+        for q in (0, 2):  # the Woodbury term and the isotropic law alone
+            with pytest.raises(ValueError, match="s2 must be a finite positive number"):
+                ppca_loglik(R, W[:, :q], bad_s2)
+    bad = R.copy()
+    bad[2, 3] = np.nan
+    with pytest.raises(ValueError, match="R contains NaN or inf"):
+        ppca_loglik(bad, W, s2)
+    Wn = W.copy()
+    Wn[0, 0] = np.inf
+    with pytest.raises(ValueError, match="W contains NaN or inf"):
+        ppca_loglik(R, Wn, s2)
+    assert np.all(np.isfinite(ppca_loglik(R, W, s2)))
+
+
+def test_rank_by_accuracy_refuses_class_indices_out_of_range():
+    """Curves of a class index >= n_classes (len(means)) were left out silently."""
+    from skfedgp.classifier import select_rank_by_accuracy
+
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((12, 4))
+    means, scales, log_prior = [np.zeros(4)] * 2, [np.ones(4)] * 2, np.log([0.5, 0.5])
+    y = np.repeat([0, 1, 2], 4)  # class 2 has no mean, scale or prior
+    with pytest.raises(ValueError, match=r"y_idx must hold class indices in 0 \.\. 1 .*\[2, 2"):
+        select_rank_by_accuracy(X, y, means, scales, log_prior)
+    with pytest.raises(ValueError, match="y_idx must hold class indices"):
+        select_rank_by_accuracy(X, np.r_[np.repeat([0, 1], 5), -1, 0], means, scales, log_prior)
+    with pytest.raises(ValueError, match=r"one class index per curve, shape \(12,\)"):
+        select_rank_by_accuracy(X, np.repeat([0, 1], 5), means, scales, log_prior)
+    assert select_rank_by_accuracy(X, np.repeat([0, 1], 6), means, scales, log_prior) >= 0
+
+
 def test_nan_points_scored_on_observed_subset(fitted):
     clf, _, _, Xt, _ = fitted
     Xn = Xt[:6].copy()

@@ -525,3 +525,24 @@ def test_a_list_of_mixed_type_labels_keeps_its_types():
         b = OperatorClustering(2, reg, random_state=0).fit(X, y, groups=list(mixed))
     assert list(b.clients_) == list(a.clients_)
     np.testing.assert_array_equal(b.client_labels_, a.client_labels_)
+
+
+@pytest.mark.parametrize("woodbury", [True, False])
+def test_projection_operator_refuses_non_finite_inputs(rng, woodbury):
+    """NaN in Z (a generic SciPy message at best) or inf in X (in the Woodbury
+    form its row silently dropped out: exp(-inf) = 0) are named up front, as
+    is a non-finite noise variance."""
+    X = rng.uniform(0, 3, (15, 2))
+    Z = rng.uniform(0, 3, (6, 2))
+    ell = np.array([0.7, 1.3])
+    Zn = Z.copy()
+    Zn[1, 0] = np.nan
+    with pytest.raises(ValueError, match="Z contains NaN or inf"):
+        projection_operator(X, Zn, ell, 2.0, 0.1, woodbury=woodbury)
+    Xi = X.copy()
+    Xi[0, 1] = np.inf
+    with pytest.raises(ValueError, match="X contains NaN or inf"):
+        projection_operator(Xi, Z, ell, 2.0, 0.1, woodbury=woodbury)
+    with pytest.raises(ValueError, match="noise_variance must be a finite number"):
+        projection_operator(X, Z, ell, 2.0, np.nan, woodbury=woodbury)
+    assert np.all(np.isfinite(projection_operator(X, Z, ell, 2.0, 0.1, woodbury=woodbury)))

@@ -1,6 +1,8 @@
 """Multi-output generator (pFedHGP sections 4.1, 4.3), its true covariance
 and the exact-GP oracle."""
 
+import re
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -304,6 +306,24 @@ def test_oracle_scenario_a_is_calibrated_and_uses_all_clients():
 def test_multioutput_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_hierarchical_regression(**kwargs)
+
+
+@pytest.mark.parametrize("scenario, drop", [
+    ("A", ["loadings_local"]), ("A", ["global_lengthscale", "periodic"]),
+    ("C", ["gamma"]), ("D", ["rho"]), (None, ["local_variance"]),
+])
+def test_covariance_names_the_missing_keys_of_truth(scenario, drop):
+    """hierarchical_covariance checked six keys of truth and then read others:
+    a KeyError on a truth lacking them. Every key it reads is checked first."""
+    kw = dict(n_outputs=2, scenario=scenario) if scenario else {}
+    X, y, g, truth = _gen(n_clients=2, n_samples=3, random_state=0, return_truth=True, **kw)
+    hierarchical_covariance(truth, X, g)  # complete: fine
+    partial = {k: v for k, v in truth.items() if k not in drop}
+    with pytest.raises(ValueError, match=r"truth must be .*it lacks the keys " + re.escape(
+            str(drop))):
+        hierarchical_covariance(partial, X, g)
+    with pytest.raises(ValueError, match="it lacks the keys"):
+        hierarchical_oracle_predict(partial, X, y, g, X, g)
 
 
 def test_covariance_and_oracle_errors():

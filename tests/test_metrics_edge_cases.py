@@ -61,6 +61,20 @@ def test_unrepresentable_metric_raises_the_overflow_error(call, what):
             call()
 
 
+def test_interval_width_overflow_names_y_std_not_y_true():
+    """interval_width has no y_true; its overflow message said "largest
+    |y_true|" about the standard deviations."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"width overflowed float64 \(largest \|y_std\| "
+                                             r"= 1e\+308\)") as info:
+            M.interval_width(np.array([1e308, 1e308]))
+    assert "y_true" not in str(info.value)
+    # the other metrics still name y_true
+    with pytest.raises(ValueError, match=r"largest \|y_true\|"):
+        M.rmse([1.5e308, -1.5e308], [-1.5e308, 1.5e308])
+
+
 def test_regression_report_of_1e200_data_is_finite_and_scale_equivariant():
     y = np.array([1e200, -1e200, 3e200])
     rep = M.regression_report(y, y * 0.5, np.full(3, 1e199))

@@ -240,3 +240,43 @@ def test_stream_two_column_y_named():
     X = np.random.default_rng(0).uniform(0, 5, (25, 1))
     with pytest.raises(ValueError, match="y must be 1-D"):
         simulate_stream(X, np.c_[X[:, 0], X[:, 0]], random_state=0)
+
+
+def test_tracking_initial_state_of_the_wrong_shape_is_named_up_front():
+    """A 3-entry initial_state passed the checks and failed when the first run
+    started, with NumPy's "cannot reshape array of size 3 into shape (2,)"."""
+    with pytest.raises(ValueError, match=r"initial_state must be of shape \(2,\) \(x1, x2\), "
+                                         r"got shape \(3,\)"):
+        simulate_tracking(duration=0.1, random_state=0, initial_state=[0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match=r"initial_state must be of shape \(2,\)"):
+        simulate_tracking(duration=0.1, random_state=0, initial_state=0.5)
+    df = simulate_tracking(duration=0.1, random_state=0, initial_state=[0.1, 0.2],
+                           aggregations="moe")
+    assert np.isfinite(df["tracking_error"]).all()
+
+
+def test_stream_bool_prior_mean_is_refused_up_front_for_the_baseline_rules(rng):
+    """prior_mean=True passed simulate_stream's own check, then aggregate()
+    refused it at the first iteration; now the up-front check names the rules
+    that refuse it. The "async" rule alone reads it as a number, as before."""
+    X, y = _stream(rng, n=10)
+    with pytest.raises(ValueError, match=r"prior_mean must be a finite number, not a bool "
+                                         r"\(True\): the baseline rules \['moe', 'bcm'\]"):
+        simulate_stream(X, y, prior_mean=True, aggregations=("async", "moe", "bcm"),
+                        random_state=0)
+    a = simulate_stream(X, y, prior_mean=True, aggregations="async", random_state=0)
+    b = simulate_stream(X, y, prior_mean=1.0, aggregations="async", random_state=0)
+    np.testing.assert_array_equal(a["prediction"].to_numpy(), b["prediction"].to_numpy())
+
+
+def test_stream_lengthscale_of_the_wrong_length_is_named_up_front(rng):
+    """A lengthscale array not of length d used to fail only when the kernel
+    first ran with data (after the incremental Cholesky had read past it), and
+    not at all on a stream too short for an expert to receive a point."""
+    X, y = _stream(rng, n=10)
+    for n in (1, 10):
+        with pytest.raises(ValueError, match=r"lengthscale must be a scalar or have shape "
+                                             r"\(2,\)"):
+            simulate_stream(X[:n], y[:n], lengthscale=[1.0, 1.0, 1.0], random_state=0)
+    with pytest.raises(ValueError, match=r"lengthscale must be a scalar or have shape \(2,\)"):
+        simulate_tracking(duration=0.1, random_state=0, lengthscale=[0.3])
