@@ -692,6 +692,88 @@ def test_auto_inducing_budget_is_the_largest_affordable_size():
     assert budget_inducing(sizes, comps, budget=5e10) > M
 
 
+def test_design_share_against_a_dense_nystrom():
+    """``design_share`` is ``1 - sum q(x, x) / sum k(x, x)`` with the Nystrom
+    ``q(x, x) = k(x, Z) K_zz^{-1} k(Z, x)``; 0 with ``Z = X``, near 1 with a
+    single far point."""
+    from skfedgp.federated import design_share
+
+    rng = np.random.default_rng(0)
+    X, Z = rng.uniform(size=(40, 3)), rng.uniform(size=(12, 3))
+    ell = np.array([0.3, 0.5, 0.8])
+
+    def k(A, B):
+        return np.exp(-0.5 * np.sum(((A[:, None] - B[None]) / ell) ** 2, axis=-1))
+
+    Kzz = k(Z, Z)
+    q = np.einsum("ij,ji->i", k(X, Z), np.linalg.solve(Kzz, k(Z, X)))
+    assert design_share(X, Z, ell, jitter=0.0) == pytest.approx(1.0 - q.mean(), abs=1e-8)
+    assert design_share(X, X, ell) < 1e-4
+    assert design_share(X, np.full((1, 3), 50.0), ell) == pytest.approx(1.0)
+
+
+def _growth_case(d, ell, sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(size=(sum(sizes), d))
+    W = rng.normal(size=(d, 20)) / ell
+    y = np.cos(X @ W + rng.uniform(0, 6, 20)).sum(axis=1) + 0.05 * rng.normal(size=len(X))
+    return X, y, np.repeat(np.arange(len(sizes)), sizes)
+
+
+def test_auto_inducing_grows_where_a_quarter_of_n_leaves_the_prior_unexplained():
+    """Six inputs of short lengthscale, 4 x 150 points: ``N / 4 = 150``
+    points leave more than AUTO_GROW_SHARE of the prior unexplained, so the
+    server grows ``M`` (by a quarter per check) up to ``N / 2``; every check
+    is recorded, the last one is the ``M`` used, and every check but the
+    last was above the threshold. Set-up only (``n_rounds=0``)."""
+    from skfedgp.federated import AUTO_GROW_MAX, AUTO_GROW_SHARE
+
+    X, y, g = _growth_case(6, 0.4, [150] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=0, random_state=0).fit(X, y, g)
+    growth = est.server_.inducing_growth_
+    assert growth[0][0] == 150 and len(growth) >= 2
+    assert all(share > AUTO_GROW_SHARE for _, share in growth[:-1])
+    assert est.n_inducing_ == growth[-1][0] > 150
+    assert est.n_inducing_ <= min(300, AUTO_GROW_MAX)
+    assert est.server_.global_pack.unpack(est.server_.theta_global)["Z_g"].shape[0] \
+        == est.n_inducing_
+    # the design's share decreases as it grows (nested Sobol designs)
+    shares = [s for _, s in growth]
+    assert all(a > b for a, b in zip(shares, shares[1:]))
+
+
+@pytest.mark.parametrize("d, ell, sizes", [
+    (1, 0.05, [100] * 5),   # 1-D: the lengthscale rule never reaches N / 4
+    (2, 0.3, [30] * 6),     # 2-D: N / 4 = 64 points cover the square
+])
+def test_auto_inducing_does_not_grow_where_the_design_covers_the_inputs(d, ell, sizes):
+    """Where ``N / 4`` (or the lengthscale rule) already explains the prior,
+    ``M`` is what it was before growth existed."""
+    from skfedgp.federated import AUTO_GROW_SHARE
+
+    X, y, g = _growth_case(d, ell, sizes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=0, random_state=0).fit(X, y, g)
+    growth = est.server_.inducing_growth_
+    assert len(growth) <= 1
+    if growth:
+        assert growth[0][1] <= AUTO_GROW_SHARE and est.n_inducing_ == growth[0][0]
+    assert est.n_inducing_ <= max(64, int(np.ceil(0.25 * len(y))))
+
+
+def test_a_given_n_inducing_is_never_grown():
+    """Growth is part of ``n_inducing="auto"`` only: a given number is used as given."""
+    X, y, g = _growth_case(6, 0.4, [150] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=0, n_inducing=150,
+                                               random_state=0).fit(X, y, g)
+    assert est.n_inducing_ == 150 and est.server_.inducing_growth_ == []
+
+
 def _data_poor(seed):
     """8 clients of 3-15 points of a shared function plus their own level and
     a smooth deviation; every other client sees only a window of width 4 of
