@@ -1,9 +1,9 @@
 """Growing the global inducing set where ``N / 4`` points leave much of the prior unexplained.
 
-``n_inducing="auto"`` caps ``M`` at a quarter of the observations; where that
-cap binds, the server checks the share of the prior variance that the design
+``n_inducing="auto"`` caps ``M`` at a quarter of the observations (or 64);
+where that cap binds, the server checks the share of the prior variance that the design
 leaves unexplained over the region the clients cover and grows ``M`` while
-it is above 5 %, up to half the observations and at most 512 points
+it is above 1 %, up to half the observations and at most 512 points
 (``federated.AUTO_GROW_SHARE``; docs/maths.md section 11). For each case and
 seed this script fits ``FederatedHierarchicalGPRegressor(random_state=seed)``
 at its defaults ("grown") and with ``n_inducing`` fixed at the ungrown

@@ -982,6 +982,7 @@ class Server:
                             if config.variational_family == "mean_field" else None)
         self.theta_global = None
         self._adam = Adam(config.global_learning_rate)  # per-coordinate in initialise
+        self.inducing_growth_ = []  # n_inducing="auto" growth checks (structured_initialise)
 
     def initialise(self, summaries):
         """Standardisation and initial global block from the client summaries.
@@ -1153,7 +1154,10 @@ class Server:
         (:data:`AUTO_PER_LENGTHSCALE` points per lengthscale and dimension,
         at least :data:`AUTO_MIN_INDUCING`, at most the total number of
         observations and at most the larger of :data:`AUTO_MAX_INDUCING` and
-        the size an ELBO evaluation can afford, :func:`budget_inducing`).
+        the size an ELBO evaluation can afford, :func:`budget_inducing`, and
+        at most :data:`AUTO_MAX_SHARE` of the observations or
+        :data:`AUTO_SHARE_FLOOR`; where that share cap binds,
+        :meth:`_grow_inducing` may grow it, see :data:`AUTO_GROW_SHARE`).
         Inducing points: a scrambled Sobol design over the union of the
         clients' boxes.
 
@@ -1192,8 +1196,9 @@ class Server:
             grow_max = min(cap, self.n_total, max(share_max, min(
                 AUTO_GROW_MAX, int(np.ceil(AUTO_GROW_MAX_SHARE * self.n_total)))))
             if M == share_max and grow_max > M:
-                M = self._grow_inducing(M, grow_max, ell if cfg.lengthscale is not None
-                                        else start_lengthscale(ell, 1.0))
+                # Z_g is taken from the same candidates as the checked designs
+                cand, M = self._grow_inducing(M, grow_max, ell, ell if cfg.lengthscale is not None
+                                              else start_lengthscale(ell, 1.0), cand)
         else:
             M = cap_inducing(int(cfg.n_inducing), self.n_total)
         # "auto": each client sizes its own local set (StructuredClient.initialise)
@@ -1237,24 +1242,35 @@ class Server:
         self.n_inducing_local_ = M_local
         return self.theta_global.copy(), gpack, M, M_local
 
-    def _grow_inducing(self, M, grow_max, ell0):
+    def _grow_inducing(self, M, grow_max, ell, ell0, cand):
         """Grow ``M`` while the design leaves much of the prior unexplained (server only).
 
         :data:`AUTO_GROW_SHARE`: the share of the prior variance that the
-        first ``M`` points of the union's Sobol design leave unexplained at
-        :data:`AUTO_GROW_POINTS` later points of the same sequence
-        (:func:`design_share`, lengthscales ``ell0``). Each check is kept in
-        ``inducing_growth_`` as ``(M, share)``.
+        first ``M`` points of the union's design
+        (:meth:`_union_candidates` with the lengthscales ``ell``) leave
+        unexplained at :data:`AUTO_GROW_POINTS` later points of the same
+        design (:func:`design_share`, kernel lengthscales ``ell0``, the
+        starting ones). Each check is kept in ``inducing_growth_`` as
+        ``(M, share)``.
+
+        Returns
+        -------
+        candidates : ndarray of shape (k, d)
+            The design whose first ``M`` points become ``Z_g`` (so the
+            checked designs are the used one); ``cand`` (the set-up's
+            candidates) and ``M`` unchanged when the union yields too few
+            points for the check.
+        M : int
         """
-        pts, _ = self._union_candidates(ell0, at_least=grow_max + AUTO_GROW_POINTS)
+        pts, _ = self._union_candidates(ell, at_least=grow_max + AUTO_GROW_POINTS)
         if pts.shape[0] < grow_max + AUTO_MIN_INDUCING:
-            return M
+            return cand, M
         X_eval = pts[grow_max:grow_max + AUTO_GROW_POINTS]
         while True:
             share = design_share(X_eval, pts[:M], ell0, self.config.jitter)
             self.inducing_growth_.append((int(M), float(share)))
             if share <= AUTO_GROW_SHARE or M >= grow_max:
-                return M
+                return pts, M
             M = min(grow_max, int(np.ceil(1.25 * M)))
 
     def _union_candidates(self, ell, at_least=0):
@@ -1722,7 +1738,7 @@ AUTO_SHARE_FLOOR = 64
 #: uses the starting lengthscales, which training shortens, so a design
 #: that passes at 5 % can still be too coarse (4 clients x 150 points of
 #: a 4-D and a 6-D function, shares 3-9 % at ``N / 4``: RMSE 1.12-1.37
-#: times a pooled exact GP's, 0.96-1.16 at ``N / 2``). Only inputs of
+#: times a pooled exact GP's, 0.98-1.16 at ``N / 2``). Only inputs of
 #: several dimensions with short lengthscales get there: KIN40K (8-D),
 #: 5 clients x 200 points, left 20 % of the prior variance unexplained at
 #: ``M = 250`` and 11 % at 500 (docs/maths.md, section 11).
@@ -1801,10 +1817,12 @@ def own_noise_centre(n_samples, n_features):
     True with at least :data:`PILOT_POOL_POINTS` observations and
     :data:`OWN_NOISE_POINTS_PER_PARAMETER` per hyperparameter of the pilot
     (``n_features + 2``) among the points the pilot uses (at most
-    :data:`PILOT_MAX_POINTS`); otherwise the population's noise variance is
-    the centre (docs/maths.md, section 10, "Noise hyperprior"). Used for
-    1-D targets by clients that ran a pilot; multi-output clients always
-    take the population's centre.
+    :data:`PILOT_MAX_POINTS`); otherwise a client whose rows repeat inputs
+    with at least :data:`PURE_ERROR_MIN_DOF` pure-error degrees of freedom
+    centres it on its pure-error variance (:func:`pure_error_variance`), and
+    any other client on the population's noise variance (docs/maths.md,
+    section 10, "Noise hyperprior"). Used for 1-D targets by clients that
+    ran a pilot; multi-output clients always take the population's centre.
 
     Parameters
     ----------
@@ -3420,8 +3438,9 @@ class StructuredClient:
         # noise, and its local part then fitted its noise); otherwise the
         # population's noise, in the client's own units when its targets are
         # clearly on a larger scale (prior_scale)
-        replicate_var, replicate_dof = pure_error_variance(self._Xs, self._y)
         own_centre = own is not None and own_noise_centre(self.n_samples, d)
+        replicate_var, replicate_dof = ((np.nan, 0) if own_centre
+                                        else pure_error_variance(self._Xs, self._y))
         # a client too small for that whose rows repeat inputs: the spread
         # of its targets at equal inputs (pure error; needs no model), if
         # above the client's noise floor (a client that repeats noise-free

@@ -427,7 +427,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     on another level or scale does not change the others' units. Each
     client's noise variance and local kernel get weak hyperpriors: from the
     population, or, for a client's noise variance when it has enough points
-    for its own pilot to be reliable, from that pilot, or, for a smaller
+    for its own pilot to be reliable, from that pilot, or, for another
     client whose rows repeat inputs (at least 10 pure-error degrees of
     freedom), from the spread of its targets at equal inputs (see
     ``noise_prior_scale``).
@@ -443,10 +443,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         design already covers the inputs), except that where this cap binds
         and the design leaves more than 1 % of the prior variance
         unexplained over the region the clients' inputs cover (several
-        inputs with short lengthscales; checked on the server at the
-        starting lengthscales, without data), it grows by a quarter at a
-        time up to ``N / 2`` and at most 512 points (each check in
-        ``server_.inducing_growth_``; such a fit costs 1.5-6 times more:
+        inputs, or short lengthscales for the number of observations;
+        checked on the server at the starting lengthscales, without data),
+        it grows by a quarter at a time up to ``N / 2`` and at most 512
+        points (each check in ``server_.inducing_growth_``; such a fit
+        costs about 1.2-7 times more:
         KIN40K, 5 clients x 200 points, ``M`` 250 to 500, RMSE 1.17-1.39
         times a pooled exact GP's to 1.07-1.14, fit time about 100 s to
         300-700 s; docs/maths.md section 11), and at
@@ -552,7 +553,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         times the client's pilot signal variance (mean-field family: 1.0).
     noise_variance : float, default=None
         Initial noise variance of every client, in squared target units;
-        None: each client's pilot noise variance (mean-field: 0.1 in
+        None: each client's pilot noise variance, or, for a client whose
+        noise hyperprior is centred on its pure-error variance (see
+        ``noise_prior_scale``), that variance (mean-field: 0.1 in
         standardised units). Each client's noise variance stays above its
         own floor, ``1e-6`` times its own target variance (mean-field: 1e-6
         in standardised units); a smaller given value starts just above it.
@@ -591,8 +594,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         and at least 32 observations and 10 per hyperparameter of its pilot
         (the number of features used by the model plus 2) among the at most
         256 points its pilot uses, at its own pilot's noise variance, for
-        a smaller client with 1-D ``y`` whose rows repeat inputs (at least
-        10 pure-error degrees of freedom, a spread above its noise floor) at
+        another client with 1-D ``y`` whose rows repeat inputs (at least
+        10 pure-error degrees of freedom, a spread above twice its noise
+        floor; with 24 or more features no pilot qualifies, so any such
+        client) at
         the variance of its targets around their means at equal inputs, and
         otherwise at the median of the clients'
         pilot noise variances weighted by their numbers of points, the

@@ -746,7 +746,7 @@ def test_auto_inducing_grows_where_a_quarter_of_n_leaves_the_prior_unexplained()
 
 @pytest.mark.parametrize("d, ell, sizes", [
     (1, 0.05, [100] * 5),   # 1-D: the lengthscale rule never reaches N / 4
-    (2, 0.3, [30] * 6),     # 2-D: N / 4 = 64 points cover the square
+    (2, 0.3, [30] * 6),     # 2-D: for this function 64 points cover the square
 ])
 def test_auto_inducing_does_not_grow_where_the_design_covers_the_inputs(d, ell, sizes):
     """Where ``N / 4`` (or the lengthscale rule) already explains the prior,
@@ -762,6 +762,31 @@ def test_auto_inducing_does_not_grow_where_the_design_covers_the_inputs(d, ell, 
     if growth:
         assert growth[0][1] <= AUTO_GROW_SHARE and est.n_inducing_ == growth[0][0]
     assert est.n_inducing_ <= max(64, int(np.ceil(0.25 * len(y))))
+
+
+@pytest.mark.parametrize("shift", [0.0, 4.0])
+def test_the_checked_design_is_the_one_used(monkeypatch, shift):
+    """The last design whose share was checked is ``Z_g``, also when two
+    clients sit far from the other two (``shift`` 4 in 4-D: the union is a
+    small share of the box and its candidates come another way)."""
+    import skfedgp.federated as fed
+
+    checked = []
+    real = fed.design_share
+
+    def spy(X, Z, ell, jitter=fed.DEFAULT_JITTER):
+        checked.append(np.array(Z))
+        return real(X, Z, ell, jitter)
+
+    monkeypatch.setattr(fed, "design_share", spy)
+    X, y, g = _growth_case(4, 0.3, [150] * 4)
+    X = X + shift * (g >= 2)[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=0, random_state=0).fit(X, y, g)
+    assert checked, "no growth check ran"
+    Z_g = est.server_.global_pack.unpack(est.server_.theta_global)["Z_g"]
+    assert_allclose(checked[-1], Z_g)
 
 
 def test_a_given_n_inducing_is_never_grown():
