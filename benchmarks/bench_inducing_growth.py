@@ -2,8 +2,8 @@
 
 ``n_inducing="auto"`` caps ``M`` at a quarter of the observations (or 64);
 where that cap binds, the server checks the share of the prior variance that the design
-leaves unexplained over the region the clients cover and grows ``M`` while
-it is above 1 %, up to half the observations and at most 512 points
+leaves unexplained over the region the clients cover and, if that is above
+5 %, grows ``M`` while it is above 1 %, up to half the observations and at most 512 points
 (``federated.AUTO_GROW_SHARE``; docs/maths.md section 11). For each case and
 seed this script fits ``FederatedHierarchicalGPRegressor(random_state=seed)``
 at its defaults ("grown") and with ``n_inducing`` fixed at the ungrown

@@ -441,12 +441,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         at least 10, at most the number of observations ``N``, at most
         ``max(64, N / 4)`` (more costs far more and gains nothing where the
         design already covers the inputs), except that where this cap binds
-        and the design leaves more than 1 % of the prior variance
+        and the design leaves more than 5 % of the prior variance
         unexplained over the region the clients' inputs cover (several
         inputs, or short lengthscales for the number of observations;
         checked on the server at the starting lengthscales, without data),
-        it grows by a quarter at a time up to ``N / 2`` and at most 512
-        points (each check in ``server_.inducing_growth_``; such a fit
+        it grows by a quarter at a time while that share is above 1 %, up
+        to ``N / 2`` and at most 512 points (each check in ``server_.inducing_growth_``; such a fit
         costs about 1.2-7 times more:
         KIN40K, 5 clients x 200 points, ``M`` 250 to 500, RMSE 1.17-1.39
         times a pooled exact GP's to 1.07-1.14, fit time about 100 s to

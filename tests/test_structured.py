@@ -789,6 +789,24 @@ def test_the_checked_design_is_the_one_used(monkeypatch, shift):
     assert_allclose(checked[-1], Z_g)
 
 
+def test_growth_starts_only_above_its_start_share(monkeypatch):
+    """A first share below AUTO_GROW_START leaves ``M`` alone even though it
+    is above the stop share: with the start raised above the 6-D case's
+    first share there is one check and no growth."""
+    import skfedgp.federated as fed
+
+    X, y, g = _growth_case(6, 0.4, [150] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grown = FederatedHierarchicalGPRegressor(n_rounds=0, random_state=0).fit(X, y, g)
+        first = grown.server_.inducing_growth_[0][1]
+        assert first > fed.AUTO_GROW_SHARE
+        monkeypatch.setattr(fed, "AUTO_GROW_START", first * 1.01)
+        held = FederatedHierarchicalGPRegressor(n_rounds=0, random_state=0).fit(X, y, g)
+    assert held.n_inducing_ == 150 and len(held.server_.inducing_growth_) == 1
+    assert grown.n_inducing_ > 150
+
+
 def test_a_given_n_inducing_is_never_grown():
     """Growth is part of ``n_inducing="auto"`` only: a given number is used as given."""
     X, y, g = _growth_case(6, 0.4, [150] * 4)
