@@ -38,6 +38,7 @@ from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
 from bench_inducing import case as inducing_case
 from skfedgp import FederatedHierarchicalGPRegressor
+from skfedgp.metrics import gaussian_nll, rmse
 
 
 def case(name, seed, data_dir):
@@ -54,10 +55,7 @@ def case(name, seed, data_dir):
 
 
 def scores(yt, m, s):
-    z = (yt - m) / s
-    return (float(np.sqrt(np.mean((yt - m) ** 2))),
-            float(np.mean(0.5 * np.log(2 * np.pi * s**2) + 0.5 * z**2)),
-            float(np.mean(np.abs(z) > 3)))
+    return rmse(yt, m), gaussian_nll(yt, m, s), float(np.mean(np.abs(yt - m) > 3 * s))
 
 
 def main(argv=None):

@@ -170,6 +170,37 @@ def check_real(value, name, *, positive=True, allow_none=False):
     return float(value)
 
 
+def check_finite_scalar(value, name):
+    """A finite real scalar of any sign (NumPy scalars and 0-d arrays too).
+
+    Unlike :func:`check_real`, negative values pass (a caller may document
+    its own error for them) and nothing is converted.
+
+    Parameters
+    ----------
+    value : object
+        The value given.
+    name : str
+        Parameter name for the message.
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be a finite number, got <value>"`` for NaN, inf, an
+        array with more than one entry, a string or None.
+
+    Notes
+    -----
+    Package plumbing; no paper source.
+    """
+    try:
+        ok = bool(np.ndim(value) == 0 and np.isfinite(value))
+    except TypeError:  # a string, None
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
 def check_not_strings(y):
     """Refuse regression targets (array-like, pandas included) that hold strings.
 

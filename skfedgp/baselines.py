@@ -43,6 +43,7 @@ from sklearn.utils.validation import (
 from ._linalg import cholesky_inverse, single_threaded_blas
 from ._validation import (
     ClientLabelWarning,
+    check_finite_scalar,
     check_groups,
     check_label_types,
     check_real,
@@ -196,12 +197,7 @@ def lmc_log_marginal_likelihood(Xe, qe, v, B, ell, noise_variance, *, gradient=T
             raise ValueError(f"{name} contains NaN or inf")
     if np.any(np.asarray(ell) <= 0):
         raise ValueError("ell (the lengthscales) must be positive")
-    try:
-        noise_ok = bool(np.ndim(noise_variance) == 0 and np.isfinite(noise_variance))
-    except TypeError:  # a string, None
-        noise_ok = False
-    if not noise_ok:
-        raise ValueError(f"noise_variance must be a finite number, got {noise_variance!r}")
+    check_finite_scalar(noise_variance, "noise_variance")
     m = Xe.shape[0]
     K, kr = _lmc_cov(Xe, qe, B, ell, noise_variance)
     L = _cholesky(K)

@@ -14,7 +14,8 @@ from sklearn.cluster import SpectralClustering
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import keep_state_on_error, normalise_labels, unique_labels
+from ._validation import (check_finite_scalar, keep_state_on_error, normalise_labels,
+                          unique_labels)
 from .federated import default_sizes_quiet
 from .kernels import se_ard
 from .regressor import FederatedHierarchicalGPRegressor
@@ -137,12 +138,7 @@ def projection_operator(X, Z, lengthscale, variance, noise_variance, *, woodbury
     for name, a in (("X", X), ("Z", Z)):
         if not np.all(np.isfinite(a)):
             raise ValueError(f"{name} contains NaN or inf")
-    try:
-        noise_ok = bool(np.ndim(noise_variance) == 0 and np.isfinite(noise_variance))
-    except TypeError:  # a string, None
-        noise_ok = False
-    if not noise_ok:
-        raise ValueError(f"noise_variance must be a finite number, got {noise_variance!r}")
+    check_finite_scalar(noise_variance, "noise_variance")
     # se_ard forms the differences x - z: the expanded square |x|^2 + |z|^2 - 2 x.z
     # cancels far from the origin (a client's Gram at x + 1e5 was not positive definite)
     Kzx = se_ard(Z, X, lengthscale, variance)
