@@ -3386,7 +3386,9 @@ class StructuredClient:
         its own pilot's (or the population median if it ran none, or if its
         pilot explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (floored).
+        noise variance (floored), at least the shared parts' prior variance
+        that the global inducing points leave unexplained at its inputs
+        (:meth:`_shared_residual`; docs/maths.md, section 10).
         """
         d = self._Xs.shape[1]
         p = own if own is not None else population
@@ -3468,6 +3470,14 @@ class StructuredClient:
             centre = population.noise_variance * prior_scale(
                 own_var, population, None if own is None else own.noise_variance)
         self.prior_noise = float(np.clip(centre, 2.0 * self.noise_floor, hi))
+        if config.noise_variance is None:
+            # not below the shared parts' prior variance that the global
+            # inducing points leave unexplained at the client's inputs: from a
+            # pilot that interpolated a few points (noise near its floor) the
+            # trace term of that residual over the noise would otherwise cost
+            # thousands of nats, and the first global phase would switch the
+            # shared parts off for every client to remove it
+            s2 = max(s2, self._shared_residual(theta_g, gpack, config))
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
         if config.noise_variance is not None and s2 > hi:
             check_in_bounds("noise_variance", s2, True, (lo, hi))  # raises: above the range
@@ -3502,6 +3512,25 @@ class StructuredClient:
             client_scale=learn_scale)
         self.theta = self.pack.pack(values)
         self._decide_local_inducing(config)
+
+    def _shared_residual(self, theta_g, gpack, config):
+        """Mean over the inputs of the global and deviation prior variance left
+        unexplained by the global inducing points (``k(x, x) - q(x, x)``, the
+        per-point trace term of the bound; standardised units; 0 without them)."""
+        comps = tuple(config.components)
+        G = gpack.unpack(theta_g)
+        if "Z_g" not in G or not self.n_samples or not ("global" in comps
+                                                         or "deviation" in comps):
+            return 0.0
+        var = float(G.get("variance_g", 1.0))
+        weight = (1.0 if "global" in comps else 0.0) + (
+            float(G.get("phi", 0.0)) if "deviation" in comps else 0.0)
+        try:
+            res, _ = latent_design_residuals(self._Xs, G["Z_g"], G["lengthscale_g"], var,
+                                             config.jitter, per_row=True)
+        except np.linalg.LinAlgError:
+            return 0.0
+        return float(weight * np.mean(res))
 
     def _decide_local_inducing(self, config, recheck=False):
         """Whether this client learns its local inducing inputs (``learn_local_inducing``).
