@@ -1693,6 +1693,10 @@ CLIENT_SCALE_PRIOR_SD = 3.0
 #: to the population has at most this chance on either side for a client of
 #: its size on the population's scale (:func:`learns_client_scale`).
 CLIENT_SCALE_CHANCE = 1e-3
+#: A client's starting noise variance is at least the shared parts' prior
+#: variance that the global inducing points leave unexplained at its inputs
+#: when that is at most this share of the prior (StructuredClient._shared_residual).
+NOISE_START_MAX_SHARE = 0.5
 #: Penalised-complexity prior of a client's local standard deviation: rate
 #: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
 #: larger of the pilots' median signal std and the client's own target std.
@@ -3476,8 +3480,12 @@ class StructuredClient:
             # pilot that interpolated a few points (noise near its floor) the
             # trace term of that residual over the noise would otherwise cost
             # thousands of nats, and the first global phase would switch the
-            # shared parts off for every client to remove it
-            s2 = max(s2, self._shared_residual(theta_g, gpack, config))
+            # shared parts off for every client to remove it. Only where the
+            # design explains most of that prior variance (where it covers
+            # little at the starting lengthscales, the residual is the prior
+            # itself and says nothing about the noise), and never above half
+            # the client's own variance (a client on a far smaller scale)
+            s2 = max(s2, min(self._shared_residual(theta_g, gpack, config), 0.5 * own_var))
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
         if config.noise_variance is not None and s2 > hi:
             check_in_bounds("noise_variance", s2, True, (lo, hi))  # raises: above the range
@@ -3516,7 +3524,12 @@ class StructuredClient:
     def _shared_residual(self, theta_g, gpack, config):
         """Mean over the inputs of the global and deviation prior variance left
         unexplained by the global inducing points (``k(x, x) - q(x, x)``, the
-        per-point trace term of the bound; standardised units; 0 without them)."""
+        per-point trace term of the bound; standardised units).
+
+        0 without those parts, or where the residual is more than
+        :data:`NOISE_START_MAX_SHARE` of their prior variance (the design
+        does not cover the inputs at the starting lengthscales).
+        """
         comps = tuple(config.components)
         G = gpack.unpack(theta_g)
         if "Z_g" not in G or not self.n_samples or not ("global" in comps
@@ -3530,7 +3543,8 @@ class StructuredClient:
                                              config.jitter, per_row=True)
         except np.linalg.LinAlgError:
             return 0.0
-        return float(weight * np.mean(res))
+        mean = float(np.mean(res))
+        return weight * mean if mean <= NOISE_START_MAX_SHARE * var else 0.0
 
     def _decide_local_inducing(self, config, recheck=False):
         """Whether this client learns its local inducing inputs (``learn_local_inducing``).

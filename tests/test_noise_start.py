@@ -9,7 +9,9 @@ it (measured on Beijing air quality: a 400-row station with its temperature
 in kelvin beside stations of 200, 50, 20, 8 and 5 rows; global variance at
 its floor after round 1, held-out RMSE 1.17 against 0.95 for an exact GP,
 14.7 % of the held-out readings beyond 3 predictive std). The noise now
-starts at least at that residual (docs/maths.md, section 10).
+starts at least at that residual where the design explains at least half of
+the shared parts' prior variance, and at most at half the client's own
+variance (docs/maths.md, section 10).
 """
 import warnings
 from pathlib import Path
@@ -104,3 +106,16 @@ def test_a_client_with_inputs_in_other_units_keeps_the_shared_parts():
     # 0.7 % beyond 3 std; before: 1.17 and 14.7 %
     assert np.sqrt(np.mean((yte - m) ** 2)) < 1.05
     assert np.mean(z > 3) < 0.03
+
+
+def test_a_client_on_a_far_smaller_scale_keeps_its_own_start():
+    # client B's targets are a thousandth of A's: the shared parts' residual
+    # (in A's units) would be thousands of times B's own variance
+    X, y, g = _federation(0)
+    y = np.where(g == "B", 1e-3 * y, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=0, random_state=0).fit(X, y, groups=g)
+    b = est.clients_["B"]
+    own = float(np.var(y[g == "B"])) / est.server_.y_scale**2  # standardised units
+    assert float(b.local_values()["noise_variance"]) <= 0.5 * own * (1 + 1e-9)
