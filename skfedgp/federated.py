@@ -3390,9 +3390,12 @@ class StructuredClient:
         its own pilot's (or the population median if it ran none, or if its
         pilot explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (floored), at least the shared parts' prior variance
-        that the global inducing points leave unexplained at its inputs
-        (:meth:`_shared_residual`; docs/maths.md, section 10).
+        noise variance (floored); unless ``noise_variance`` is given, raised
+        to the shared parts' prior variance that the global inducing points
+        leave unexplained at its inputs (at the client's starting scale when
+        it learns one) where that is at most half their prior variance, but
+        not above half its own target variance (:meth:`_shared_residual`;
+        docs/maths.md, section 10).
         """
         d = self._Xs.shape[1]
         p = own if own is not None else population
@@ -3474,6 +3477,10 @@ class StructuredClient:
             centre = population.noise_variance * prior_scale(
                 own_var, population, None if own is None else own.noise_variance)
         self.prior_noise = float(np.clip(centre, 2.0 * self.noise_floor, hi))
+        s_ratio = client_scale_ratio(own_var)
+        learn_scale = learns_client_scale(
+            config, s_ratio, self.n_samples, own_var,
+            None if own is None else own.noise_variance, population.noise_variance)
         if config.noise_variance is None:
             # not below the shared parts' prior variance that the global
             # inducing points leave unexplained at the client's inputs: from a
@@ -3485,7 +3492,12 @@ class StructuredClient:
             # little at the starting lengthscales, the residual is the prior
             # itself and says nothing about the noise), and never above half
             # the client's own variance (a client on a far smaller scale)
-            s2 = max(s2, min(self._shared_residual(theta_g, gpack, config), 0.5 * own_var))
+            # (a client that learns its scale uses the shared parts at its
+            # starting scale s_i, so their residual at its inputs is s_i^2 r_i)
+            shared = self._shared_residual(theta_g, gpack, config)
+            if learn_scale:
+                shared *= float(np.clip(np.sqrt(s_ratio), 1e-10, 1e10)) ** 2
+            s2 = max(s2, min(shared, 0.5 * own_var))
         # a given noise variance below the floor (e.g. noise-free data) starts just above it
         if config.noise_variance is not None and s2 > hi:
             check_in_bounds("noise_variance", s2, True, (lo, hi))  # raises: above the range
@@ -3496,10 +3508,6 @@ class StructuredClient:
                 self._Xs, M_local, values["lengthscale_l"], values["variance_l"],
                 values["noise_variance"], config.jitter, random_state,
                 grow=config.n_inducing_local == "auto")
-        s_ratio = client_scale_ratio(own_var)
-        learn_scale = learns_client_scale(
-            config, s_ratio, self.n_samples, own_var,
-            None if own is None else own.noise_variance, population.noise_variance)
         if learn_scale:
             # the client's scale on the shared parts starts at, and its prior is
             # centred on, the square root of its spread over the clients'
