@@ -1693,10 +1693,12 @@ CLIENT_SCALE_PRIOR_SD = 3.0
 #: to the population has at most this chance on either side for a client of
 #: its size on the population's scale (:func:`learns_client_scale`).
 CLIENT_SCALE_CHANCE = 1e-3
-#: A client's starting noise variance is at least the shared parts' prior
-#: variance that the global inducing points leave unexplained at its inputs
-#: when that is at most this share of the prior (StructuredClient._shared_residual).
-NOISE_START_MAX_SHARE = 0.5
+#: A client without a reliable pilot starts its noise variance at least at the
+#: shared parts' prior variance that the global inducing points leave
+#: unexplained at its inputs when that is at most this share of the prior
+#: (StructuredClient._shared_residual): the share above which the design
+#: clearly does not cover the inputs, as AUTO_GROW_START.
+NOISE_START_MAX_SHARE = 0.05
 #: Penalised-complexity prior of a client's local standard deviation: rate
 #: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
 #: larger of the pilots' median signal std and the client's own target std.
@@ -3390,10 +3392,11 @@ class StructuredClient:
         its own pilot's (or the population median if it ran none, or if its
         pilot explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (floored); unless ``noise_variance`` is given, raised
-        to the shared parts' prior variance that the global inducing points
-        leave unexplained at its inputs (at the client's starting scale when
-        it learns one) where that is at most half their prior variance, but
+        noise variance (floored); unless ``noise_variance`` is given or the
+        client's pilot is reliable (:func:`own_noise_centre`), raised to the
+        shared parts' prior variance that the global inducing points leave
+        unexplained at its inputs (at the client's starting scale when it
+        learns one) where that is at most 5 % of their prior variance, but
         not above half its own target variance (:meth:`_shared_residual`;
         docs/maths.md, section 10).
         """
@@ -3481,17 +3484,18 @@ class StructuredClient:
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
             None if own is None else own.noise_variance, population.noise_variance)
-        if config.noise_variance is None:
+        if config.noise_variance is None and not own_centre:
+            # a client without a reliable pilot of its own (own_noise_centre):
             # not below the shared parts' prior variance that the global
             # inducing points leave unexplained at the client's inputs: from a
             # pilot that interpolated a few points (noise near its floor) the
             # trace term of that residual over the noise would otherwise cost
             # thousands of nats, and the first global phase would switch the
             # shared parts off for every client to remove it. Only where the
-            # design explains most of that prior variance (where it covers
-            # little at the starting lengthscales, the residual is the prior
-            # itself and says nothing about the noise), and never above half
-            # the client's own variance (a client on a far smaller scale)
+            # design covers the client's inputs (where it does not at the
+            # starting lengthscales, the residual is a large part of the prior
+            # and says nothing about the noise), and never above half the
+            # client's own variance (a client on a far smaller scale)
             # (a client that learns its scale uses the shared parts at its
             # starting scale s_i, so their residual at its inputs is s_i^2 r_i)
             shared = self._shared_residual(theta_g, gpack, config)

@@ -9,8 +9,8 @@ it (measured on Beijing air quality: a 400-row station with its temperature
 in kelvin beside stations of 200, 50, 20, 8 and 5 rows; global variance at
 its floor after round 1, held-out RMSE 1.17 against 0.95 for an exact GP,
 14.7 % of the held-out readings beyond 3 predictive std). The noise now
-is raised to at least that residual where the design explains at least half
-of the shared parts' prior variance; the raise is at the client's own scale
+of a client without a reliable pilot is raised to at least that residual
+where the design leaves at most 5 % of the shared parts' prior variance; the raise is at the client's own scale
 when it learns one, and never above half its own variance (docs/maths.md,
 section 10).
 """
@@ -51,7 +51,8 @@ def test_noise_starts_at_least_at_the_shared_residual(seed):
     server = est.server_
     G = server.global_pack.unpack(server.theta_global)
     offset, scale = input_scaling(server.init_broadcast.x_min, server.init_broadcast.x_max)
-    for label, client in est.clients_.items():
+    for label in ("B",):  # A's pilot (200 points in 2-D) is reliable: its own start
+        client = est.clients_[label]
         Xs = (X[g == label] - offset) / scale  # the client's scaled inputs
         res, _ = latent_design_residuals(Xs, G["Z_g"], G["lengthscale_g"],
                                          float(G["variance_g"]), server.config.jitter,
