@@ -3485,19 +3485,16 @@ class StructuredClient:
             config, s_ratio, self.n_samples, own_var,
             None if own is None else own.noise_variance, population.noise_variance)
         if config.noise_variance is None and not own_centre:
-            # a client without a reliable pilot of its own (own_noise_centre):
-            # not below the shared parts' prior variance that the global
-            # inducing points leave unexplained at the client's inputs: from a
-            # pilot that interpolated a few points (noise near its floor) the
-            # trace term of that residual over the noise would otherwise cost
-            # thousands of nats, and the first global phase would switch the
-            # shared parts off for every client to remove it. Only where the
-            # design covers the client's inputs (where it does not at the
-            # starting lengthscales, the residual is a large part of the prior
-            # and says nothing about the noise), and never above half the
-            # client's own variance (a client on a far smaller scale)
-            # (a client that learns its scale uses the shared parts at its
-            # starting scale s_i, so their residual at its inputs is s_i^2 r_i)
+            # Without a reliable pilot of its own, the start is not below the
+            # shared prior variance that Z_g leaves unexplained at the
+            # client's inputs. From a pilot that interpolated a few points
+            # (noise near its floor) the trace term of that residual over the
+            # noise would cost thousands of nats, and the first global phase
+            # would switch the shared parts off for every client to remove it.
+            # Only where the design covers the inputs (else the residual is a
+            # large part of the prior and says nothing about the noise); at
+            # the client's starting scale s_i when it learns one (s_i^2 r_i);
+            # never above half its own variance.
             shared = self._shared_residual(theta_g, gpack, config)
             if learn_scale:
                 shared *= float(np.clip(np.sqrt(s_ratio), 1e-10, 1e10)) ** 2
