@@ -3548,12 +3548,19 @@ class StructuredClient:
         weight = (1.0 if "global" in comps else 0.0) + (
             float(G.get("phi", 0.0)) if "deviation" in comps else 0.0)
         try:
-            res, _ = latent_design_residuals(self._Xs, G["Z_g"], G["lengthscale_g"], var,
-                                             config.jitter, per_row=True)
+            res, _ = self._global_residuals(G, config.jitter)
         except np.linalg.LinAlgError:
             return 0.0
         mean = float(np.mean(res))
         return weight * mean if mean <= NOISE_START_MAX_SHARE * var else 0.0
+
+    def _global_residuals(self, G, jitter):
+        """Per-input ``k(x, x) - q(x, x)`` of the global kernel(s) at the unpacked
+        global values ``G`` (``(n_i, R)``) and ``n_i variance_g``
+        (:func:`latent_design_residuals`); shared by :meth:`design_residual`
+        and :meth:`_shared_residual`."""
+        return latent_design_residuals(self._Xs, G["Z_g"], G["lengthscale_g"],
+                                       float(G.get("variance_g", 1.0)), jitter, per_row=True)
 
     def _decide_local_inducing(self, config, recheck=False):
         """Whether this client learns its local inducing inputs (``learn_local_inducing``).
@@ -3615,8 +3622,7 @@ class StructuredClient:
         """
         jitter = float(config.jitter) if config is not None else self._jitter
         G = gpack.unpack(theta_g)
-        res, tot = latent_design_residuals(self._Xs, G["Z_g"], G["lengthscale_g"],
-                                           float(G.get("variance_g", 1.0)), jitter, per_row=True)
+        res, tot = self._global_residuals(G, jitter)
         nats = (self._trace_nats("g", res, self.local_values(), G, tuple(config.components))
                 if config is not None and getattr(self, "_noise_fitted", False) else 0.0)
         return DesignResidual(float(np.sum(res)), tot * res.shape[1], nats,
