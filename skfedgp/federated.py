@@ -1693,12 +1693,6 @@ CLIENT_SCALE_PRIOR_SD = 3.0
 #: to the population has at most this chance on either side for a client of
 #: its size on the population's scale (:func:`learns_client_scale`).
 CLIENT_SCALE_CHANCE = 1e-3
-#: A client without a reliable pilot starts its noise variance at least at the
-#: shared parts' prior variance that the global inducing points leave
-#: unexplained at its inputs when that is at most this share of the prior
-#: (StructuredClient._shared_residual): the share above which the design
-#: clearly does not cover the inputs, as AUTO_GROW_START.
-NOISE_START_MAX_SHARE = 0.05
 #: Penalised-complexity prior of a client's local standard deviation: rate
 #: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
 #: larger of the pilots' median signal std and the client's own target std.
@@ -1760,6 +1754,12 @@ AUTO_GROW_SHARE = 0.01
 #: shares 3-5 % do lose: RMSE 1.12-1.37 times the exact GP's at 150 points,
 #: 0.98-1.15 at 300).
 AUTO_GROW_START = 0.05
+#: A client without a reliable pilot starts its noise variance at least at the
+#: shared parts' prior variance that the global inducing points leave
+#: unexplained at its inputs when that is at most this share of the prior
+#: (StructuredClient._shared_residual): the same share above which the design
+#: clearly does not cover the inputs.
+NOISE_START_MAX_SHARE = AUTO_GROW_START
 AUTO_GROW_MAX_SHARE = 0.5
 AUTO_GROW_MAX = 512
 AUTO_GROW_POINTS = 2048
