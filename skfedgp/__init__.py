@@ -29,7 +29,11 @@ from .async_dgp import AsyncDGPRegressor
 from .baselines import PFedGPRegressor
 from .classifier import MaxEvidenceClassifier
 from .clustering import OperatorClustering
-from .regressor import ClientLabelWarning, FederatedHierarchicalGPRegressor
+from .regressor import (
+    ClientLabelWarning,
+    FederatedHierarchicalGPRegressor,
+    SharedPartsOffWarning,
+)
 
 __version__ = "0.1.0"
 
@@ -41,5 +45,6 @@ __all__ = [
     "PFedGPRegressor",
     "CholeskyError",
     "ClientLabelWarning",
+    "SharedPartsOffWarning",
     "__version__",
 ]

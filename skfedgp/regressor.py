@@ -70,7 +70,7 @@ from .federated import (
 )
 from .kernels import se_ard
 
-__all__ = ["FederatedHierarchicalGPRegressor", "ClientLabelWarning"]
+__all__ = ["FederatedHierarchicalGPRegressor", "ClientLabelWarning", "SharedPartsOffWarning"]
 
 #: Smallest number of observations a client must hold.
 MIN_SAMPLES_PER_CLIENT = 2
@@ -165,6 +165,50 @@ def _warn_diagnostics(est, converged, n_rounds):
             "hyperparameters ended at a bound of their range: " + ", ".join(at[:10])
             + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
             ConvergenceWarning, stacklevel=3)
+    _warn_shared_off(est, G)
+
+
+#: The global variance (in units of the standardised targets' variance) at
+#: or below which :func:`_warn_shared_off` reports the global part as
+#: switched off: ten times its lower bound.
+SHARED_OFF_VARIANCE = 10 * LOG_BOUNDS["variance_g"][0]
+
+
+class SharedPartsOffWarning(UserWarning):
+    """The fit switched the global part off although several clients took part.
+
+    Issued by :meth:`FederatedHierarchicalGPRegressor.fit` when the global
+    variance ends within ten times its lower bound (``1e-5`` of the
+    standardised targets' variance) with two or more clients: the clients
+    then share no function, only hyperparameters, and each is predicted from
+    its own data (its deviation and local parts). That is the right outcome
+    for clients with nothing in common; for clients that should share a
+    function it usually means inputs or targets in different units, or a
+    client whose data the shared function cannot explain. Compare with a
+    pooled model or ``components=("local",)`` by a held-out score.
+    """
+
+
+def _warn_shared_off(est, G):
+    """:class:`SharedPartsOffWarning` when the global part ended switched off."""
+    comps = getattr(est, "components_", ())
+    if "global" not in comps or "variance_g" not in G or len(est.clients_) < 2:
+        return
+    var_g = float(np.max(G["variance_g"]))
+    if var_g > SHARED_OFF_VARIANCE:
+        return
+    dev = ""
+    if "deviation" in comps and "phi" in G:
+        dev = (" and the deviations with it (variance phi * variance_g = "
+               f"{float(G['phi']) * var_g:.3g})")
+    warnings.warn(
+        f"the global part was switched off (variance_g = {var_g:.3g} of the standardised "
+        f"targets' variance){dev}: the {len(est.clients_)} clients share no function, "
+        "each is predicted from its own data alone. Expected if the clients' functions "
+        "have nothing in common; otherwise check that every client's inputs are in the "
+        "same units and ranges and its targets on a comparable scale, and compare with a "
+        "pooled model or components=('local',) by a held-out score",
+        SharedPartsOffWarning, stacklevel=4)
 
 
 def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
@@ -1305,6 +1349,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             are regular outcomes. Also when a client's local phase failed
             whenever it was asked (its own hyperparameters are still those
             this fit started from).
+        SharedPartsOffWarning
+            When two or more clients took part and the global variance ended
+            within ten times its lower bound: the clients share no function
+            (expected for unrelated clients; otherwise often inputs or
+            targets in different units).
         UserWarning
             When a given ``n_inducing`` exceeds the number of observations
             (it is reduced to it).

@@ -3,6 +3,7 @@ clear error naming it, and a failed ``fit`` leaves nothing half-fitted
 behind (issue 2, "Done means", bad input)."""
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -375,3 +376,21 @@ def test_other_estimators_refuse_targets_float64_cannot_standardise(data, factor
         AsyncDGPRegressor().fit(X, y * factor)
     with pytest.raises(ValueError, match=f"y is {match} to standardise"):
         AsyncDGPRegressor().partial_fit(X, y * factor)
+
+
+def test_shared_parts_off_warning_names_the_outcome():
+    """Clients with nothing in common (pure noise) switch the global part off: a
+    SharedPartsOffWarning says so; clients sharing a function get none."""
+    from skfedgp import SharedPartsOffWarning
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (90, 1))
+    g = np.repeat(["a", "b", "c"], 30)
+    with pytest.warns(SharedPartsOffWarning, match="global part was switched off"):
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, rng.normal(size=90), groups=g)
+    G = est.server_.global_pack.unpack(est.server_.theta_global)
+    assert G["variance_g"] <= 1e-5
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=90)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SharedPartsOffWarning)
+        FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, groups=g)
