@@ -5,6 +5,7 @@ section 5.2).
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
@@ -542,6 +543,13 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         skfedgp.CholeskyError
             As the regressor's ``fit`` when it is fitted here.
 
+        Warns
+        -----
+        UserWarning
+            With more than 2 clients that are all equally dissimilar (to
+            1e-6 relative; e.g. identical data): every partition is as
+            good, so ``client_labels_`` are arbitrary.
+
         Notes
         -----
         On any error the estimator keeps its previous fitted state (or
@@ -636,6 +644,12 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                                     for u, v in (_pad_pair(u, v) for u, v in zip(a, b)))
                 rho[j, i] = rho[i, j]
         off = rho[np.triu_indices(T, 1)]
+        if T > 2 and float(off.max() - off.min()) <= 1e-6 * float(off.max()) + 1e-300:
+            warnings.warn(
+                f"all {T} clients are equally dissimilar (every dissimilarity is "
+                f"{float(off.max()):.3g}; e.g. clients with identical data): no partition "
+                f"into {self.n_clusters} clusters is preferred and client_labels_ are "
+                "arbitrary", UserWarning, stacklevel=3)
         med = float(np.median(off))
         med = med if med > 0 else 1.0
         W = np.exp(-rho / med) if self.affinity == "rbf" else 1.0 / (1.0 + rho / med)

@@ -546,3 +546,25 @@ def test_projection_operator_refuses_non_finite_inputs(rng, woodbury):
     with pytest.raises(ValueError, match="noise_variance must be a finite number"):
         projection_operator(X, Z, ell, 2.0, np.nan, woodbury=woodbury)
     assert np.all(np.isfinite(projection_operator(X, Z, ell, 2.0, 0.1, woodbury=woodbury)))
+
+
+def test_indistinguishable_clients_are_reported():
+    """Four clients with the same rows: the dissimilarities are equal (to
+    round-off) and any split is arbitrary. Before, they were split into
+    clusters [1 0 1 1] without a word; now a UserWarning says the labels are
+    arbitrary. Distinct groups give no such warning."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, 30)
+    y = np.sin(x) + 0.1 * rng.standard_normal(30)
+    g = np.repeat(list("abcd"), 30)
+    with pytest.warns(UserWarning, match="equally dissimilar"):
+        oc = OperatorClustering(2, random_state=0).fit(np.tile(x, 4)[:, None], np.tile(y, 4),
+                                                       groups=g)
+    off = oc.dissimilarity_[np.triu_indices(4, 1)]
+    assert np.ptp(off) <= 1e-6 * off.max()
+    y2 = np.concatenate([np.sin(x), np.sin(x), np.cos(x), np.cos(x)]) \
+        + 0.1 * rng.standard_normal(120)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*equally dissimilar")
+        oc = OperatorClustering(2, random_state=0).fit(np.tile(x, 4)[:, None], y2, groups=g)
+    assert adjusted_rand_score([0, 0, 1, 1], oc.client_labels_) == 1.0
