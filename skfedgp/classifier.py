@@ -274,7 +274,7 @@ def impute_ppca(R, max_sweeps=IMPUTE_MAX_SWEEPS, tol=IMPUTE_TOL):
     observed, ``u``: missing). This is the EM algorithm for PCA with missing
     values without the conditional-covariance term (Ilin and Raiko (2010),
     "Practical approaches to principal component analysis in the presence
-    of missing values", JMLR 11, section 3; the regularised iterative PCA
+    of missing values", JMLR 11; the regularised iterative PCA
     of Josse and Husson (2012), Journal de la SFdS 153(2)): the filled
     entries follow the curve's observed points along the class's
     directions of variation instead of sitting at the mean.
@@ -933,7 +933,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     A temperature alone cannot calibrate heavy-tailed score differences:
     where the held-out curves were all right (a handful of them, or the
     rank chosen because it classified them best) it stays at 1, and a
-    wrong test curve then gets probability 1e-10 for its class (held-out
+    wrong test curve then gets probability near 0 for its class (test
     log loss 4.25 on ItalyPowerDemand with 10 training curves per class,
     152 of 169 errors at probability above 0.99). The probabilities
     therefore mix in a share ``eps`` of the prior, ``(1 - eps) softmax(...)
