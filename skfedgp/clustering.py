@@ -546,9 +546,10 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         Warns
         -----
         UserWarning
-            With more than 2 clients that are all equally dissimilar (to
-            1e-6 relative; e.g. identical data): every partition is as
-            good, so ``client_labels_`` are arbitrary.
+            With ``1 < n_clusters < n_clients`` and clients that are all
+            equally dissimilar (to 1e-6 relative; e.g. identical data):
+            every partition is as good, so ``client_labels_`` are
+            arbitrary.
 
         Notes
         -----
@@ -644,7 +645,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                                     for u, v in (_pad_pair(u, v) for u, v in zip(a, b)))
                 rho[j, i] = rho[i, j]
         off = rho[np.triu_indices(T, 1)]
-        if T > 2 and float(off.max() - off.min()) <= 1e-6 * float(off.max()) + 1e-300:
+        if (1 < self.n_clusters < T
+                and float(off.max() - off.min()) <= 1e-6 * float(off.max()) + 1e-300):
             warnings.warn(
                 f"all {T} clients are equally dissimilar (every dissimilarity is "
                 f"{float(off.max()):.3g}; e.g. clients with identical data): no partition "

@@ -2604,7 +2604,9 @@ def pilot_fit(X, y, random_state):
     :func:`pilot_starts` (``sqrt(d)`` standard deviations, at which the
     kernel between points stays far from 0 in any dimension, down to the
     median nearest-neighbour distance, the finest scale the inputs can
-    resolve) and keeps the fit with the largest log marginal likelihood
+    resolve; in high dimensions, where that range is empty, ``sqrt(d)``,
+    ``sqrt(d) / 3`` and ``10 sqrt(d)``) and keeps the fit with the largest
+    log marginal likelihood
     (the first start on a tie; a start whose fit fails is skipped, and the
     error is raised only when every start fails). A pilot on fewer than
     :data:`PILOT_MULTI_START_POINTS` points starts at ``sqrt(d)`` only: on
@@ -2679,7 +2681,8 @@ def pilot_starts(X):
         :data:`PILOT_MIN_START`), one start per decade of their ratio up to
         :data:`PILOT_MAX_STARTS`. When that distance is not below ``sqrt(d)
         / 3`` (high dimensions, few points): ``sqrt(d)``, ``sqrt(d) / 3``
-        and ``10 sqrt(d)`` (:data:`HIGH_DIM_PILOT_FACTORS`). Only
+        and ``10 sqrt(d)`` (:data:`HIGH_DIM_PILOT_FACTORS`; a start above
+        ``max(sqrt(d), 100)`` is lowered to it). Only
         ``sqrt(d)`` for one point or all inputs equal.
 
     Notes
@@ -2715,7 +2718,8 @@ def pilot_starts(X):
         return np.array([coarse])
     fine = max(float(np.median(nearest)), PILOT_MIN_START)
     if not fine < coarse / 3:
-        return coarse * np.asarray(HIGH_DIM_PILOT_FACTORS)
+        # within the pilot's bound (1e3) whatever d
+        return np.minimum(coarse * np.asarray(HIGH_DIM_PILOT_FACTORS), max(coarse, 1e2))
     k = int(min(PILOT_MAX_STARTS, 1 + np.ceil(np.log10(coarse / fine))))
     return np.geomspace(coarse, fine, k)
 

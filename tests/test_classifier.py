@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 from scipy.stats import multivariate_normal
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from skfedgp import FederatedHierarchicalGPRegressor, MaxEvidenceClassifier
@@ -875,3 +876,27 @@ def test_probabilities_of_a_small_training_set_are_not_overconfident():
     assert wrong.sum() > 50  # a hard case: many test errors
     assert np.sum(wrong & (P.max(axis=1) > 0.99)) == 0
     assert log_loss(yte, P, labels=clf.classes_) < np.log(2)
+
+
+def test_predict_follows_the_scores_when_the_probabilities_are_the_prior():
+    """Noise curves: the classifier is no better than chance on its held-out
+    curves, eps = 1 and every probability is the prior; predict still
+    follows the log-evidence (eq. 31), not a constant class, and the
+    regressor's SharedPartsOffWarning (classes with no common mean) is not
+    passed on."""
+    from skfedgp import SharedPartsOffWarning
+
+    t = np.linspace(0, 1, 10)
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((8, 10)), np.repeat([0, 1], 4)
+    Xt = rng.standard_normal((8, 10))
+    reg = FederatedHierarchicalGPRegressor(n_inducing=6, n_inducing_local=4, n_rounds=2,
+                                           local_steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("error", SharedPartsOffWarning)
+        clf = MaxEvidenceClassifier(reg, grid=t, random_state=0).fit(X, y)
+    assert clf.proba_floor_ == 1.0
+    np.testing.assert_allclose(clf.predict_proba(Xt), 0.5)
+    np.testing.assert_array_equal(clf.predict(Xt), np.argmax(clf.log_evidence(Xt), axis=1))
+    assert len(set(clf.predict(Xt))) == 2

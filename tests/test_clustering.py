@@ -562,6 +562,9 @@ def test_indistinguishable_clients_are_reported():
                                                        groups=g)
     off = oc.dissimilarity_[np.triu_indices(4, 1)]
     assert np.ptp(off) <= 1e-6 * off.max()
+    with warnings.catch_warnings():  # one cluster per client: not arbitrary
+        warnings.filterwarnings("error", message=".*equally dissimilar")
+        OperatorClustering(4, random_state=0).fit(np.tile(x, 4)[:, None], np.tile(y, 4), groups=g)
     y2 = np.concatenate([np.sin(x), np.sin(x), np.cos(x), np.cos(x)]) \
         + 0.1 * rng.standard_normal(120)
     with warnings.catch_warnings():
