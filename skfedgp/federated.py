@@ -2700,7 +2700,7 @@ def pilot_starts(X):
     0.015 from the better starts, 300 nats higher), and the fit then
     switched the shared parts off (held-out RMSE 0.75 against 0.10 for an
     exact GP); KIN40K (8-D) and PUMADYN-32nm clients of 200 points had
-    such pilots too (34 and 40 nats lower). No single start found the
+    such pilots too (40 and 34 nats lower). No single start found the
     best optimum on every client; the three do. Beyond the paper
     (Yan 2026 sets the initial values by hand): the package's data-derived
     initialisation.
