@@ -505,12 +505,8 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
     return _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds)[0]
 
 
-def _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_FOLDS,
-                             X_held=None):
+def _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_FOLDS):
     """:func:`select_rank_by_accuracy`, with the held-out log-likelihoods at the chosen rank.
-
-    ``X_held`` (default ``X``): the curves as scored when held out (see
-    :func:`_cv_scores`).
 
     Returns
     -------
@@ -525,8 +521,7 @@ def _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_
     if caps is None:
         return 0, None, None
     ranks = np.arange(max(caps) + 1)
-    ll, own = _cv_scores(X, y_idx, means, scales, np.zeros(K), ranks[:, None], n_folds,
-                         X_held=X_held)
+    ll, own = _cv_scores(X, y_idx, means, scales, np.zeros(K), ranks[:, None], n_folds)
     joint = ll + np.asarray(log_prior, dtype=float)
     correct = np.sum(np.argmax(joint, axis=2) == own[None, :], axis=1)
     fit = joint[:, np.arange(own.size), own].sum(axis=1)  # held-out log density, own classes
@@ -1293,9 +1288,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 # a missing training point takes its conditional mean under
                 # the class's within-class law (a zero residual, the class
                 # mean, would shrink the fitted variation)
-                resid = [impute_ppca(R / sc) * sc for R, sc in zip(raw, scales)]
+                resid = [impute_ppca(R / sc) * sc if np.isnan(R).any() else R
+                         for R, sc in zip(raw, scales)]
                 X_held = X  # held out in the cross-validation: missing points unfilled
-                if np.isnan(X).any():
+                missing = bool(np.isnan(X).any())
+                if missing:
                     X = X.copy()  # the training folds: missing points filled
                     for k in range(K):
                         X[y_idx == k] = means[k] + resid[k]
@@ -1315,7 +1312,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                 # at the fitted ranks (for "accuracy", the rank selection's own
                 # cross-validation: its caps give the same per-class ranks),
                 # each curve weighted by prior / training frequency of its class
-                if self.ppca_rank != "accuracy" or X_held is not X:
+                if self.ppca_rank != "accuracy" or missing:
                     held, own = _cv_scores(X, y_idx, means, scales, np.zeros(K),
                                            [[V["rank"] for V in self.curve_variation_]],
                                            X_held=X_held)

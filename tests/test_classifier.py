@@ -1,6 +1,7 @@
 """Tests of :class:`skfedgp.MaxEvidenceClassifier`."""
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +11,9 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from skfedgp import FederatedHierarchicalGPRegressor, MaxEvidenceClassifier
+
+#: The UCR sets of the shared developer data (tests skip without them).
+UCR_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ucr"
 
 _SMALL = dict(n_inducing=6, n_inducing_local=4, n_rounds=2, local_steps=10)
 
@@ -813,11 +817,9 @@ def test_gunpoint_with_missing_training_points():
     """GunPoint with 3 % of the training points missing: 0.76 test accuracy
     when they counted as zero residuals, at least the published 1-NN
     accuracy (0.913) less 0.03 with the imputation (0.913 measured)."""
-    from pathlib import Path
-
     from skfedgp.datasets import load_ucr_ts
 
-    folder = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ucr" / "GunPoint"
+    folder = UCR_DIR / "GunPoint"
     if not folder.is_dir():
         pytest.skip(f"UCR data folder {folder} is absent (shared developer data)")
     Xtr, ytr = load_ucr_ts(folder / "GunPoint_TRAIN.ts")
@@ -853,14 +855,11 @@ def test_probabilities_of_a_small_training_set_are_not_overconfident():
     wrong test curves had probability above 0.99 (log loss 4.25). With the
     prior mixed in by the rule of succession: log loss below chance and no
     such error."""
-    from pathlib import Path
-
     from sklearn.metrics import log_loss
 
     from skfedgp.datasets import load_ucr_ts
 
-    folder = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ucr"
-              / "ItalyPowerDemand")
+    folder = UCR_DIR / "ItalyPowerDemand"
     if not folder.is_dir():
         pytest.skip(f"UCR data folder {folder} is absent (shared developer data)")
     Xtr, ytr = load_ucr_ts(folder / "ItalyPowerDemand_TRAIN.ts")
