@@ -2215,6 +2215,46 @@ def check_in_bounds(name, value, given, bounds=None):
 MIN_INPUT_WIDTH = 1e-6
 
 
+#: A lengthscale below the smallest gap between distinct values of an input
+#: divided by this gives kernel values below ``exp(-8)`` (3.4e-4) between
+#: any two distinct values of that input: the data cannot tell it from any
+#: shorter one (:func:`resolution_floor`).
+RESOLUTION_FACTOR = 4.0
+
+
+def resolution_floor(X):
+    """Shortest lengthscale the inputs can tell apart, per input dimension.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+
+    Returns
+    -------
+    ndarray of shape (d,)
+        The smallest gap between distinct values of each input divided by
+        :data:`RESOLUTION_FACTOR` (units of ``X``); 0 for an input with
+        fewer than two distinct values.
+
+    Notes
+    -----
+    With the SE kernel, at any lengthscale below this every pair of distinct
+    values of that input has a kernel factor below ``exp(-8)``: the marginal
+    likelihood is flat there, and an optimiser started short drifts to its
+    bound. On inputs on a grid (integers, rounded values) that makes the
+    function white noise between grid values and leaves inducing points
+    between them useless (docs/maths.md, section 11, "Inputs on a grid").
+    Beyond the pFedHGP paper: an implementation device.
+    """
+    X = np.asarray(X, dtype=float)
+    out = np.zeros(X.shape[1])
+    for j in range(X.shape[1]):
+        u = np.unique(X[:, j])
+        if u.size > 1:
+            out[j] = float(np.min(np.diff(u))) / RESOLUTION_FACTOR
+    return out
+
+
 def lengthscale_floor(widths):
     """Lower bounds of the lengthscales, per input dimension (scaled units).
 
@@ -2613,7 +2653,9 @@ def pilot_fit(X, y, random_state):
     a handful of points the rough optimum mostly interpolates them (the
     main job's 12-point clients, seed 1: held-out NLL -0.06 with every
     start, -0.15 with one). With multi-output targets the rule applies to
-    each output's observed rows.
+    each output's observed rows. A lengthscale that ends below
+    :func:`resolution_floor` of the client's inputs (all its rows), where
+    the likelihood is flat, is raised to it.
     """
     from sklearn.exceptions import ConvergenceWarning as _CW
     from sklearn.gaussian_process import GaussianProcessRegressor
@@ -2623,6 +2665,7 @@ def pilot_fit(X, y, random_state):
     if n < PILOT_MIN_POINTS or np.var(y) < 1e-12:
         return None
     rng = np.random.default_rng(random_state)
+    resolution = resolution_floor(X)  # all rows: a subsample's gaps are wider
     if n > PILOT_MAX_POINTS:
         idx = np.sort(rng.choice(n, PILOT_MAX_POINTS, replace=False))
         X, y = X[idx], y[idx]
@@ -2657,8 +2700,10 @@ def pilot_fit(X, y, random_state):
                                      np.nan_to_num(gp.log_marginal_likelihood_value_,
                                                    nan=-np.inf)))
     k = best.kernel_
+    # below the inputs' resolution the likelihood is flat (resolution_floor)
     return PilotSummary(
-        lengthscale=spread * np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)),
+        lengthscale=np.maximum(spread * np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)),
+                               resolution),
         variance=float(k.k1.k1.constant_value),
         noise_variance=float(k.k2.noise_level),
     )
@@ -3253,10 +3298,12 @@ class StructuredClient:
 
     def _lengthscale_floor(self):
         """Per-dimension lower bound of the local lengthscales (:func:`lengthscale_floor`
-        of the client's own input widths), or None before the data are known."""
+        of the client's own input widths, at least its :func:`resolution_floor`),
+        or None before the data are known."""
         floor = getattr(self, "_ell_floor", None)
         if floor is None and getattr(self, "_Xs", None) is not None and self._Xs.shape[0]:
-            floor = lengthscale_floor(np.ptp(self._Xs, axis=0))
+            floor = np.maximum(lengthscale_floor(np.ptp(self._Xs, axis=0)),
+                               resolution_floor(self._Xs))
             self._ell_floor = floor
         return floor
 
