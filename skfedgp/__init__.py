@@ -33,6 +33,7 @@ from .regressor import (
     ClientLabelWarning,
     FederatedHierarchicalGPRegressor,
     SharedPartsOffWarning,
+    SparseApproximationWarning,
 )
 
 __version__ = "0.1.0"
@@ -46,5 +47,6 @@ __all__ = [
     "CholeskyError",
     "ClientLabelWarning",
     "SharedPartsOffWarning",
+    "SparseApproximationWarning",
     "__version__",
 ]

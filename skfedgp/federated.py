@@ -2091,6 +2091,11 @@ class LocalHyperparameters:
     #: the client's scale on the shared parts (structured family with
     #: ``client_scale``; None: not learned, 1)
     scale: float = None
+    #: the trace term of the collapsed bound at the final vectors (nats,
+    #: :meth:`StructuredClient.trace_term`; None: not sent) and the number of
+    #: observed target values it is summed over
+    trace_nats: float = None
+    n_observations: int = None
 
 
 def structured_global_spec(components, M, d):
@@ -4081,7 +4086,43 @@ class StructuredClient:
         scale = (shared_scale(B, gpack.unpack(theta_g))
                  if getattr(config, "client_scale", False) is not False else None)
         return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
-                                    B["noise_variance"], level, scale=scale)
+                                    B["noise_variance"], level, scale=scale,
+                                    trace_nats=self.trace_term(theta_g, gpack, config),
+                                    n_observations=self._n_observations())
+
+    def trace_term(self, theta_g, gpack, config):
+        """Trace term of the collapsed bound at the given vectors (nats).
+
+        ``sum_x [k(x, x) - q(x, x)] / (2 sigma^2)`` over this client's inputs,
+        for the global inducing inputs (global and deviation amplitudes, times
+        the client's scale squared when it learns one) and its local ones
+        (Titsias, AISTATS 2009, eq. 9): the prior variance the inducing
+        points leave unexplained in units of the noise. It bounds what better
+        inducing inputs could add to the bound at these hyperparameters
+        (Burt, Rasmussen and van der Wilk, JMLR 21, 2020); a large value
+        means the sparse bound is loose and has pulled the hyperparameters
+        towards models it can represent (smaller signal variances). NaN if
+        a Cholesky factorisation fails.
+        """
+        G, L = gpack.unpack(theta_g), self.local_values()
+        comps = tuple(config.components)
+        total = 0.0
+        try:
+            if "Z_g" in G and ("global" in comps or "deviation" in comps):
+                res, _ = self._global_residuals(G, config.jitter)
+                total += self._trace_nats("g", res, L, G, comps) * self._shared_scale2(L, G)
+            if "Z_l" in L:
+                res, _ = latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"],
+                                                 float(L.get("variance_l", 1.0)), config.jitter,
+                                                 per_row=True)
+                total += self._trace_nats("l", res, L)
+        except np.linalg.LinAlgError:
+            return float("nan")
+        return float(total)
+
+    def _shared_scale2(self, L, G):
+        """Square of this client's scale on the shared parts (1 when it learns none)."""
+        return float(shared_scale(L, G)) ** 2 if "shared_amplitude" in L else 1.0
 
     def local_values(self):
         """Constrained local values (scaled inputs, standardised units)."""
@@ -5777,6 +5818,7 @@ class _StructuredRun:
             "failed_clients": [(f.round, f.client_id, f.method, f.error) for f in self.failures],
             "local_phase_done": sorted(self.local_done, key=repr),
             "excluded_clients": list(self.excluded),
+            "trace_nats": [(finals[k].trace_nats, finals[k].n_observations) for k in live],
         }
 
 
@@ -6419,4 +6461,6 @@ class ILMMStructuredClient(StructuredClient):
         observed = (~np.all(np.isnan(self._y), axis=0)).astype(float)
         self.offset_observed = observed  # kept (a flag per output, no data) for prediction
         return LocalHyperparameters(L.get("lengthscale_l"), None, L["noise_variance"],
-                                    L["offset"], coreg, observed)
+                                    L["offset"], coreg, observed,
+                                    trace_nats=self.trace_term(theta_g, gpack, config),
+                                    n_observations=self._n_observations())

@@ -70,7 +70,8 @@ from .federated import (
 )
 from .kernels import se_ard
 
-__all__ = ["FederatedHierarchicalGPRegressor", "ClientLabelWarning", "SharedPartsOffWarning"]
+__all__ = ["FederatedHierarchicalGPRegressor", "ClientLabelWarning", "SharedPartsOffWarning",
+           "SparseApproximationWarning"]
 
 #: Smallest number of observations a client must hold.
 MIN_SAMPLES_PER_CLIENT = 2
@@ -166,6 +167,8 @@ def _warn_diagnostics(est, converged, n_rounds):
             + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
             ConvergenceWarning, stacklevel=3)
     _warn_shared_off(est, G)
+    if converged:  # else the values are not the bound's optimum (the warning above says so)
+        _warn_loose_bound(est)
 
 
 #: The global variance (in units of the standardised targets' variance) at
@@ -209,6 +212,50 @@ def _warn_shared_off(est, G):
         "same units and ranges and its targets on a comparable scale, and compare with a "
         "pooled model or components=('local',) by a held-out score",
         SharedPartsOffWarning, stacklevel=4)
+
+
+#: :class:`SparseApproximationWarning` when the trace term of the collapsed
+#: bound at the fitted model exceeds this many nats per observation ...
+LOOSE_BOUND_NATS = 0.03
+#: ... and this many nats in all.
+LOOSE_BOUND_MIN_NATS = 5.0
+
+
+class SparseApproximationWarning(UserWarning):
+    """The inducing points leave much of the prior unexplained at the fitted model.
+
+    Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (structured
+    family, training converged) when the trace term of the collapsed bound at the returned model
+    (``trace_term_``: the prior variance the inducing points leave
+    unexplained at the clients' inputs, over twice the noise variance;
+    Titsias, AISTATS 2009, eq. 9) exceeds :data:`LOOSE_BOUND_NATS` nats per
+    observation and :data:`LOOSE_BOUND_MIN_NATS` in all. The bound is then
+    loose (Burt, Rasmussen and van der Wilk, JMLR 21, 2020) and the
+    hyperparameters that maximise it are pulled towards what the inducing
+    points can represent: smaller signal variances or shorter lengthscales
+    than an exact GP's, so the predictive standard deviation can be too
+    small, above all away from the data. Typical causes: nearly noise-free
+    targets (any residual is divided by a tiny noise variance), or a
+    function too rough for the number of inducing points. Try a larger
+    ``n_inducing`` or compare with an exact GP on a held-out split.
+    """
+
+
+def _warn_loose_bound(est):
+    """:class:`SparseApproximationWarning` when ``trace_term_`` is large."""
+    t, n = getattr(est, "trace_term_", None), getattr(est, "_trace_observations", None)
+    if t is None or n is None or not np.isfinite(t) or n <= 0:
+        return
+    if t <= max(LOOSE_BOUND_NATS * n, LOOSE_BOUND_MIN_NATS):
+        return
+    warnings.warn(
+        f"the sparse approximation is loose: the inducing points leave a trace term of "
+        f"{t:.3g} nats ({t / n:.3g} per observation) in the bound at the fitted model "
+        f"(n_inducing_={est.n_inducing_}). The fit then favours smaller signal variances "
+        "than an exact GP's, and the predictive std can be too small away from the data "
+        "(typical of nearly noise-free targets or a function too rough for the inducing "
+        "points). Try a larger n_inducing, or compare with an exact GP on a held-out split",
+        SparseApproximationWarning, stacklevel=4)
 
 
 def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
@@ -830,6 +877,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     n_inducing_ : int
         Number of global inducing points used (0 without the global and
         deviation components, structured family).
+    trace_term_ : float or None
+        Structured family: the trace term of the collapsed bound at the
+        returned model, summed over the clients (nats): the prior variance
+        the global and local inducing points leave unexplained at each
+        client's inputs over twice its noise variance (Titsias, AISTATS 2009,
+        eq. 9; each client sends its own sum with its final message). It
+        bounds what better inducing inputs could add to the ELBO at these
+        hyperparameters (Burt, Rasmussen and van der Wilk, JMLR 21, 2020):
+        large values mean a loose bound and hyperparameters pulled towards
+        what the inducing points can represent
+        (:class:`~skfedgp.regressor.SparseApproximationWarning`). None when
+        a client sent none.
     n_evaluations_ : int
         Structured family: number of evaluations of the collapsed bound
         during training, two exchanges each (the final exchange is not
@@ -1354,6 +1413,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             within ten times its lower bound: the clients share no function
             (expected for unrelated clients; otherwise often inputs or
             targets in different units).
+        SparseApproximationWarning
+            When training converged and ``trace_term_`` exceeds 0.03 nats
+            per observation and 5 nats in all: the sparse bound is loose and
+            the predictive std may be too small away from the data (typical
+            of nearly noise-free targets).
         UserWarning
             When a given ``n_inducing`` exceeds the number of observations
             (it is reduced to it).
@@ -1547,6 +1611,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.y_offset_ = server.y_offset
         self.y_scale_ = server.y_scale
         self.n_inducing_ = server.n_inducing_
+        # the clients' trace terms at the returned model (None: a client of an
+        # earlier version sent none)
+        sent = list(res.get("trace_nats", ()))
+        complete = bool(sent) and all(t is not None and n is not None for t, n in sent)
+        self.trace_term_ = float(sum(t for t, _ in sent)) if complete else None
+        self._trace_observations = int(sum(n for _, n in sent)) if complete else None
         # whether Z_g was learned (False without one; "auto": the decision at the end)
         self.learn_inducing_locations_ = bool(server.learn_inducing_)
         # the factor applied to the kept run (1.0: none applied)
