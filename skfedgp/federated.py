@@ -2080,6 +2080,17 @@ class LocalHyperparameters:
         Multi-output targets: 1.0 for each output the client observed at
         least once, else 0.0 (that output's constant mean was never learned
         and is left out of the population's mean and spread). None: all.
+    scale : float or None
+        The client's scale on the shared parts (structured family with
+        ``client_scale``; None: not learned, 1).
+    trace_nats, trace_nats_local, jitter_nats : float or None
+        The trace term of the collapsed bound at the final vectors (nats;
+        NaN if it could not be computed), its part from the client's local
+        inducing inputs, and an upper bound on what the jitter on ``K_zz``
+        alone can leave (:meth:`StructuredClient.trace_terms`). None: not
+        sent (a client of an earlier version).
+    n_observations : int or None
+        The number of observed target values those terms are summed over.
     """
 
     lengthscale: np.ndarray
@@ -2088,13 +2099,10 @@ class LocalHyperparameters:
     offset: float = 0.0
     coregionalisation: dict = None
     offset_observed: np.ndarray = None
-    #: the client's scale on the shared parts (structured family with
-    #: ``client_scale``; None: not learned, 1)
     scale: float = None
-    #: the trace term of the collapsed bound at the final vectors (nats,
-    #: :meth:`StructuredClient.trace_term`; None: not sent) and the number of
-    #: observed target values it is summed over
     trace_nats: float = None
+    trace_nats_local: float = None
+    jitter_nats: float = None
     n_observations: int = None
 
 
@@ -2238,8 +2246,8 @@ def resolution_floor(X):
     -------
     ndarray of shape (d,)
         The smallest gap between distinct values of each input divided by
-        :data:`RESOLUTION_FACTOR` (units of ``X``); 0 for an input with
-        fewer than two distinct values.
+        :data:`RESOLUTION_FACTOR` and rounded down to a power of two (units
+        of ``X``); 0 for an input with fewer than two distinct values.
 
     Notes
     -----
@@ -2256,7 +2264,11 @@ def resolution_floor(X):
     for j in range(X.shape[1]):
         u = np.unique(X[:, j])
         if u.size > 1:
-            out[j] = float(np.min(np.diff(u))) / RESOLUTION_FACTOR
+            gap = float(np.min(np.diff(u))) / RESOLUTION_FACTOR
+            # rounded down to a power of two: the bound only grows, and the
+            # value (kept in the fitted model, sent in the pilot's message
+            # where it binds) gives away no input, only an order of magnitude
+            out[j] = 2.0 ** np.floor(np.log2(gap))
     return out
 
 
@@ -3307,10 +3319,20 @@ class StructuredClient:
         or None before the data are known."""
         floor = getattr(self, "_ell_floor", None)
         if floor is None and getattr(self, "_Xs", None) is not None and self._Xs.shape[0]:
-            floor = np.maximum(lengthscale_floor(np.ptp(self._Xs, axis=0)),
-                               resolution_floor(self._Xs))
+            self._resolution = resolution_floor(self._Xs)
+            floor = np.maximum(lengthscale_floor(np.ptp(self._Xs, axis=0)), self._resolution)
             self._ell_floor = floor
         return floor
+
+    def _above_resolution(self, ell):
+        """Local lengthscales raised to the client's :func:`resolution_floor`.
+
+        Shorter ones cannot be told apart on its inputs, so a given
+        ``local_lengthscale`` below it starts there instead of being refused.
+        """
+        self._lengthscale_floor()
+        res = getattr(self, "_resolution", None)
+        return ell if res is None else np.maximum(ell, res)
 
     def _upper_bound(self, name):
         """Upper end of :meth:`value_range` (needs no noise floor yet)."""
@@ -3496,6 +3518,7 @@ class StructuredClient:
             ell = (start_lengthscale(pl.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
+            ell = self._above_resolution(ell)
             var = (0.1 * pl.variance * ratio_l if config.local_variance is None
                    else float(config.local_variance))
             values.update(
@@ -4087,42 +4110,65 @@ class StructuredClient:
                  if getattr(config, "client_scale", False) is not False else None)
         return LocalHyperparameters(B.get("lengthscale_l"), B.get("variance_l"),
                                     B["noise_variance"], level, scale=scale,
-                                    trace_nats=self.trace_term(theta_g, gpack, config),
-                                    n_observations=self._n_observations())
+                                    **self._trace_message(theta_g, gpack, config))
 
-    def trace_term(self, theta_g, gpack, config):
+    def _trace_message(self, theta_g, gpack, config):
+        """The trace-term fields of the final message (:meth:`trace_terms`)."""
+        total, local, jitter = self.trace_terms(theta_g, gpack, config)
+        return {"trace_nats": total, "trace_nats_local": local, "jitter_nats": jitter,
+                "n_observations": self._n_observations()}
+
+    def trace_terms(self, theta_g, gpack, config):
         """Trace term of the collapsed bound at the given vectors (nats).
 
-        ``sum_x [k(x, x) - q(x, x)] / (2 sigma^2)`` over this client's inputs,
-        for the global inducing inputs (global and deviation amplitudes, times
-        the client's scale squared when it learns one) and its local ones
-        (Titsias, AISTATS 2009, eq. 9): the prior variance the inducing
-        points leave unexplained in units of the noise. It bounds what better
-        inducing inputs could add to the bound at these hyperparameters
-        (Burt, Rasmussen and van der Wilk, JMLR 21, 2020); a large value
-        means the sparse bound is loose and has pulled the hyperparameters
-        towards models it can represent (smaller signal variances). NaN if
-        a Cholesky factorisation fails.
+        ``sum_x [k(x, x) - q(x, x)] / (2 sigma^2)`` over this client's inputs
+        for the global inducing inputs (global and deviation amplitudes,
+        times the client's scale squared when it learns one) and its local
+        ones (Titsias, AISTATS 2009, eq. 9): the prior variance the inducing
+        points leave unexplained, in units of the noise. It bounds what
+        better inducing inputs could add to the bound at these
+        hyperparameters (Burt, Rasmussen and van der Wilk, JMLR 21, 2020).
+
+        Parameters
+        ----------
+        theta_g : ndarray
+            The global vector.
+        gpack : Packer
+            Its layout.
+        config : ModelConfig
+
+        Returns
+        -------
+        total, local, jitter : float
+            The whole term, its part from the local inducing inputs, and an
+            upper bound on what the jitter on ``K_zz`` alone can leave
+            (``jitter`` times the prior variance at each input: the largest
+            residual with the inducing inputs on the training inputs
+            themselves). The bound is negligible unless the noise variance
+            is near its floor (nearly noise-free targets), where it can
+            exceed the whole term. NaN if a Cholesky factorisation fails.
         """
         G, L = gpack.unpack(theta_g), self.local_values()
         comps = tuple(config.components)
-        total = 0.0
+        jitter = float(config.jitter)
+        total = local = floor = 0.0
         try:
             if "Z_g" in G and ("global" in comps or "deviation" in comps):
-                res, _ = self._global_residuals(G, config.jitter)
-                total += self._trace_nats("g", res, L, G, comps) * self._shared_scale2(L, G)
+                res, _ = self._global_residuals(G, jitter)
+                s2 = float(shared_scale(L, G)) ** 2
+                total += s2 * self._trace_nats("g", res, L, G, comps)
+                var = float(G.get("variance_g", 1.0))
+                floor += s2 * self._trace_nats("g", np.full_like(res, jitter * var), L, G, comps)
             if "Z_l" in L:
-                res, _ = latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"],
-                                                 float(L.get("variance_l", 1.0)), config.jitter,
-                                                 per_row=True)
-                total += self._trace_nats("l", res, L)
+                var = float(L.get("variance_l", 1.0))
+                res, _ = latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"], var,
+                                                 jitter, per_row=True)
+                local = self._trace_nats("l", res, L)
+                total += local
+                floor += self._trace_nats("l", np.full_like(res, jitter * var), L)
         except np.linalg.LinAlgError:
-            return float("nan")
-        return float(total)
-
-    def _shared_scale2(self, L, G):
-        """Square of this client's scale on the shared parts (1 when it learns none)."""
-        return float(shared_scale(L, G)) ** 2 if "shared_amplitude" in L else 1.0
+            return float("nan"), float("nan"), float("nan")
+        return float(total), float(local), float(floor)
 
     def local_values(self):
         """Constrained local values (scaled inputs, standardised units)."""
@@ -5818,7 +5864,8 @@ class _StructuredRun:
             "failed_clients": [(f.round, f.client_id, f.method, f.error) for f in self.failures],
             "local_phase_done": sorted(self.local_done, key=repr),
             "excluded_clients": list(self.excluded),
-            "trace_nats": [(finals[k].trace_nats, finals[k].n_observations) for k in live],
+            "trace_terms": [(finals[k].trace_nats, finals[k].trace_nats_local,
+                             finals[k].jitter_nats, finals[k].n_observations) for k in live],
         }
 
 
@@ -6340,6 +6387,7 @@ class ILMMStructuredClient(StructuredClient):
             ell = (start_lengthscale(p.lengthscale, span)
                    if config.local_lengthscale is None
                    else _default_lengthscale(config.local_lengthscale, self._x_scale, 0.0))
+            ell = self._above_resolution(ell)
             ell = check_in_bounds("lengthscale_l", ell, config.local_lengthscale is not None,
                                   self.value_range("lengthscale_l"))
             values.update(lengthscale_l=np.tile(ell, (R_l, 1)),
@@ -6462,5 +6510,4 @@ class ILMMStructuredClient(StructuredClient):
         self.offset_observed = observed  # kept (a flag per output, no data) for prediction
         return LocalHyperparameters(L.get("lengthscale_l"), None, L["noise_variance"],
                                     L["offset"], coreg, observed,
-                                    trace_nats=self.trace_term(theta_g, gpack, config),
-                                    n_observations=self._n_observations())
+                                    **self._trace_message(theta_g, gpack, config))

@@ -1078,12 +1078,15 @@ def fit_over_transport(transport, est, config, n_rounds):
         min_clients=est.min_clients, max_retries=est.max_retries,
         random_state=participation_seed, state=state, callback=callback)
     # as in fit: a client whose local phase failed whenever it was asked
-    from .regressor import warn_untrained_clients
+    from .regressor import trace_summary, warn_loose_bound, warn_untrained_clients
 
     first = 0 if state is None else len(state.history)
     warn_untrained_clients([c for c in ids if c not in res.get("excluded_clients", [])],
                            res.get("failed_clients", []), first,
                            res.get("local_phase_done", ()))
+    trace = trace_summary(res.get("trace_terms", ()))
+    if res["converged"]:
+        warn_loose_bound(trace, server.n_inducing_, stacklevel=2)
     post = res["posterior"]
     return {
         "client_ids": ids,
@@ -1105,6 +1108,7 @@ def fit_over_transport(transport, est, config, n_rounds):
         "x_offset": server.x_offset,
         "x_scale": server.x_scale,
         "n_inducing": server.n_inducing_,
+        "trace_term": None if trace is None else trace["total"],
         "n_outputs": config.n_outputs or 1,
         "config": config,
         "payload_log": list(transport.payload_log_),
@@ -1155,8 +1159,9 @@ def make_server_app(*, min_nodes=1, timeout=None, connect_timeout=300.0, output_
         ``excluded_clients`` (as ``failed_clients_`` and
         ``excluded_clients_``), ``population``, ``y_offset``,
         ``y_scale`` (per output with multi-output targets), ``x_offset``,
-        ``x_scale``, ``n_inducing``, ``n_outputs`` (1 for 1-D targets),
-        ``config``,
+        ``x_scale``, ``n_inducing``, ``trace_term`` (as the estimator's
+        ``trace_term_``; a :class:`~skfedgp.SparseApproximationWarning` as
+        in ``fit``), ``n_outputs`` (1 for 1-D targets), ``config``,
         ``payload_log`` and ``wire_log`` (per exchange,
         :class:`FlowerTransport`). The clients' local blocks and posterior
         moments stay on the clients (``make_client_app(on_finish=...)``).

@@ -118,13 +118,19 @@ def _warn_diagnostics(est, converged, n_rounds):
     }
     reasons = []
 
-    def check(values, names, where="", value_range=None):
+    def check(values, names, where="", value_range=None, resolution=None):
         for name in names:
             if name not in values:
                 continue
             lo, hi = LOG_BOUNDS[name] if value_range is None else value_range(name)
             v = np.atleast_1d(values[name])
-            low = bool(np.any(v <= lo * (1 + 1e-6)))
+            at_lo = v <= lo * (1 + 1e-6)
+            if resolution is not None and name == "lengthscale_l":
+                # a local lengthscale at the client's resolution floor
+                # (federated.resolution_floor): the data cannot tell it from
+                # a shorter one, a regular outcome on inputs on a grid
+                at_lo = at_lo & ~(np.asarray(resolution) >= np.asarray(lo) * (1 - 1e-12))
+            low = bool(np.any(at_lo))
             high = bool(np.any(v >= hi * (1 - 1e-6)))
             kind = "lengthscale" if name.startswith("lengthscale") else name
             # documented outcomes, not failures: a variance (or phi, or the
@@ -159,7 +165,8 @@ def _warn_diagnostics(est, converged, n_rounds):
             # the floor and the range bound the one packed value, not the per-output ones
             B["noise_variance"] = c.pack.unpack(c.theta)["noise_variance"]
         value_range = getattr(c, "value_range", None)  # the client's own floor and range
-        check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}", value_range)
+        check(B, ("variance_l", "lengthscale_l"), f" of client {lab!r}", value_range,
+              getattr(c, "_resolution", None))
         check(B, ("noise_variance",), f" of client {lab!r}", value_range)
     if at:
         warnings.warn(
@@ -168,7 +175,8 @@ def _warn_diagnostics(est, converged, n_rounds):
             ConvergenceWarning, stacklevel=3)
     _warn_shared_off(est, G)
     if converged:  # else the values are not the bound's optimum (the warning above says so)
-        _warn_loose_bound(est)
+        warn_loose_bound(getattr(est, "_trace_summary", None), getattr(est, "n_inducing_", 0),
+                         stacklevel=3)
 
 
 #: The global variance (in units of the standardised targets' variance) at
@@ -225,7 +233,8 @@ class SparseApproximationWarning(UserWarning):
     """The inducing points leave much of the prior unexplained at the fitted model.
 
     Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (structured
-    family, training converged) when the trace term of the collapsed bound at the returned model
+    family, training converged; also by the Flower server) when the trace
+    term of the collapsed bound at the returned model
     (``trace_term_``: the prior variance the inducing points leave
     unexplained at the clients' inputs, over twice the noise variance;
     Titsias, AISTATS 2009, eq. 9) exceeds :data:`LOOSE_BOUND_NATS` nats per
@@ -235,27 +244,71 @@ class SparseApproximationWarning(UserWarning):
     points can represent: smaller signal variances or shorter lengthscales
     than an exact GP's, so the predictive standard deviation can be too
     small, above all away from the data. Typical causes: nearly noise-free
-    targets (any residual is divided by a tiny noise variance), or a
-    function too rough for the number of inducing points. Try a larger
-    ``n_inducing`` or compare with an exact GP on a held-out split.
+    targets (the noise variance near its floor, where the jitter that keeps
+    ``K_zz`` factorisable alone leaves a large term, so more inducing
+    points do not help and an exact GP is the better model), or a function
+    too rough for the number of global (``n_inducing``) or local
+    (``n_inducing_local``) inducing points; the message says which.
     """
 
 
-def _warn_loose_bound(est):
-    """:class:`SparseApproximationWarning` when ``trace_term_`` is large."""
-    t, n = getattr(est, "trace_term_", None), getattr(est, "_trace_observations", None)
-    if t is None or n is None or not np.isfinite(t) or n <= 0:
+def trace_summary(sent):
+    """The clients' final trace terms summed (``dict``), or None if one sent none.
+
+    Parameters
+    ----------
+    sent : list of tuple
+        Per client ``(total, local, jitter, n_observations)`` from its final
+        :class:`~skfedgp.federated.LocalHyperparameters`.
+
+    Returns
+    -------
+    dict or None
+        ``{"total", "local", "jitter": float, "n_observations": int}``.
+    """
+    sent = list(sent)
+    if not sent or any(v is None for row in sent for v in row):
+        return None
+    total, local, jitter, n = (sum(col) for col in zip(*sent))
+    return {"total": float(total), "local": float(local), "jitter": float(jitter),
+            "n_observations": int(n)}
+
+
+def warn_loose_bound(summary, n_inducing, *, stacklevel=3):
+    """:class:`SparseApproximationWarning` when the summed trace term is large.
+
+    Parameters
+    ----------
+    summary : dict or None
+        From :func:`trace_summary`.
+    n_inducing : int
+        The number of global inducing points (to say whether more can help).
+    stacklevel : int
+    """
+    if summary is None:
         return
-    if t <= max(LOOSE_BOUND_NATS * n, LOOSE_BOUND_MIN_NATS):
+    t, n = summary["total"], summary["n_observations"]
+    if not np.isfinite(t) or n <= 0 or t <= max(LOOSE_BOUND_NATS * n, LOOSE_BOUND_MIN_NATS):
         return
+    if summary["jitter"] >= 0.5 * t:
+        why = ("with the noise variance near its floor (nearly noise-free targets), where "
+               f"the jitter added to K_zz alone can leave up to {summary['jitter']:.3g} nats "
+               "whatever the inducing points: more of them do not remove it, and an exact "
+               "GP is the better model")
+    elif summary["local"] > 0.5 * t:
+        why = ("mostly from the clients' local inducing points: try a larger "
+               "n_inducing_local, or compare with an exact GP on a held-out split")
+    elif n_inducing < n:
+        why = ("mostly from the global inducing points: try a larger n_inducing, or "
+               "compare with an exact GP on a held-out split")
+    else:
+        why = "compare with an exact GP on a held-out split"
     warnings.warn(
-        f"the sparse approximation is loose: the inducing points leave a trace term of "
-        f"{t:.3g} nats ({t / n:.3g} per observation) in the bound at the fitted model "
-        f"(n_inducing_={est.n_inducing_}). The fit then favours smaller signal variances "
-        "than an exact GP's, and the predictive std can be too small away from the data "
-        "(typical of nearly noise-free targets or a function too rough for the inducing "
-        "points). Try a larger n_inducing, or compare with an exact GP on a held-out split",
-        SparseApproximationWarning, stacklevel=4)
+        f"the sparse approximation is loose: at the fitted model the inducing points leave "
+        f"a trace term of {t:.3g} nats ({t / n:.3g} per observation) in the bound, "
+        f"{why}. The fit then favours smaller signal variances than an exact GP's, and "
+        "the predictive std can be too small away from the data",
+        SparseApproximationWarning, stacklevel=stacklevel + 1)
 
 
 def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
@@ -407,7 +460,8 @@ def check_multioutput_targets(y, n_rows, estimator=None):
 
 def _is_fit_attribute(name):
     """Whether an instance attribute belongs to the fitted state."""
-    return (name.endswith("_") and not name.startswith("__")) or name == "_population_local"
+    return ((name.endswith("_") and not name.startswith("__"))
+            or name in ("_population_local", "_trace_summary"))
 
 
 def _copied_rows(X, y):
@@ -887,8 +941,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         hyperparameters (Burt, Rasmussen and van der Wilk, JMLR 21, 2020):
         large values mean a loose bound and hyperparameters pulled towards
         what the inducing points can represent
-        (:class:`~skfedgp.regressor.SparseApproximationWarning`). None when
-        a client sent none.
+        (:class:`~skfedgp.regressor.SparseApproximationWarning`). NaN when
+        a client could not compute its part (a Cholesky factorisation
+        failed); None when a client sent none (an earlier version).
     n_evaluations_ : int
         Structured family: number of evaluations of the collapsed bound
         during training, two exchanges each (the final exchange is not
@@ -1613,10 +1668,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.n_inducing_ = server.n_inducing_
         # the clients' trace terms at the returned model (None: a client of an
         # earlier version sent none)
-        sent = list(res.get("trace_nats", ()))
-        complete = bool(sent) and all(t is not None and n is not None for t, n in sent)
-        self.trace_term_ = float(sum(t for t, _ in sent)) if complete else None
-        self._trace_observations = int(sum(n for _, n in sent)) if complete else None
+        self._trace_summary = trace_summary(res.get("trace_terms", ()))
+        self.trace_term_ = None if self._trace_summary is None else self._trace_summary["total"]
         # whether Z_g was learned (False without one; "auto": the decision at the end)
         self.learn_inducing_locations_ = bool(server.learn_inducing_)
         # the factor applied to the kept run (1.0: none applied)

@@ -70,6 +70,9 @@ def _examples():
         F.GlobalGradient(7, rng.standard_normal(P)),
         lh,
         F.LocalHyperparameters(None, None, 0.5),
+        F.LocalHyperparameters(rng.random(d), 0.25, 1e-3, 0.1, trace_nats=12.5,
+                               trace_nats_local=float("nan"), jitter_nats=1e-7,
+                               n_observations=40),
         F.ClientUpdateValue(8, -1.0, lh),
         F._PopulationPilot(rng.random(d), 2.0, 0.1, np.ones(d)),
         F.ModelConfig(components=("global", "deviation", "local"), n_inducing="auto",
@@ -363,6 +366,27 @@ def test_transport_in_process_gives_the_estimator_fit(fresh_process, task_identi
     # the configuration went once to each client, then only references
     sent = [e for e in transport.payload_log_ if e["method"] == "local_phase"]
     assert sent and all(e["bytes_down"] == 0 and e["bytes_up"] == 0 for e in sent)
+
+
+def test_transport_in_process_reports_the_trace_term(task_identity):
+    """The Flower server sums the clients' trace terms as fit does and warns
+    the same way (noise-free targets: a loose bound)."""
+    from skfedgp import FederatedHierarchicalGPRegressor, SparseApproximationWarning
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (150, 1))
+    groups = np.repeat([0, 1, 2], 50)
+    y = np.sin(2 * X[:, 0]) * np.exp(-0.2 * X[:, 0]) + 0.1 * X[:, 0] ** 2
+    names = np.array([f"site-{g}" for g in groups], dtype=object)
+    params = dict(random_state=0)
+    with pytest.warns(SparseApproximationWarning):
+        est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
+    grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 3)
+    transport = fl.FlowerTransport(grid, min_nodes=3).connect()
+    e, config, n_rounds = fl._check_server_params(params)
+    with pytest.warns(SparseApproximationWarning):
+        res = fl.fit_over_transport(transport, e, config, n_rounds)
+    np.testing.assert_allclose(res["trace_term"], est.trace_term_, rtol=1e-10)
 
 
 def test_transport_in_process_multioutput_gives_the_estimator_fit(task_identity):

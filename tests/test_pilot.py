@@ -191,12 +191,16 @@ def test_high_dimensional_pilots_find_the_signal_and_keep_the_shared_part():
 
 
 def test_resolution_floor():
-    """A quarter of the smallest gap between distinct values; 0 for a constant
-    input; repeated values do not count as a gap."""
+    """A quarter of the smallest gap between distinct values, rounded down to
+    a power of two (it gives away no input); 0 for a constant input; repeated
+    values do not count as a gap."""
     X = np.c_[[0.0, 2.0, 2.0, 5.0, 1.0], [3.0] * 5, [0.1, 0.15, 0.9, 0.5, 0.3]]
-    np.testing.assert_allclose(fed.resolution_floor(X), [0.25, 0.0, 0.0125])
-    # at that lengthscale two neighbouring values are (almost) independent
+    np.testing.assert_allclose(fed.resolution_floor(X), [0.25, 0.0, 2.0**-7])
+    # at or below it two neighbouring values are (almost) independent
     assert np.exp(-0.5 * fed.RESOLUTION_FACTOR ** 2) < 1e-3
+    # an input between the box's ends cannot be read back from the floor
+    a = np.c_[[0.0, np.pi, 10.0]]
+    assert fed.resolution_floor(a)[0] == 0.5
 
 
 def _integer_inputs(seed, n=30, n_clients=5):
@@ -218,7 +222,7 @@ def test_pilot_on_a_grid_stops_at_the_resolution():
     (X, y, g), _ = _integer_inputs(0)
     Xs = X[g == 0] / 9.0
     p = fed.pilot_fit(Xs, (y[g == 0] - y[g == 0].mean()) / y[g == 0].std(), 0)
-    assert p.lengthscale[0] * 9.0 >= 0.25 - 1e-12
+    assert p.lengthscale[0] >= fed.resolution_floor(Xs)[0] > 0.125 / 9.0
 
 
 @pytest.mark.parametrize("seed", [0, 2])
@@ -241,3 +245,22 @@ def test_inputs_on_a_grid_match_the_exact_gp(seed):
     rmse_exact = np.sqrt(np.mean((exact.predict(Xt) - yt) ** 2))
     assert np.sqrt(np.mean((mean - yt) ** 2)) <= 1.05 * rmse_exact
     assert np.mean(np.abs(mean - yt) > 3 * std) <= 0.02
+
+
+def test_grid_floor_accepts_a_shorter_given_lengthscale_and_does_not_warn():
+    """A given local_lengthscale below the resolution floor starts at the
+    floor (it used to raise "outside the optimiser's range"), and local
+    lengthscales that end at the floor, where the data cannot tell them from
+    shorter ones, raise no ConvergenceWarning."""
+    rng = np.random.default_rng(2)
+    X = rng.integers(0, 10, (150, 1)).astype(float)
+    g = np.repeat(np.arange(5), 30)
+    # independent values at the grid points: the data say "shorter than the gap"
+    y = rng.standard_normal(10)[X[:, 0].astype(int)] + 0.3 * rng.standard_normal(150)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(components=("local",), local_lengthscale=0.05,
+                                               random_state=0).fit(X, y, groups=g)
+    for c in est.clients_.values():
+        ell = c.local_values()["lengthscale_l"]
+        assert np.all(ell >= c._resolution * (1 - 1e-9))

@@ -81,3 +81,40 @@ def test_noisy_data_do_not_warn():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, groups=g)
     assert 0 <= est.trace_term_ < 0.03 * len(y)
+
+
+@pytest.mark.parametrize("noise, missing", [("isotropic", False), ("diagonal", True)])
+def test_multioutput_trace_term_matches_a_dense_reference(noise, missing):
+    """ILMM: sum over clients, latents r and observed entries of output q of
+    c_qr^2 res_r(x) / (2 s2_q), with c_qr^2 = B_g[q,r]^2 + phi B_d[q,r]^2
+    (global inducing inputs) or B_l[q,r]^2 (local ones)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 4, (60, 1))
+    g = np.repeat([0, 1, 2], 20)
+    Y = np.c_[np.sin(2 * X[:, 0]), 3 * np.cos(1.5 * X[:, 0]) + 2]
+    Y = Y + 0.05 * rng.standard_normal((60, 2))
+    if missing:
+        Y[rng.random(60) < 0.3, 1] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_inducing=5, n_latent=1, noise=noise,
+                                               random_state=0).fit(X, Y, groups=g)
+    srv = est.server_
+    G = srv.global_pack.unpack(srv.theta_global)
+    Xs = (X - srv.x_offset) / srv.x_scale
+    jit = float(srv.config.jitter)
+    want = 0.0
+    for lab, c in est.clients_.items():
+        L = c.local_values()
+        xi, obs = Xs[g == lab], np.isfinite(Y[g == lab])
+        s2 = np.broadcast_to(np.asarray(L["noise_variance"], float).reshape(-1), (2,))
+        for Z, ells, weight in (
+                (G["Z_g"], G["lengthscale_g"],
+                 lambda q, r: G["B_g"][q, r] ** 2 + float(G["phi"]) * L["B_d"][q, r] ** 2),
+                (L["Z_l"], L["lengthscale_l"], lambda q, r: L["B_l"][q, r] ** 2)):
+            for r, ell in enumerate(np.atleast_2d(ells)):
+                per_row = np.array([_residual(x[None], Z, ell, 1.0, jit) for x in xi])
+                for q in range(2):
+                    want += weight(q, r) * per_row[obs[:, q]].sum() / (2 * s2[q])
+    assert want > 1e-3
+    np.testing.assert_allclose(est.trace_term_, want, rtol=1e-6)
