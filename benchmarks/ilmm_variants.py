@@ -14,7 +14,7 @@ single runs differ (local optima of the hyperparameters).
 Usage (from the repository root; about 2-3 minutes per fit on one core)::
 
     python benchmarks/ilmm_variants.py [--scenario A] [--seeds 0 1 2]
-        [--variants default isotropic_target diagonal] [--n-jobs 2]
+        [--variants default isotropic_target diagonal isotropic] [--n-jobs 2]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ VARIANTS = {
     "default": {},
     "isotropic_target": {"noise": "isotropic_target"},
     "diagonal": {"noise": "diagonal"},
+    "isotropic": {"noise": "isotropic"},
 }
 
 
