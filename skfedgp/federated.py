@@ -4155,10 +4155,10 @@ class StructuredClient:
         try:
             if "Z_g" in G and ("global" in comps or "deviation" in comps):
                 res, _ = self._global_residuals(G, jitter)
-                s2 = float(shared_scale(L, G)) ** 2
-                total += s2 * self._trace_nats("g", res, L, G, comps)
+                a2 = float(shared_scale(L, G)) ** 2  # the client's scale, squared (1: none)
+                total += a2 * self._trace_nats("g", res, L, G, comps)
                 var = float(G.get("variance_g", 1.0))
-                floor += s2 * self._trace_nats("g", np.full_like(res, jitter * var), L, G, comps)
+                floor += a2 * self._trace_nats("g", np.full_like(res, jitter * var), L, G, comps)
             if "Z_l" in L:
                 var = float(L.get("variance_l", 1.0))
                 res, _ = latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"], var,
