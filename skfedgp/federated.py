@@ -331,7 +331,9 @@ class ModelConfig:
     n_outputs: int = 0
     #: latent ranks (R_g, R_d, R_l) of the ILMM loadings (multi-output only)
     n_latent: tuple = (1, 1, 1)
-    #: "isotropic" (one noise variance per client) or "diagonal" (one per output)
+    #: "isotropic" (one noise variance per client) or "diagonal" (one per output);
+    #: the estimator always sets it (its default is "diagonal"): this default is
+    #: what a configuration from an earlier version, which has no such field, meant
     noise: str = "isotropic"
     #: whether the inducing inputs (``Z_g`` and every client's ``Z_l``) are
     #: optimised with the hyperparameters: True, False (held where the set-up
@@ -2086,9 +2088,10 @@ class LocalHyperparameters:
     trace_nats, trace_nats_local, jitter_nats : float or None
         The trace term of the collapsed bound at the final vectors (nats;
         NaN if it could not be computed), its part from the client's local
-        inducing inputs, and an upper bound on what the jitter on ``K_zz``
-        alone can leave (:meth:`StructuredClient.trace_terms`). None: not
-        sent (a client of an earlier version).
+        inducing inputs, and the jitter's scale: what the jitter on ``K_zz``
+        leaves at most with the inducing inputs on the training inputs
+        (:meth:`StructuredClient.trace_terms`). None: not sent (a client of
+        an earlier version).
     n_observations : int or None
         The number of observed target values those terms are summed over.
     """
@@ -3330,9 +3333,15 @@ class StructuredClient:
         Shorter ones cannot be told apart on its inputs, so a given
         ``local_lengthscale`` below it starts there instead of being refused.
         """
-        self._lengthscale_floor()
+        floor = self._lengthscale_floor()
         res = getattr(self, "_resolution", None)
-        return ell if res is None else np.maximum(ell, res)
+        if res is None:
+            return ell
+        ell = np.asarray(ell, dtype=float)
+        # a value below the width floor too is left as given: the range check
+        # then names the user's value
+        width = lengthscale_floor(np.ptp(self._Xs, axis=0)) if floor is not None else 0.0
+        return np.where(ell >= width, np.maximum(ell, res), ell)
 
     def _upper_bound(self, name):
         """Upper end of :meth:`value_range` (needs no noise floor yet)."""
@@ -4140,13 +4149,14 @@ class StructuredClient:
         Returns
         -------
         total, local, jitter : float
-            The whole term, its part from the local inducing inputs, and an
-            upper bound on what the jitter on ``K_zz`` alone can leave
-            (``jitter`` times the prior variance at each input: the largest
-            residual with the inducing inputs on the training inputs
-            themselves). The bound is negligible unless the noise variance
-            is near its floor (nearly noise-free targets), where it can
-            exceed the whole term. NaN if a Cholesky factorisation fails.
+            The whole term, its part from the local inducing inputs, and the
+            jitter's scale (``jitter`` times the prior variance at each
+            input, over twice the noise variance: the most the jitter on
+            ``K_zz`` leaves with the inducing inputs on the training inputs
+            themselves; more if the factorisation had to raise the jitter).
+            It is negligible unless the noise variance is near its floor
+            (nearly noise-free targets), where it can exceed the whole term.
+            NaN if a Cholesky factorisation fails.
         """
         G, L = gpack.unpack(theta_g), self.local_values()
         comps = tuple(config.components)

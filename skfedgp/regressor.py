@@ -295,12 +295,13 @@ def warn_loose_bound(summary, n_inducing, *, stacklevel=3):
                f"the jitter added to K_zz alone can leave up to {summary['jitter']:.3g} nats "
                "whatever the inducing points: more of them do not remove it, and an exact "
                "GP is the better model")
-    elif summary["local"] > 0.5 * t:
-        why = ("mostly from the clients' local inducing points: try a larger "
-               "n_inducing_local, or compare with an exact GP on a held-out split")
+    elif summary["local"] >= t - summary["local"]:
+        why = ("more from the clients' local inducing points than from the global ones: "
+               "try a larger n_inducing_local, or compare with an exact GP on a held-out "
+               "split")
     elif n_inducing < n:
-        why = ("mostly from the global inducing points: try a larger n_inducing, or "
-               "compare with an exact GP on a held-out split")
+        why = ("more from the global inducing points than from the clients' local ones: "
+               "try a larger n_inducing, or compare with an exact GP on a held-out split")
     else:
         why = "compare with an exact GP on a held-out split"
     warnings.warn(
@@ -1875,6 +1876,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return offset
         return np.where(unseen > 0, self._population_local["offset"], offset)
 
+    def _client_noise(self, label, s2):
+        """A fitted client's noise variances, the population's for outputs it never
+        observed (``noise="diagonal"``: its own value there was never trained)."""
+        unseen = self._unobserved_outputs(label)
+        if unseen is None or getattr(self.server_.config, "noise", None) != "diagonal":
+            return s2
+        pop = np.asarray(self._population_local["noise_variance"], dtype=float)
+        return np.where(unseen > 0, pop, np.asarray(s2, dtype=float))
+
     def predict(self, X, groups=None, return_std=False, return_cov=False):
         """Predictive distribution of the targets for each row's client.
 
@@ -2004,7 +2014,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             mean, C = ilmm_predict(Xf, G, L, comps, c.posterior["mu_u"],
                                    c.posterior["Sigma_u"], full_cov=True, client=lab,
                                    offset=self._offset_estimate(lab))
-            s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
+            s2 = self._client_noise(lab, L["noise_variance"])
+            offset = self._client_offset(lab, L["offset"])
             V_u = self._unobserved_prior(lab, Xf, Xf)
             if V_u is not None:  # nothing learned about the unobserved outputs' parts
                 C = np.asarray(C, dtype=float).reshape(n, Q, n, Q) + sum(V_u.values())
@@ -2112,7 +2123,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             out = ilmm_predict(Xs, G, L, comps, P["mu_u"], P["Sigma_u"],
                                per_component=per_component, client=cid,
                                offset=None if per_component else est)
-            s2, offset = L["noise_variance"], self._client_offset(lab, L["offset"])
+            s2 = self._client_noise(lab, L["noise_variance"])
+            offset = self._client_offset(lab, L["offset"])
             V_u = self._unobserved_prior(lab, Xs)
             if V_u is not None:  # nothing learned about the unobserved outputs' parts
                 if per_component:

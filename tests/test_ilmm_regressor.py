@@ -260,10 +260,11 @@ def test_predict_joint_matches_blocks(data, fitted):
         fitted.predict_joint(Xt, gt)
 
 
-def test_isotropic_noise_does_not_depend_on_column_units():
-    """Default noise="isotropic" is in standardised units: multiplying one
-    target column by 1000 rescales that column's predictions and leaves the
-    other column's unchanged."""
+@pytest.mark.parametrize("noise", ["diagonal", "isotropic"])
+def test_noise_does_not_depend_on_column_units(noise):
+    """The default noise="diagonal" and noise="isotropic" are in standardised
+    units: multiplying one target column by 1000 rescales that column's
+    predictions and leaves the other column's unchanged."""
     rng = np.random.default_rng(3)
     n = 30
     X = rng.uniform(0, 6, (2 * n, 1))
@@ -271,7 +272,7 @@ def test_isotropic_noise_does_not_depend_on_column_units():
     Y = np.c_[np.sin(X[:, 0]), np.cos(X[:, 0])] + 0.1 * rng.standard_normal((2 * n, 2))
     Xt = np.linspace(0, 6, 9)[:, None]
     gt = np.repeat("a", 9)
-    kw = dict(n_latent=1, n_rounds=2, random_state=0)
+    kw = dict(n_latent=1, n_rounds=2, random_state=0, noise=noise)
     m1, s1 = FederatedHierarchicalGPRegressor(**kw).fit(X, Y, groups=g).predict(
         Xt, groups=gt, return_std=True)
     k = np.array([1.0, 1000.0])
@@ -537,8 +538,8 @@ def test_an_output_a_client_never_observed_gets_the_never_seen_clients_law():
     assert_allclose(est.loadings_["deviation"][1][2], 0.0)
     assert_allclose(est.loadings_["local"][1][2], 0.0)
     assert_allclose(m[:, 2], m_new[:, 2], rtol=1e-10, atol=1e-10)
-    # the same up to the client's own noise variance (isotropic: learned on
-    # the outputs it observed) and its global posterior's coupling to its data
+    # the same up to its global posterior's coupling to the client's data
+    # (the noise variance of the output it never observed is the population's)
     assert_allclose(s[:, 2], s_new[:, 2], rtol=1e-2)
     # an observed output keeps its own posterior
     assert not np.allclose(s[:, 0], s_new[:, 0], rtol=1e-2)
@@ -582,3 +583,29 @@ def test_default_noise_follows_each_outputs_own_noise(seed):
     assert scores["diagonal"][0] <= 0.05 and scores["diagonal"][1] >= 0.8
     assert scores["diagonal"][2] < 0.2  # the clean output's std near its noise sd 0.05
     assert scores["isotropic"][0] >= 0.08  # the case is one the old default got wrong
+
+
+def test_unobserved_output_takes_the_population_noise():
+    """With one noise variance per output, a client that never observed an
+    output never trained its noise there: its prediction for that output uses
+    the population's (as its level does). It used the untrained value, 0.32
+    against the population's 0.71: predictive std 0.45 for a true noise sd of
+    0.5, 95 % coverage 0.87."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (90, 1))
+    g = np.repeat([0, 1, 2], 30)
+    sd = np.array([0.05, 0.5])
+    Y = np.c_[np.sin(X[:, 0]), 0.5 * np.cos(X[:, 0])] + sd * rng.normal(size=(90, 2))
+    Y[g == 2, 1] = np.nan  # client 2 never observes the noisy output
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_latent=1, n_rounds=5, random_state=0).fit(X, Y, g)
+    Xt = rng.uniform(0, 5, (2000, 1))
+    Yt = np.c_[np.sin(Xt[:, 0]), 0.5 * np.cos(Xt[:, 0])] + sd * rng.normal(size=(2000, 2))
+    m, s = est.predict(Xt, np.full(2000, 2), return_std=True)
+    _, s_new = est.predict(Xt, np.full(2000, 7), return_std=True)  # a never-seen client
+    np.testing.assert_allclose(s[:, 1].mean(), s_new[:, 1].mean(), rtol=0.05)
+    assert np.mean(np.abs(Yt[:, 1] - m[:, 1]) < 1.96 * s[:, 1]) >= 0.92
+    # the observed output keeps the client's own noise
+    m_obs, s_obs = est.predict(Xt, np.full(2000, 0), return_std=True)
+    assert s_obs[:, 0].mean() < 0.2
