@@ -3323,9 +3323,13 @@ class StructuredClient:
         floor = getattr(self, "_ell_floor", None)
         if floor is None and getattr(self, "_Xs", None) is not None and self._Xs.shape[0]:
             self._resolution = resolution_floor(self._Xs)
-            floor = np.maximum(lengthscale_floor(np.ptp(self._Xs, axis=0)), self._resolution)
+            floor = np.maximum(self._width_floor(), self._resolution)
             self._ell_floor = floor
         return floor
+
+    def _width_floor(self):
+        """:func:`lengthscale_floor` of the client's own input widths."""
+        return lengthscale_floor(np.ptp(self._Xs, axis=0))
 
     def _above_resolution(self, ell):
         """Local lengthscales raised to the client's :func:`resolution_floor`.
@@ -3340,7 +3344,7 @@ class StructuredClient:
         ell = np.asarray(ell, dtype=float)
         # a value below the width floor too is left as given: the range check
         # then names the user's value
-        width = lengthscale_floor(np.ptp(self._Xs, axis=0)) if floor is not None else 0.0
+        width = self._width_floor() if floor is not None else 0.0
         return np.where(ell >= width, np.maximum(ell, res), ell)
 
     def _upper_bound(self, name):
@@ -3665,6 +3669,13 @@ class StructuredClient:
         return latent_design_residuals(self._Xs, G["Z_g"], G["lengthscale_g"],
                                        float(G.get("variance_g", 1.0)), jitter, per_row=True)
 
+    def _local_residuals(self, L, jitter):
+        """Per-input ``k(x, x) - q(x, x)`` of the local kernel(s) at the unpacked
+        local values ``L`` (``(n_i, R)``) and ``n_i variance_l``; shared by
+        :meth:`_decide_local_inducing` and :meth:`trace_terms`."""
+        return latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"],
+                                       float(L.get("variance_l", 1.0)), jitter, per_row=True)
+
     def _decide_local_inducing(self, config, recheck=False):
         """Whether this client learns its local inducing inputs (``learn_local_inducing``).
 
@@ -3686,9 +3697,7 @@ class StructuredClient:
             self.learn_local_inducing = bool(mode)
             return
         L = self.local_values()
-        res, tot = latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"],
-                                           float(L.get("variance_l", 1.0)), config.jitter,
-                                           per_row=True)
+        res, tot = self._local_residuals(L, config.jitter)
         self._inducing_checked = self.theta.tobytes()
         nats = self._trace_nats("l", res, L) if recheck else None
         self.learn_local_inducing = auto_learns(float(np.sum(res)), tot * res.shape[1], nats,
@@ -4170,9 +4179,8 @@ class StructuredClient:
                 var = float(G.get("variance_g", 1.0))
                 floor += a2 * self._trace_nats("g", np.full_like(res, jitter * var), L, G, comps)
             if "Z_l" in L:
+                res, _ = self._local_residuals(L, jitter)
                 var = float(L.get("variance_l", 1.0))
-                res, _ = latent_design_residuals(self._Xs, L["Z_l"], L["lengthscale_l"], var,
-                                                 jitter, per_row=True)
                 local = self._trace_nats("l", res, L)
                 total += local
                 floor += self._trace_nats("l", np.full_like(res, jitter * var), L)

@@ -174,9 +174,6 @@ def _warn_diagnostics(est, converged, n_rounds):
             + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
             ConvergenceWarning, stacklevel=3)
     _warn_shared_off(est, G)
-    if converged:  # else the values are not the bound's optimum (the warning above says so)
-        warn_loose_bound(getattr(est, "_trace_summary", None), getattr(est, "n_inducing_", 0),
-                         stacklevel=3)
 
 
 #: The global variance (in units of the standardised targets' variance) at
@@ -461,8 +458,7 @@ def check_multioutput_targets(y, n_rows, estimator=None):
 
 def _is_fit_attribute(name):
     """Whether an instance attribute belongs to the fitted state."""
-    return ((name.endswith("_") and not name.startswith("__"))
-            or name in ("_population_local", "_trace_summary"))
+    return (name.endswith("_") and not name.startswith("__")) or name == "_population_local"
 
 
 def _copied_rows(X, y):
@@ -1677,8 +1673,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.n_inducing_ = server.n_inducing_
         # the clients' trace terms at the returned model (None: a client of an
         # earlier version sent none)
-        self._trace_summary = trace_summary(res.get("trace_terms", ()))
-        self.trace_term_ = None if self._trace_summary is None else self._trace_summary["total"]
+        trace = trace_summary(res.get("trace_terms", ()))
+        self.trace_term_ = None if trace is None else trace["total"]
         # whether Z_g was learned (False without one; "auto": the decision at the end)
         self.learn_inducing_locations_ = bool(server.learn_inducing_)
         # the factor applied to the kept run (1.0: none applied)
@@ -1708,6 +1704,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                     self.loadings_[name] = {lab: scale * c.local_values()[key]
                                             for lab, c in self.clients_.items()}
         _warn_diagnostics(self, res["converged"], n_rounds)
+        if res["converged"]:  # else the values are not the bound's maximum (a warning says so)
+            warn_loose_bound(trace, self.n_inducing_, stacklevel=2)
         warn_untrained_clients(self.clients_, res["failed_clients"], n_rounds0,
                                res.get("local_phase_done", ()))
         return self
@@ -1869,21 +1867,24 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 "ij,qp->iqjp", se_ard(Xa, Xb, ell, 1.0), C)
         return out
 
-    def _client_offset(self, label, offset):
-        """A fitted client's levels, the population's for outputs it never observed."""
+    def _population_where_unseen(self, label, key, value):
+        """A fitted client's per-output ``value``, the population's ``key`` for
+        the outputs it never observed."""
         unseen = self._unobserved_outputs(label)
         if unseen is None:
-            return offset
-        return np.where(unseen > 0, self._population_local["offset"], offset)
+            return value
+        return np.where(unseen > 0, self._population_local[key], value)
+
+    def _client_offset(self, label, offset):
+        """A fitted client's levels, the population's for outputs it never observed."""
+        return self._population_where_unseen(label, "offset", offset)
 
     def _client_noise(self, label, s2):
         """A fitted client's noise variances, the population's for outputs it never
         observed (``noise="diagonal"``: its own value there was never trained)."""
-        unseen = self._unobserved_outputs(label)
-        if unseen is None or getattr(self.server_.config, "noise", None) != "diagonal":
+        if getattr(self.server_.config, "noise", None) != "diagonal":
             return s2
-        pop = np.asarray(self._population_local["noise_variance"], dtype=float)
-        return np.where(unseen > 0, pop, np.asarray(s2, dtype=float))
+        return self._population_where_unseen(label, "noise_variance", s2)
 
     def predict(self, X, groups=None, return_std=False, return_cov=False):
         """Predictive distribution of the targets for each row's client.
