@@ -261,7 +261,14 @@ def trace_summary(sent):
     Returns
     -------
     dict or None
-        ``{"total", "local", "jitter": float, "n_observations": int}``.
+        ``{"total", "local", "jitter": float, "n_observations": int}``
+        (nats, and a count of observed target values).
+
+    Notes
+    -----
+    The trace term of the collapsed bound (Titsias, AISTATS 2009, eq. 9),
+    summed over the clients; beyond the pFedHGP paper (docs/maths.md,
+    section 11).
     """
     sent = list(sent)
     if not sent or any(v is None for row in sent for v in row):
@@ -281,6 +288,22 @@ def warn_loose_bound(summary, n_inducing, *, stacklevel=3):
     n_inducing : int
         The number of global inducing points (to say whether more can help).
     stacklevel : int
+        Frames above the caller that the warning points at.
+
+    Warns
+    -----
+    SparseApproximationWarning
+        When ``summary["total"]`` exceeds :data:`LOOSE_BOUND_NATS` nats per
+        observation and :data:`LOOSE_BOUND_MIN_NATS` in all; the message
+        names the likely cause (noise near its floor, where ``summary
+        ["jitter"]`` is at least half the term; else the local or the
+        global inducing points, whichever leave more).
+
+    Notes
+    -----
+    The gap of the collapsed bound is bounded by terms proportional to the
+    trace term (Burt, Rasmussen and van der Wilk, JMLR 21, 2020); the
+    threshold is the package's (docs/maths.md, section 11).
     """
     if summary is None:
         return
