@@ -22,6 +22,7 @@ from sklearn.utils.validation import (
     check_array,
     check_is_fitted,
     check_X_y,
+    _num_samples,
     column_or_1d,
     validate_data,
 )
@@ -479,6 +480,27 @@ def check_multioutput_targets(y, n_rows, estimator=None):
     return y
 
 
+#: :meth:`FederatedHierarchicalGPRegressor._restart_from_global`: the full
+#: model is trained again from the global-only fit's lengthscales when its ELBO
+#: does not exceed that fit's by more than the larger of these (nats; per
+#: observation).
+RESTART_MARGIN_NATS = 2.0
+RESTART_MARGIN_PER_OBS = 0.01
+#: ... unless every global lengthscale of the full fit is within this factor
+#: of the global-only fit's (the second run would start from the first's shared
+#: kernel) ...
+RESTART_SAME_RATIO = 1.25
+#: ... and the global-only fit runs at most this many rounds (it only has to
+#: show that the full fit is below it, and give a start).
+RESTART_REFERENCE_ROUNDS = 10
+
+
+def _show(caught):
+    """Issue again the warnings recorded by ``warnings.catch_warnings(record=True)``."""
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
 def _is_fit_attribute(name):
     """Whether an instance attribute belongs to the fitted state."""
     return (name.endswith("_") and not name.startswith("__")) or name == "_population_local"
@@ -706,6 +728,32 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         continues that run only. ``failed_clients_`` includes the failures
         of every start's run; a client lost while a later start is set up
         is excluded, and that start's run is then kept.
+    restart_from_global : {"auto", True, False}, default="auto"
+        Structured family, 1-D ``y``, ``components`` with ``"global"`` and a
+        client part, ``lengthscale=None`` and a fresh fit (no
+        ``warm_start`` continuation, ``resume_from``, ``checkpoint`` or
+        ``fault_hook``): after the fit, the global-only model
+        (``components=("global",)``, every other setting the same) is
+        fitted too. The full model contains it (``phi`` and the local
+        variances at zero), so at its optimum its ELBO is at least the
+        global-only model's. ``"auto"``: when the full fit's ELBO does not
+        exceed the global-only fit's by more than ``max(2, 0.01 N)`` nats
+        (``N`` observations), the client parts have taken structure that
+        the shared kernel explains (typical with many inputs of which a few
+        matter: an input's global lengthscale left at its upper bound while
+        each client's local part fits it), and the full model is trained
+        once more from the global-only fit's lengthscales; the run with the
+        larger final objective (ELBO plus log hyperpriors) is kept, and
+        only its warnings are shown. True: that second run always; False:
+        neither extra fit. The extra runs are federated fits on the same
+        clients; their traffic and evaluations are counted in round 1's
+        entry of ``communication_`` and in ``n_evaluations_``
+        (``global_only_elbo_``, ``restarted_from_global_``). Costs the
+        global-only fit (usually a fraction of the full one) and, when
+        triggered, a second full fit. Beyond the paper (Yan 2026 sets the
+        initial values by hand); restarts chosen by the bound as in
+        Rasmussen and Williams, *Gaussian Processes for Machine Learning*,
+        MIT Press, 2006, section 5.4.
     local_lengthscale : float or array-like of shape (n_features,), default=None
         Initial local lengthscale(s); None: each client's own pilot
         lengthscales (mean-field family: 0.05 times the range).
@@ -990,6 +1038,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Structured family: the factor applied to the kept run (1.0 when none
         was: the default, a given ``lengthscale``, no global kernel,
         ``n_rounds=0``; a warm start or resume keeps its fit's value).
+    global_only_elbo_ : float or None
+        The final ELBO (nats) of the global-only fit made by
+        ``restart_from_global``; None when none was made.
+    restarted_from_global_ : bool or None
+        Whether the kept run is the one started from the global-only fit's
+        lengthscales (``restart_from_global``); False when the first run was
+        kept or no second run was needed; None when no global-only fit was
+        made.
     client_offsets_ : dict
         Structured family: each client's constant mean in target units (with
         a 1-D ``y``, the posterior mean of its random level).
@@ -1122,6 +1178,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         components=("global", "deviation", "local"),
         lengthscale=None,
         lengthscale_starts=(1.0,),
+        restart_from_global="auto",
         local_lengthscale=None,
         variance=None,
         local_variance=None,
@@ -1159,6 +1216,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         self.components = components
         self.lengthscale = lengthscale
         self.lengthscale_starts = lengthscale_starts
+        self.restart_from_global = restart_from_global
         self.local_lengthscale = local_lengthscale
         self.variance = variance
         self.local_variance = local_variance
@@ -1307,6 +1365,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 "lengthscale_starts must be 'multi' or a non-empty sequence of finite positive "
                 f"factors, got {v!r}")
         return tuple(float(f) for f in factors)
+
+    def _check_restart_from_global(self):
+        v = self.restart_from_global
+        if isinstance(v, str) and v == "auto":
+            return "auto"
+        if not isinstance(v, (bool, np.bool_)):
+            raise ValueError(f"restart_from_global must be True, False or 'auto', got {v!r}")
+        return bool(v)
 
     def _check_client_scale(self):
         v = self.client_scale
@@ -1512,9 +1578,144 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """
         # validate_data sets n_features_in_ (and feature_names_in_) before
         # training can fail: keep_state_on_error restores the fitted state
-        out = self._fit(X, y, groups)
-        self.client_column_ = self.client_column
-        return out
+        mode = self._check_restart_from_global()
+        if not mode or not self._may_restart_from_global():
+            out = self._fit(X, y, groups)
+            self.client_column_ = self.client_column
+            self.global_only_elbo_ = self.restarted_from_global_ = None
+            return out
+        # the first run's warnings are shown only if that run is kept (and
+        # before its error, if it fails)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self._fit(X, y, groups)
+                self.client_column_ = self.client_column
+        except BaseException:
+            _show(caught)
+            raise
+        self.global_only_elbo_ = self.restarted_from_global_ = None
+        if self._restart_applies():
+            caught = self._restart_from_global(X, y, groups, mode, caught)
+        _show(caught)
+        return self
+
+    def _may_restart_from_global(self):
+        """Whether the settings allow :meth:`_restart_from_global` (before the fit)."""
+        comps = (self.components,) if isinstance(self.components, str) else tuple(
+            self.components)
+        return (self.variational_family == "structured" and "global" in comps
+                and ("deviation" in comps or "local" in comps) and self.lengthscale is None
+                and not (self.warm_start and hasattr(self, "server_"))
+                and self.resume_from is None
+                and self.checkpoint is None and self.fault_hook is None
+                and self.n_rounds != 0)
+
+    def _restart_applies(self):
+        """Whether the fitted model is one :meth:`_restart_from_global` compares (scalar y)."""
+        return (getattr(self, "n_outputs_", 1) == 1 and self.n_iter_ > 0
+                and "lengthscale_g" in self.server_.global_pack.slices
+                and len(self.elbo_history_) > 0)
+
+    def _restart_from_global(self, X, y, groups, mode, caught):
+        """Fit the global-only model; maybe train the full model again from its lengthscales.
+
+        The full model contains the global-only one (``phi`` and the local
+        variances at zero), so at its optimum its ELBO is at least the
+        global-only model's. A full run that ends below that, or within
+        ``max(RESTART_MARGIN_NATS, RESTART_MARGIN_PER_OBS * N)`` nats of it,
+        has let the client parts take structure that one shared kernel
+        explains (e.g. many inputs of which a few matter: docs/maths.md,
+        section 11), unless its global lengthscales are all within a factor
+        ``RESTART_SAME_RATIO`` of the global-only fit's (its shared kernel
+        already is that one). It is then trained once more, every setting
+        the same but the starting global lengthscales, which are the
+        global-only fit's, and the run with the larger final objective
+        (ELBO plus log hyperpriors) is kept. ``mode=True`` trains the second
+        run whatever the margin. The global-only fit runs at most
+        ``RESTART_REFERENCE_ROUNDS`` rounds. Both extra runs are federated
+        fits on the same clients; the traffic and evaluations of those that
+        complete are counted in round 1's entry of ``communication_`` and
+        in ``n_evaluations_``. An extra run that raises leaves the first run
+        in place (``UserWarning``). Returns the warnings of the kept run.
+        """
+        from sklearn.base import clone
+
+        extra = []
+        # (the default n_rounds, 100 or 20, is above the cap)
+        n_rounds = (RESTART_REFERENCE_ROUNDS if self.n_rounds is None
+                    else min(int(self.n_rounds), RESTART_REFERENCE_ROUNDS))
+        ref = clone(self).set_params(components=("global",), restart_from_global=False,
+                                     n_rounds=n_rounds, verbose=0)
+        ref._check_copied_rows = False  # said once, by the first run
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ref.fit(X, y, groups)
+        except Exception as exc:  # the first run stands; the failed fit is said
+            warnings.warn(f"restart_from_global: the global-only fit failed ({exc!r}); the "
+                          "first run is kept", UserWarning, stacklevel=4)
+            return caught
+        if not np.isfinite(ref.elbo_history_[-1]):
+            return caught
+        extra.append(ref)
+        self.global_only_elbo_ = float(ref.elbo_history_[-1])
+        self.restarted_from_global_ = False
+        if self.verbose > 0:
+            print(f"[skfedgp] global-only fit ({ref.n_iter_} rounds): ELBO "
+                  f"{self.global_only_elbo_:.6g} (full model {float(self.elbo_history_[-1]):.6g})",
+                  flush=True)
+        margin = max(RESTART_MARGIN_NATS, RESTART_MARGIN_PER_OBS * _num_samples(X))
+        first = float(self.elbo_history_[-1])
+        ell_ref = np.asarray(ref.server_.global_values()["lengthscale_g"], dtype=float)
+        ell_full = np.asarray(self.server_.global_values()["lengthscale_g"], dtype=float)
+        # the first run's shared kernel already has the global-only fit's
+        # lengthscales (its client parts add nothing, or take nothing from it)
+        same = bool(np.max(np.abs(np.log(ell_full / ell_ref))) <= np.log(RESTART_SAME_RATIO))
+        if mode is True or (self.global_only_elbo_ > first - margin and not same):
+            ell = ell_ref * np.asarray(ref.server_.x_scale, dtype=float)
+            alt = clone(self).set_params(lengthscale=ell, restart_from_global=False)
+            if self.verbose > 0:
+                print("[skfedgp] training the full model again from the global-only fit's "
+                      "lengthscales", flush=True)
+            try:
+                with warnings.catch_warnings(record=True) as caught_alt:
+                    warnings.simplefilter("always")
+                    alt.fit(X, y, groups)
+            except Exception as exc:
+                warnings.warn(f"restart_from_global: the second run failed ({exc!r}); the "
+                              "first run is kept", UserWarning, stacklevel=4)
+                alt = None
+            objectives = (float(self.objective_history_[-1]),
+                          -np.inf if alt is None else float(alt.objective_history_[-1]))
+            keep_alt = objectives[1] > objectives[0]
+            if keep_alt:
+                extra.append(self._take_fit(alt))
+                caught = caught_alt
+            elif alt is not None:
+                extra.append(alt)
+            self.restarted_from_global_ = keep_alt
+            if self.verbose > 0:
+                print(f"[skfedgp] kept the {'second' if keep_alt else 'first'} run (final "
+                      f"objectives {objectives[0]:.6g} and {objectives[1]:.6g})", flush=True)
+        rec = self.communication_[1] if len(self.communication_) > 1 else self.communication_[0]
+        for other in extra:
+            for key in ("bytes_up", "bytes_down", "n_messages"):
+                rec[key] += int(sum(r[key] for r in other.communication_))
+            self.n_evaluations_ = int(self.n_evaluations_) + int(other.n_evaluations_)
+        return caught
+
+    def _take_fit(self, other):
+        """Replace this estimator's fitted state by ``other``'s; return a shell holding the old one."""
+        old = type(self).__new__(type(self))
+        for k in [k for k in vars(self) if _is_fit_attribute(k)]:
+            setattr(old, k, getattr(self, k))
+            delattr(self, k)
+        for k in [k for k in vars(other) if _is_fit_attribute(k)]:
+            setattr(self, k, getattr(other, k))
+        self.global_only_elbo_ = getattr(old, "global_only_elbo_", None)
+        self.restarted_from_global_ = True
+        return old
 
     def _fit(self, X, y, groups):
         """Body of :meth:`fit` (which restores the fitted state on error)."""

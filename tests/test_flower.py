@@ -182,7 +182,8 @@ def test_flower_training_matches_estimator_fit(tmp_path):
     # 24 rows per client: the clients also fit the pooled pilot over Flower
     X, y, groups = _client_data(n_clients=3, n=24, seed=1, d=2)
     names = np.array([f"site-{g}" for g in groups], dtype=object)
-    params = dict(random_state=0, n_rounds=2)
+    # one training run, as the Flower server runs (no restart_from_global)
+    params = dict(random_state=0, n_rounds=2, restart_from_global=False)
     # the simulated clients run in Ray workers with one BLAS/OpenMP thread;
     # fit at one thread too (the set-up is not thread-count invariant to round-off)
     from threadpoolctl import threadpool_limits
@@ -997,7 +998,7 @@ def test_transport_in_process_small_client_local_prior(task_identity):
     # tests/test_local_prior.py's federation: the clients depart by 0.3 k sin(2 x2)
     X, y, groups, *_ = five_point_federation(7)
     names = np.array([f"site-{g}" for g in groups], dtype=object)
-    params = dict(random_state=3, n_rounds=3, tol=0.0)
+    params = dict(random_state=3, n_rounds=3, tol=0.0, restart_from_global=False)
     est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
     assert est.server_.local_prior_centre_  # the prior was formed
     grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 4)

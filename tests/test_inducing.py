@@ -300,7 +300,7 @@ def _capture_at_finish(monkeypatch, cls):
 def test_trace_nats_is_the_trace_term_of_the_bound(monkeypatch):
     seen = _capture_at_finish(monkeypatch, fed.StructuredClient)
     X, y, g = _one_d(n=15)
-    _fit(X, y, g, n_rounds=2, n_inducing=6, n_inducing_local=4)
+    _fit(X, y, g, n_rounds=2, n_inducing=6, n_inducing_local=4, restart_from_global=False)
     assert len(seen) == 4
     for bound, mine in seen:
         assert bound > 0

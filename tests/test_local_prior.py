@@ -138,7 +138,7 @@ def _spy_share(monkeypatch):
 def test_round_two_messages_are_counted(monkeypatch):
     log = _spy_share(monkeypatch)
     X, y, g, *_ = _federation()
-    est = _fit(X, y, g, n_rounds=3, tol=0.0)
+    est = _fit(X, y, g, n_rounds=3, tol=0.0, restart_from_global=False)
     nbytes = 8 * (X.shape[1] + 1)  # one LocalKernelSummary: d lengthscales, one variance
     by_round = dict(log)
     assert by_round[1] == {"up": 0, "down": 0, "msgs": 0}  # nothing before round 2

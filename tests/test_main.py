@@ -58,9 +58,13 @@ def test_main_job_refuses_a_folder_as_output(tmp_path, capsys):
 def test_main_job_verbose_prints_rounds(tmp_path, capsys):
     main(["--rounds", "2", "--output", str(tmp_path / "v.png")])
     text = capsys.readouterr().out
-    # at most two rounds for each of the three models (each stops earlier once converged)
+    # at most two rounds for each of the three models (each stops earlier once
+    # converged), and for pFedHGP's second run when it trains one from the
+    # global-only fit (restart_from_global; the global-only fit prints one line)
     n = len(re.findall(r"^\[skfedgp\] round", text, flags=re.MULTILINE))
-    assert len(MODELS) <= n <= 2 * len(MODELS)
+    second = "training the full model again" in text
+    assert len(MODELS) <= n <= 2 * len(MODELS) + 2 * second
+    assert len(re.findall(r"^\[skfedgp\] global-only fit", text, flags=re.MULTILINE)) == 1
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,9 @@ from skfedgp.federated import (
     TrainingState,
 )
 
+# one training run per fit (these tests follow the protocol step by step)
 FAST = dict(n_inducing=8, n_inducing_local=5, n_rounds=4, global_steps=5, local_steps=5,
-            random_state=0)
+            random_state=0, restart_from_global=False)
 IDS = [f"c{k}" for k in range(5)]
 
 

@@ -77,8 +77,8 @@ def _fit(X, y, g, **params):
 
 
 def _setup(X, y, g):
-    """A fit of one round: enough for the set-up's noise centre."""
-    return _fit(X, y, g, n_rounds=1)
+    """A fit of one round: enough for the set-up's noise centre (one training run)."""
+    return _fit(X, y, g, n_rounds=1, restart_from_global=False)
 
 
 def test_many_tiny_clients_get_the_noise_right_and_are_calibrated():

@@ -190,7 +190,8 @@ def test_invalid_component_name(data, bad):
 
 def test_verbose_prints_round_lines(data, capsys):
     X, y, g = data
-    FederatedHierarchicalGPRegressor(**{**FAST, "n_jobs": 1}, verbose=1).fit(X, y, g)
+    FederatedHierarchicalGPRegressor(**{**FAST, "n_jobs": 1}, verbose=1,
+                                     restart_from_global=False).fit(X, y, g)
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("[skfedgp] round")]
     assert len(lines) == FAST["n_rounds"]

@@ -530,9 +530,10 @@ def _fit_sizes(sizes, seed=0):
     g = np.repeat([f"c{k}" for k in range(len(sizes))], sizes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
+        # one training run (restart_from_global has its own accounting test)
         est = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=5, n_rounds=2,
-                                               global_steps=3, local_steps=3,
-                                               random_state=0).fit(X, y, g)
+                                               global_steps=3, local_steps=3, random_state=0,
+                                               restart_from_global=False).fit(X, y, g)
     return est, X, y, g
 
 
