@@ -37,7 +37,9 @@ predictive distribution is that of a new noisy observation
 
 Communication: the sum over all rounds (including the set-up exchange,
 round 0) of the bytes uploaded by the clients and downloaded from the server
-(``communication_``), and the upload of one client in one training round.
+(``communication_``), and the upload of one client in one training round (the
+median over the rounds: round 1's entry also counts the extra runs of
+``restart_from_global``).
 
 Run ``python -m skfedgp --help`` for the options.
 """
@@ -200,9 +202,11 @@ def _communication_table(results, n_clients):
     lines = [head, "-" * len(head)]
     for name, res in results.items():
         comm = res["estimator"].communication_
-        rounds = [c for c in comm if c["round"] > 0]  # rounds and the final exchange
-        per_client = rounds[0]["bytes_up"] / n_clients if rounds else 0.0
         n_rounds = res["estimator"].n_iter_
+        # the training rounds (not the final exchange); the median, since
+        # round 1's entry also counts any extra runs (restart_from_global)
+        rounds = [c["bytes_up"] for c in comm if 0 < c["round"] <= n_rounds]
+        per_client = float(np.median(rounds)) / n_clients if rounds else 0.0
         up = sum(c["bytes_up"] for c in comm)
         down = sum(c["bytes_down"] for c in comm)
         lines.append(
