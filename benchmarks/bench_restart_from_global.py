@@ -13,6 +13,10 @@ Cases (``--cases``; each with ``--seeds``):
 
 - ``dim20``: 20 inputs of which the first 5 matter, one function shared by
   3 clients, 300 rows, 75 held out.
+- ``dim10`` and ``dim15``: 10 inputs of which 3 matter (4 clients × 60)
+  and 15 of which 4 matter (4 × 50), one function plus a constant per
+  client, noise sd 0.15, 400 test points (drawn from ``default_rng(100 +
+  seed)``; not used to design the rule).
 - ``hier1``, ``hier2``, ``hier3``: ``make_hierarchical_regression`` with 6
   clients of 40 points in 1, 2 or 3 dimensions, 100 test points each.
 - ``departures``: 5 clients × 40 points in 2-D, each with its own departure
@@ -40,7 +44,7 @@ import numpy as np
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp.datasets import make_hierarchical_regression
 
-CASES = ("dim20", "hier1", "hier2", "hier3", "departures", "homoscedastic",
+CASES = ("dim20", "dim10", "dim15", "hier1", "hier2", "hier3", "departures", "homoscedastic",
          "heteroscedastic", "integer", "branin", "branin3")
 
 
@@ -62,6 +66,21 @@ def make_case(case, seed):
         idx = rng.permutation(C * n)
         te, tr = idx[:75], idx[75:]
         return X[tr], y[tr], g[tr], X[te], y[te], g[te]
+    if case in ("dim10", "dim15"):
+        rng = np.random.default_rng(100 + seed)
+        T, n, d = (4, 60, 10) if case == "dim10" else (4, 50, 15)
+        X = rng.uniform(-1, 1, (T * n, d))
+        g = np.repeat(np.arange(T), n)
+        off = rng.normal(scale=0.5, size=T)
+
+        def f(x, c):
+            out = np.sin(3 * x[:, 0]) + 0.7 * x[:, 1] * x[:, 2] + off[c]
+            return out + 0.5 * np.cos(2 * x[:, 3]) if case == "dim15" else out
+
+        y = f(X, g) + 0.15 * rng.standard_normal(T * n)
+        Xt = rng.uniform(-1, 1, (400, d))
+        gt = rng.integers(0, T, 400)
+        return X, y, g, Xt, f(Xt, gt) + 0.15 * rng.standard_normal(400), gt
     if case.startswith("hier"):
         return make_hierarchical_regression(n_clients=6, n_samples=40, n_features=int(case[4:]),
                                             n_test=100, random_state=seed)[:6]

@@ -37,9 +37,9 @@ predictive distribution is that of a new noisy observation
 
 Communication: the sum over all rounds (including the set-up exchange,
 round 0) of the bytes uploaded by the clients and downloaded from the server
-(``communication_``), and the upload of one client in one training round (the
-median over the rounds: round 1's entry also counts the extra runs of
-``restart_from_global``).
+(``communication_``), and the upload of one client in the last training round
+(round 1's entry also counts the extra runs of ``restart_from_global``, so a
+one-round run shows them too).
 
 Run ``python -m skfedgp --help`` for the options.
 """
@@ -203,10 +203,10 @@ def _communication_table(results, n_clients):
     for name, res in results.items():
         comm = res["estimator"].communication_
         n_rounds = res["estimator"].n_iter_
-        # the training rounds (not the final exchange); the median, since
-        # round 1's entry also counts any extra runs (restart_from_global)
+        # the last training round (not the final exchange): round 1's entry
+        # also counts any extra runs (restart_from_global)
         rounds = [c["bytes_up"] for c in comm if 0 < c["round"] <= n_rounds]
-        per_client = float(np.median(rounds)) / n_clients if rounds else 0.0
+        per_client = rounds[-1] / n_clients if rounds else 0.0
         up = sum(c["bytes_up"] for c in comm)
         down = sum(c["bytes_down"] for c in comm)
         lines.append(

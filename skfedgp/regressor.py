@@ -738,8 +738,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         once more from the global-only fit's lengthscales, and that run is
         kept if its final objective (ELBO plus log hyperpriors) exceeds the
         first run's by more than 1 nat; only the kept run's end-of-fit
-        warnings are shown. True: that second run
-        always; False: neither extra fit. The extra runs are federated fits
+        warnings are shown. True: that second run always (kept by the same
+        rule); False: neither extra fit. An extra run that raises (any
+        ``Exception``, e.g. a warning turned into an error) leaves the first
+        run in place, with a ``UserWarning``. The extra runs are federated fits
         on the same clients; their traffic and evaluations are counted in
         round 1's entry of ``communication_`` and in ``n_evaluations_``,
         their client failures in ``failed_clients_``
@@ -1039,12 +1041,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     global_only_elbo_ : float or None
         The final ELBO (as ``elbo_history_``) of the global-only fit made by
         ``restart_from_global`` in this call of :meth:`fit`; None when none
-        was made (also after a ``warm_start`` continuation).
+        was made or it raised (also after a ``warm_start`` continuation).
     restarted_from_global_ : bool or None
         Whether the kept run is the one started from the global-only fit's
         lengthscales (``restart_from_global``); False when the first run was
-        kept or no second run was needed; None when no global-only fit was
-        made.
+        kept, no second run was needed or the second run raised; None when
+        no global-only fit was made or it raised.
     client_offsets_ : dict
         Structured family: each client's constant mean in target units (with
         a 1-D ``y``, the posterior mean of its random level).
@@ -1636,10 +1638,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         n_rounds = (RESTART_REFERENCE_ROUNDS if self.n_rounds is None
                     else min(int(self.n_rounds), RESTART_REFERENCE_ROUNDS))
         ref = self._extra_run(X, y, groups, "the global-only fit", components=("global",),
-                              n_rounds=n_rounds, verbose=0)
+                              n_rounds=n_rounds, verbose=0, lengthscale_starts=(1.0,))
         if ref is None:
             return
-        ref.__dict__.pop("_pending_diagnostics", None)  # an auxiliary fit: nothing to say
         others = [ref]
         self.global_only_elbo_ = float(ref.elbo_history_[-1])
         self.restarted_from_global_ = False
@@ -1672,8 +1673,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             for key in ("bytes_up", "bytes_down", "n_messages"):
                 rec[key] += int(sum(r[key] for r in other.communication_))
             self.n_evaluations_ = int(self.n_evaluations_) + int(other.n_evaluations_)
-            self.failed_clients_ = list(self.failed_clients_) + [
-                f for f in other.failed_clients_ if f not in self.failed_clients_]
+            self.failed_clients_ = list(self.failed_clients_) + list(other.failed_clients_)
 
     def _extra_run(self, X, y, groups, what, **params):
         """A fit of a clone with ``params`` on validated data, or None if it raised."""
@@ -1683,8 +1683,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         try:
             est._fit(X, y, groups)
         except Exception as exc:  # the first run stands
+            # (stacklevel: the caller of fit, through keep_state_on_error)
             warnings.warn(f"restart_from_global: {what} failed ({exc!r}); the first run is "
-                          "kept", UserWarning, stacklevel=4)
+                          "kept", UserWarning, stacklevel=5)
             return None
         finally:
             est.__dict__.pop("_fit_data", None)
