@@ -1677,6 +1677,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     def _extra_run(self, X, y, groups, what, **params):
         """A fit of a clone with ``params`` on validated data, or None if it raised."""
+        if (isinstance(self.n_inducing, numbers.Integral) and not isinstance(self.n_inducing, bool)
+                and self.n_inducing > len(y)):
+            # reduced to N with a warning by the first run already: not again
+            params = {"n_inducing": len(y), **params}
         est = clone(self).set_params(restart_from_global=False, client_column=None, **params)
         est._check_copied_rows = False  # said once, by the first run
         est._restart_pending = True  # its diagnostics wait (issued only if it is kept)

@@ -207,3 +207,12 @@ def test_failures_of_every_run_are_recorded(monkeypatch):
 def test_the_setting_is_checked_with_the_others():
     with pytest.raises(ValueError, match="restart_from_global"):
         FederatedHierarchicalGPRegressor(restart_from_global="bogus")._check_params()
+
+
+def test_the_extra_runs_do_not_repeat_the_inducing_cap_warning():
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=25, random_state=1)[:3]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FederatedHierarchicalGPRegressor(random_state=0, n_rounds=3, n_inducing=500,
+                                         restart_from_global=True).fit(X, y, g)
+    assert sum("n_inducing=500 exceeds" in str(w.message) for w in caught) == 1
