@@ -721,36 +721,36 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         of every start's run; a client lost while a later start is set up
         is excluded, and that start's run is then kept.
     restart_from_global : {"auto", True, False}, default="auto"
-        :meth:`fit` only (the Flower server trains one run), structured
-        family, 1-D ``y``, ``components`` with ``"global"`` and a client
-        part, ``lengthscale=None``, ``n_rounds`` not 0 and a fresh fit (no
+        :meth:`fit` only (the Flower server trains one run), structured family,
+        1-D ``y``, ``components`` with ``"global"`` and a client part,
+        ``lengthscale=None``, ``n_rounds`` not 0 and a fresh fit (no
         ``warm_start`` continuation, ``resume_from``, ``checkpoint`` or
-        ``fault_hook``; elsewhere the setting is ignored): after the fit,
-        the global-only model (``components=("global",)``, at most 10
-        rounds, every other setting the same) is fitted too. The full model contains it (``phi`` and the local
-        variances at zero), so at its optimum its ELBO is at least the
-        global-only model's. ``"auto"``: when the full fit's ELBO does not
-        exceed the global-only fit's by more than ``max(2, 0.01 N)`` nats
-        (``N`` observations), the client parts have taken structure that
-        the shared kernel explains (typical with many inputs of which a few
-        matter: an input's global lengthscale left at its upper bound while
-        each client's local part fits it), and the full model is trained
-        once more from the global-only fit's lengthscales, and that run is
-        kept if its final objective (ELBO plus log hyperpriors) exceeds the
-        first run's by more than 1 nat; only the kept run's end-of-fit
-        warnings are shown. True: that second run always (kept by the same
-        rule); False: neither extra fit. An extra run that raises (any
-        ``Exception``, e.g. a warning turned into an error) leaves the first
-        run in place, with a ``UserWarning``. The extra runs are federated fits
-        on the same clients; their traffic and evaluations are counted in
-        round 1's entry of ``communication_`` and in ``n_evaluations_``,
-        their client failures in ``failed_clients_``
-        (``global_only_elbo_``, ``restarted_from_global_``). Costs the
-        global-only fit (measured: 10-90 % more time) and, when triggered, a
-        second full fit (small fits measured 2-4 times slower in all). Beyond the paper (Yan 2026 sets the
-        initial values by hand); restarts chosen by the bound as in
-        Rasmussen and Williams, *Gaussian Processes for Machine Learning*,
-        MIT Press, 2006, section 5.4.
+        ``fault_hook``; elsewhere the setting is ignored): after the fit, the
+        global-only model (``components=("global",)``, at most 10 rounds, every
+        other setting the same) is fitted too. The full model contains it
+        (``phi`` and the local variances at zero), so at its optimum its ELBO
+        is at least the global-only model's. ``"auto"``: when the full fit's
+        ELBO does not exceed the global-only fit's by more than
+        ``max(2, 0.01 N)`` nats (``N`` observations), the client parts have taken structure
+        that the shared kernel explains (typical with many inputs of which a
+        few matter: an input's global lengthscale left at its upper bound while
+        each client's local part fits it), and the full model is trained once
+        more from the global-only fit's lengthscales, and that run is kept if
+        its final objective (ELBO plus log hyperpriors) exceeds the first run's
+        by more than 1 nat; only the kept run's end-of-fit warnings are shown.
+        True: that second run always (kept by the same rule); False: neither
+        extra fit. An extra run that raises (any ``Exception``, e.g. a warning
+        turned into an error) leaves the first run in place, with a
+        ``UserWarning``. The extra runs are federated fits on the same clients;
+        their traffic and evaluations are counted in round 1's entry of
+        ``communication_`` and in ``n_evaluations_``, their client failures in
+        ``failed_clients_`` (``global_only_elbo_``,
+        ``restarted_from_global_``). Costs the global-only fit (measured:
+        10-90 % more time) and, when triggered, a second full fit (small fits
+        measured 2-4 times slower in all). Beyond the paper (Yan 2026 sets the
+        initial values by hand); restarts chosen by the bound as in Rasmussen
+        and Williams, *Gaussian Processes for Machine Learning*, MIT Press,
+        2006, section 5.4.
     local_lengthscale : float or array-like of shape (n_features,), default=None
         Initial local lengthscale(s); None: each client's own pilot
         lengthscales (mean-field family: 0.05 times the range).
@@ -1312,7 +1312,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return default if v is None else check_real(v, name)
 
         lbfgs = optimizer == "lbfgs"
-        client_scale = self._check_client_scale()  # validated for every family
+        client_scale = self._check_auto_flag("client_scale")  # validated for every family
         n_inducing = _int("n_inducing", auto=True)
         n_inducing_local = _int("n_inducing_local", auto=True)
         if not structured:
@@ -1344,13 +1344,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             noise_prior_scale=_pos_float("noise_prior_scale"),
             n_latent=self._check_n_latent(comps),
             noise=self._check_noise(),
-            learn_inducing=self._check_learn_inducing(),
+            learn_inducing=self._check_auto_flag("learn_inducing_locations"),
             client_scale=client_scale if structured else False,
             lengthscale_starts=self._check_lengthscale_starts(),
         )
         if config.learning_rate is None or config.global_learning_rate is None:
             raise ValueError("learning_rate and global_learning_rate must be positive numbers")
-        self._check_restart_from_global()  # (used by fit; checked here for every caller)
+        # used by fit; checked here for every caller (Flower too)
+        self._check_auto_flag("restart_from_global")
         n_rounds = _int("n_rounds", 0, default=100 if lbfgs else 20)
         return config, n_rounds
 
@@ -1370,29 +1371,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"factors, got {v!r}")
         return tuple(float(f) for f in factors)
 
-    def _check_restart_from_global(self):
-        v = self.restart_from_global
+    def _check_auto_flag(self, name):
+        """The parameter ``name`` as ``"auto"``, True or False (ValueError otherwise)."""
+        v = getattr(self, name)
         if isinstance(v, str) and v == "auto":
             return "auto"
         if not isinstance(v, (bool, np.bool_)):
-            raise ValueError(f"restart_from_global must be True, False or 'auto', got {v!r}")
-        return bool(v)
-
-    def _check_client_scale(self):
-        v = self.client_scale
-        if isinstance(v, str) and v == "auto":
-            return "auto"
-        if not isinstance(v, (bool, np.bool_)):
-            raise ValueError(f"client_scale must be True, False or 'auto', got {v!r}")
-        return bool(v)
-
-    def _check_learn_inducing(self):
-        v = self.learn_inducing_locations
-        if isinstance(v, str) and v == "auto":
-            return "auto"
-        if not isinstance(v, (bool, np.bool_)):
-            raise ValueError(
-                f"learn_inducing_locations must be True, False or 'auto', got {v!r}")
+            raise ValueError(f"{name} must be True, False or 'auto', got {v!r}")
         return bool(v)
 
     def _check_n_latent(self, comps):
@@ -1581,7 +1566,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         On any error the estimator keeps its previous fitted state (or stays
         unfitted): nothing half-fitted is left behind.
         """
-        mode = self._check_restart_from_global()
+        mode = self._check_auto_flag("restart_from_global")
         restart = bool(mode) and self._may_restart_from_global()
         # validate_data sets n_features_in_ (and feature_names_in_) before
         # training can fail: keep_state_on_error restores the fitted state.

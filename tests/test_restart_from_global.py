@@ -23,7 +23,11 @@ from skfedgp.datasets import make_hierarchical_regression
 
 
 def _many_inputs(seed=0):
-    """20 inputs, the first 5 relevant, one function shared by 3 clients."""
+    """20 inputs, the first 5 relevant, one function shared by 3 clients.
+
+    The same generator as the ``dim20`` case of
+    ``benchmarks/bench_restart_from_global.py`` (which cannot import tests).
+    """
     rng = np.random.default_rng(seed)
     C, n = 3, 100
     X = rng.uniform(-1, 1, (C * n, 20))
@@ -107,8 +111,9 @@ def test_false_fits_nothing_more():
     assert est.global_only_elbo_ is None and est.restarted_from_global_ is None
 
 
-@pytest.mark.parametrize("kw", [dict(components=("global",)), dict(lengthscale=0.3),
-                                dict(variational_family="mean_field", optimizer="adam", n_rounds=3)])
+@pytest.mark.parametrize("kw", [
+    dict(components=("global",)), dict(lengthscale=0.3),
+    dict(variational_family="mean_field", optimizer="adam", n_rounds=3)])
 def test_skipped_where_it_does_not_apply(kw):
     X, y, g = make_hierarchical_regression(n_clients=3, n_samples=25, random_state=1)[:3]
     est = _fit(X, y, g, **dict(dict(n_rounds=3), **kw))
