@@ -1802,8 +1802,9 @@ HIGH_DIM_PILOT_FACTORS = (1.0, 1.0 / 3.0, 10.0)
 #: median noise variance 0.0031, the pooled one 0.0084, an exact GP over all
 #: clients 0.009.
 PILOT_POOL_POINTS = 32
-#: A client (1-D targets, with a pilot) centres its noise hyperprior on its
-#: own pilot's noise variance when it has at least :data:`PILOT_POOL_POINTS`
+#: A client (1-D targets, with a pilot) has no noise hyperprior (its data
+#: decide; the centre, unused by the prior, is its own pilot's noise
+#: variance) when it has at least :data:`PILOT_POOL_POINTS`
 #: observations and, among the points its pilot uses, this many per
 #: hyperparameter of the pilot (``d + 2``: the lengthscales, the signal and
 #: the noise variance; :func:`own_noise_centre`). PUMADYN-32nm, a client
@@ -1816,8 +1817,9 @@ OWN_NOISE_POINTS_PER_PARAMETER = 10
 #: many pure-error degrees of freedom (observations minus distinct input
 #: rows) centres its noise hyperprior on its pure-error variance, the
 #: spread of its targets around their means at repeated inputs
-#: (:func:`pure_error_variance`), unless its own pilot already does
-#: (:func:`own_noise_centre`). That estimate needs no model: its relative
+#: (:func:`pure_error_variance`), unless its own pilot is reliable
+#: (:func:`own_noise_centre`; then it has no noise hyperprior). That
+#: estimate needs no model: its relative
 #: standard deviation is ``sqrt(2 / df)``, 0.45 at 10 degrees of freedom,
 #: against the several log units by which clients' noise can differ.
 PURE_ERROR_MIN_DOF = 10
@@ -1836,7 +1838,7 @@ PILOT_POOL_OUTLIER_Z = 5.0
 
 
 def own_noise_centre(n_samples, n_features):
-    """Whether a client's own pilot centres its noise hyperprior.
+    """Whether a client's own pilot is reliable: then it has no noise hyperprior.
 
     True with at least :data:`PILOT_POOL_POINTS` observations and
     :data:`OWN_NOISE_POINTS_PER_PARAMETER` per hyperparameter of the pilot
@@ -3258,7 +3260,18 @@ class StructuredClient:
         variable is the last coordinate of ``u``) and ``level``, the
         posterior mean of the client's level (standardised units); model
         parameters only.
+    prior_noise : float
+        Centre of the noise hyperprior (standardised units; set up by
+        :meth:`initialise`).
+    noise_hyperprior : bool
+        Whether the noise variance has that hyperprior: False for a client
+        with 1-D targets whose own pilot is reliable
+        (:func:`own_noise_centre`), whose data alone decide its noise.
     """
+
+    #: the noise variance has its hyperprior unless :meth:`initialise` finds
+    #: the client's own pilot reliable (multi-output clients always have it)
+    noise_hyperprior = True
 
     def __init__(self, client):
         self.client_id = client.client_id
@@ -3386,7 +3399,8 @@ class StructuredClient:
                            getattr(self, "learn_local_inducing", None),
                            bool(getattr(self, "_noise_fitted", False)),
                            getattr(self, "_inducing_checked", None),
-                           int(getattr(self, "_local_phases", 0)))
+                           int(getattr(self, "_local_phases", 0)),
+                           bool(getattr(self, "noise_hyperprior", True)))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -3406,6 +3420,13 @@ class StructuredClient:
         if checked is not None:
             self._inducing_checked = checked
         self._local_phases = int(getattr(state, "local_phases", None) or 0)
+        # None: a state saved before the field existed (the prior applied).
+        # A warm start that leaves a client too few rows for a reliable pilot
+        # gives it the prior back (a client grown beyond that keeps its state)
+        prior = getattr(state, "noise_hyperprior", None)
+        self.noise_hyperprior = (prior is None or bool(prior) or (
+            getattr(self, "_Xs", None) is not None
+            and not own_noise_centre(self.n_samples, self._Xs.shape[1])))
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -3563,9 +3584,10 @@ class StructuredClient:
         self.noise_floor = NOISE_FLOOR * (own_var if own_var > 1e-12 else 1.0)
         lo, hi = self.value_range("noise_variance")
         # the hyperprior's centre: a client whose pilot is reliable
-        # (own_noise_centre), its own pilot's noise (a population centre
-        # pulled a noisy client among nearly noise-free ones towards their
-        # noise, and its local part then fitted its noise); otherwise the
+        # (own_noise_centre), its own pilot's noise (unused by the prior,
+        # which such a client does not have: a population centre pulled a
+        # noisy client among nearly noise-free ones towards their noise, and
+        # its local part then fitted its noise); otherwise the
         # population's noise, in the client's own units when its targets are
         # clearly on a larger scale (prior_scale)
         own_centre = own is not None and own_noise_centre(self.n_samples, d)
@@ -3587,6 +3609,13 @@ class StructuredClient:
             centre = population.noise_variance * prior_scale(
                 own_var, population, None if own is None else own.noise_variance)
         self.prior_noise = float(np.clip(centre, 2.0 * self.noise_floor, hi))
+        # a client whose own pilot is reliable takes no noise hyperprior: its
+        # data decide its noise. Centred on that pilot (the same data, fitted
+        # with one kernel that counts short-scale structure as noise, or
+        # interpolates it) the prior pinned the noise there and the shared
+        # parts took the rest (docs/maths.md, section 10). The centre is still
+        # where a restarted local part starts its noise (_try_local_start).
+        self.noise_hyperprior = not own_centre
         s_ratio = client_scale_ratio(own_var)
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
@@ -3824,11 +3853,15 @@ class StructuredClient:
     def log_prior(self, theta, config):
         """Log hyperprior of the client's own hyperparameters and its gradient (log scale).
 
-        ``log s2_i ~ N(log s2_c, tau^2)``. With 1-D targets, a client whose own pilot is
-        reliable (:func:`own_noise_centre`: at least
+        ``log s2_i ~ N(log s2_c, tau^2)``, except for a client with 1-D targets
+        whose own pilot is reliable (:func:`own_noise_centre`: at least
         :data:`PILOT_POOL_POINTS` observations and
-        :data:`OWN_NOISE_POINTS_PER_PARAMETER` per pilot hyperparameter)
-        centres it on that pilot's noise variance ``s2_c``; another on the
+        :data:`OWN_NOISE_POINTS_PER_PARAMETER` per pilot hyperparameter),
+        which has no noise hyperprior (``noise_hyperprior`` False: centred on
+        that pilot's noise variance, an estimate from the same data with one
+        kernel, it pinned the noise there; docs/maths.md, section 10). A
+        client whose rows repeat inputs centres it on its pure-error variance
+        (:func:`pure_error_variance`), another on the
         population's ``s2_pop``, the median of the
         clients' pilot noise variances weighted by their numbers of points
         (set-up exchange; a pilot on more points interpolates less), the
@@ -3863,10 +3896,12 @@ class StructuredClient:
         tau = config.noise_prior_scale
         if tau is None:
             return 0.0, grad
-        sl = self.pack.slices["noise_variance"]  # one entry, or one per output
-        delta = theta[sl] - float(np.log(self.prior_noise))
-        grad[sl] = -delta / tau**2
-        value = float(-0.5 * np.sum((delta / tau) ** 2))
+        value = 0.0
+        if self.noise_hyperprior:
+            sl = self.pack.slices["noise_variance"]  # one entry, or one per output
+            delta = theta[sl] - float(np.log(self.prior_noise))
+            grad[sl] = -delta / tau**2
+            value = float(-0.5 * np.sum((delta / tau) ** 2))
         prior = getattr(self, "prior_local", None) or {}
         if "population" in prior and self.n_samples < PILOT_POOL_POINTS:
             # a small client: the population's local kernel (a client grown
@@ -4036,7 +4071,8 @@ class StructuredClient:
 
         The start is the client's vector with its local log lengthscales and
         log variance replaced and its noise variance at its hyperprior's
-        centre (clipped to ``bounds``). Its end replaces the current vector
+        centre, ``prior_noise`` (for a client without a noise hyperprior,
+        its own pilot's noise; clipped to ``bounds``). Its end replaces the current vector
         only if the objective is higher there (and ``accept(end)`` holds,
         when given); a run that fails numerically keeps the current vector.
         """
@@ -4219,7 +4255,8 @@ class ClientState:
         Its layout.
     noise_floor, prior_noise : float
         The client's noise floor and the centre of its noise hyperprior
-        (the units of its packed noise variance).
+        (for a client without one, its own pilot's noise variance; the
+        units of its packed noise variance).
     adam : Adam or None
         State of the local Adam optimiser (``optimizer="adam"``).
     noise_mode : str or None
@@ -4245,6 +4282,10 @@ class ClientState:
         (a phase that could not evaluate its start does not count; a
         switched-off local part is restarted at the end of the first,
         :meth:`StructuredClient._restart_local`; None: not recorded, then 0).
+    noise_hyperprior : bool or None
+        Whether the client's noise variance has its hyperprior (False for a
+        client whose own pilot is reliable, :func:`own_noise_centre`; None:
+        not recorded, then True).
     """
 
     theta: np.ndarray
@@ -4258,6 +4299,7 @@ class ClientState:
     noise_fitted: object = None
     inducing_checked_at: object = None
     local_phases: object = None
+    noise_hyperprior: object = None
 
 
 @dataclass(frozen=True)

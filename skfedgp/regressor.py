@@ -604,11 +604,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     clients' input boxes. Targets are divided by the median of the clients'
     own standard deviations and every client has its own level, so a client
     on another level or scale does not change the others' units. Each
-    client's noise variance and local kernel get weak hyperpriors: from the
-    population, or, for a client's noise variance when it has enough points
-    for its own pilot to be reliable, from that pilot, or, for another
-    client whose rows repeat inputs (at least 10 pure-error degrees of
-    freedom), from the spread of its targets at equal inputs (see
+    client's local kernel gets a weak hyperprior from the population; so
+    does its noise variance (for a client whose rows repeat inputs, at
+    least 10 pure-error degrees of freedom, from the spread of its targets
+    at equal inputs), except for a client with enough points for its own
+    pilot to be reliable, whose data alone decide its noise (see
     ``noise_prior_scale``).
 
     Parameters
@@ -800,22 +800,24 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         than ``tol * max(|objective|, n_samples)``.
     noise_prior_scale : float or None, default=1.0
         Structured family: standard deviation of a log-normal hyperprior on
-        each client's noise variance, centred, for a client with 1-D ``y``
-        and at least 32 observations and 10 per hyperparameter of its pilot
-        (the number of features used by the model plus 2) among the at most
-        256 points its pilot uses, at its own pilot's noise variance, for
-        another client with 1-D ``y`` whose rows repeat inputs (at least
-        10 pure-error degrees of freedom, a spread above twice its noise
-        floor; with 24 or more features no pilot qualifies, so any such
-        client) at
-        the variance of its targets around their means at equal inputs, and
-        otherwise at the median of the clients'
+        the noise variance of each client whose own pilot is not reliable.
+        A client with 1-D ``y`` and at least 32 observations and 10 per
+        hyperparameter of its pilot (the number of features used by the
+        model plus 2) among the at most 256 points its pilot uses has no
+        noise hyperprior: its data decide (``clients_[label].noise_hyperprior``
+        is False; a prior centred on its own pilot's estimate, the same data
+        fitted with a single kernel, pinned its noise there). For another
+        client with 1-D ``y`` whose rows repeat inputs (at least 10
+        pure-error degrees of freedom, a spread above twice its noise floor;
+        with 24 or more features no pilot qualifies, so any such client) the
+        prior is centred at the variance of its targets around their means
+        at equal inputs, and otherwise at the median of the clients'
         pilot noise variances weighted by their numbers of points, the
         clients with 4-31 points (at least 3 of them, 30 points in all,
         1-D ``y``) counting with one pilot they fit together (empirical
         Bayes; docs/maths.md section 10). It keeps a data-poor client
-        from driving its noise to zero and interpolating its few points; it
-        is negligible for clients with many observations. With a 1-D ``y``
+        from driving its noise to zero and interpolating its few points.
+        With a 1-D ``y``
         each client's local standard deviation ``sigma_l`` also gets the
         penalised-complexity prior ``p(sigma_l) ∝ exp(-lambda sigma_l)``
         with ``P(sigma_l > sigma_pop) = 0.05``, ``sigma_pop`` the larger of

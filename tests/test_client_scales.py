@@ -84,8 +84,9 @@ def _scaled_client(ab, factor, n=40):
 def test_client_on_a_larger_scale_is_calibrated_in_its_own_units(ab, factor):
     """A client whose targets are ``factor`` times the others' (another unit or sensor).
 
-    Its noise hyperprior's centre and the upper bounds of its local and
-    noise variances follow its own scale, so its band stays calibrated:
+    The upper bounds of its local and noise variances follow its own scale
+    (and with 40 points its own pilot is reliable: its noise has no
+    hyperprior), so its band stays calibrated:
     before, ``factor=1e6`` put 99.7 % of its held-out readings beyond 3 std
     (its variances capped in the others' units) and ``1e3`` 1 % (its noise
     sd 30 % low). An exact GP on the client alone gives 0.3 % beyond 3 std
@@ -115,8 +116,8 @@ def test_client_on_a_smaller_scale_errs_on_the_wide_side(ab):
 
 
 def test_large_client_on_a_smaller_scale_is_calibrated(ab):
-    """A client of 40 points 1000x smaller centres its noise prior on its own
-    pilot (:func:`skfedgp.federated.own_noise_centre`): its band is
+    """A client of 40 points 1000x smaller, whose own pilot is reliable
+    (:func:`skfedgp.federated.own_noise_centre`: no noise hyperprior): its band is
     calibrated in its own units (95 % coverage within [0.92, 0.98]), its
     noise sd is its own, and the other clients keep their accuracy."""
     est, z, rmse = _scaled_client(ab, 1e-3)
