@@ -812,7 +812,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         with 24 or more features no pilot qualifies, so any such client) the
         prior is centred at the variance of its targets around their means
         at equal inputs, and otherwise at the median of the clients'
-        pilot noise variances weighted by their numbers of points, the
+        pilot noise variances weighted by their numbers of points (leaving
+        out pilots that interpolated their points, with less than one
+        residual degree of freedom, unless every pilot did), the
         clients with 4-31 points (at least 3 of them, 30 points in all,
         1-D ``y``) counting with one pilot they fit together (empirical
         Bayes; docs/maths.md section 10). It keeps a data-poor client

@@ -146,8 +146,45 @@ def test_a_small_client_on_another_scale_stays_out_of_the_pool(monkeypatch):
     assert {c for c, m in calls if m is None} == {k}
     assert sum(c == k for c, _ in calls) == 1
     assert _centre(b) == pytest.approx(_centre(a), rel=0.25)
-    # and the pool is what sets the centre here (the pilots' median is far lower)
-    assert _centre(a) > 2.0 * _centre(_without_pool(monkeypatch, X, y, g))
+    # and the pool is what sets the centre here: the median of every pilot
+    # is far lower (most interpolate their 4-8 points)
+    with monkeypatch.context() as m:
+        m.setattr(fed, "PILOT_MIN_RESIDUAL_DOF", -np.inf)  # no pilot left out
+        assert _centre(a) > 2.0 * _centre(_without_pool(monkeypatch, X, y, g))
+
+
+def test_without_the_pool_interpolating_pilots_are_left_out(monkeypatch):
+    """Pilots with less than one residual degree of freedom interpolated
+    their points (noise variance at its bound) and are left out of the
+    pilots' median: without the pool it is then within a factor 2 of the
+    true noise variance (0.01) where the median of every pilot is below a
+    third of it."""
+    X, y, g, *_ = _tiny_clients(7, n_clients=12)
+    filtered = _centre(_without_pool(monkeypatch, X, y, g))
+    with monkeypatch.context() as m:
+        m.setattr(fed, "PILOT_MIN_RESIDUAL_DOF", -np.inf)
+        every = _centre(_without_pool(monkeypatch, X, y, g))
+    assert every < 0.01 / 3
+    assert 0.005 < filtered < 0.02
+
+
+def test_pilot_residual_degrees_of_freedom_by_hand():
+    """``residual_dof`` is ``n - tr(K (K + s2 I)^-1)`` of the pilot's kernel on
+    its points (``X`` standardised per feature by the pilot)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (40, 1))
+    y = np.sin(2 * X[:, 0]) + 0.3 * rng.standard_normal(40)
+    y = (y - y.mean()) / y.std()
+    p = fed.pilot_fit(X, y, 0)
+    D = ((X[:, None, 0] - X[None, :, 0]) / p.lengthscale[0]) ** 2
+    K = p.variance * np.exp(-0.5 * D)
+    S = K @ np.linalg.inv(K + p.noise_variance * np.eye(40))
+    assert p.residual_dof == pytest.approx(40 - np.trace(S), rel=1e-6)
+    assert 10 < p.residual_dof < 40
+    assert fed.noise_identified(p)
+    # below one residual degree of freedom (or not computed)
+    assert fed.noise_identified(fed.PilotSummary(np.ones(1), 1.0, 0.1, residual_dof=0.3)) is False
+    assert fed.noise_identified(fed.PilotSummary(np.ones(1), 1.0, 0.1)) is True
 
 
 def test_one_outlier_does_not_set_every_clients_noise_centre(monkeypatch):
