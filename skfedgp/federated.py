@@ -1958,6 +1958,37 @@ class PilotSummary:
 PILOT_MIN_RESIDUAL_DOF = 1.0
 
 
+def population_noise(pilots, sizes):
+    """The population's noise variance from the clients' pilots: a weighted median.
+
+    The median of the pilots' noise variances weighted by ``sizes`` (the
+    clients' numbers of observations), over the pilots whose noise is
+    identified (:func:`noise_identified`) when those hold at least
+    :data:`PURE_ERROR_MIN_DOF` residual degrees of freedom in all (the
+    evidence a noise estimate needs elsewhere, e.g. from replicates);
+    otherwise over every pilot (then the pilots say little about the noise
+    either way, e.g. every one interpolated).
+
+    Parameters
+    ----------
+    pilots : sequence of PilotSummary
+    sizes : sequence of float
+        One weight per pilot.
+
+    Returns
+    -------
+    float
+    """
+    pilots, sizes = list(pilots), list(sizes)
+    keep = [i for i, p in enumerate(pilots) if noise_identified(p)]
+    dof = sum(float(pilots[i].residual_dof) for i in keep
+              if getattr(pilots[i], "residual_dof", None) is not None)
+    known = all(getattr(pilots[i], "residual_dof", None) is not None for i in keep)
+    if not keep or (known and dof < PURE_ERROR_MIN_DOF):
+        keep = range(len(pilots))
+    return _weighted_median([pilots[i].noise_variance for i in keep], [sizes[i] for i in keep])
+
+
 def noise_identified(pilot):
     """Whether a pilot's noise variance is an estimate (it did not interpolate).
 
@@ -2761,10 +2792,11 @@ def pilot_fit(X, y, random_state):
                                                    nan=-np.inf)))
     k = best.kernel_
     noise = float(k.k2.noise_level)
-    # residual degrees of freedom n - tr(K (K + s2 I)^-1) = s2 tr((K + s2 I)^-1);
-    # L_ is the Cholesky factor of K + s2 I (+ scikit-learn's alpha)
+    # residual degrees of freedom n - tr(K C^-1) = (s2 + alpha) tr(C^-1), with
+    # C = K + (s2 + alpha) I, whose Cholesky factor is L_ (alpha: scikit-learn's
+    # jitter, which matters only for a noise variance near 1e-10)
     L_inv = solve_triangular(best.L_, np.eye(best.L_.shape[0]), lower=True)
-    residual_dof = noise * float(np.sum(L_inv**2))
+    residual_dof = (noise + float(np.max(best.alpha))) * float(np.sum(L_inv**2))
     # below the inputs' resolution the likelihood is flat (resolution_floor)
     return PilotSummary(
         lengthscale=np.maximum(spread * np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)),
@@ -3908,7 +3940,8 @@ class StructuredClient:
         (:func:`pure_error_variance`), another on the
         population's ``s2_pop``, the median of the
         clients' pilot noise variances weighted by their numbers of points
-        (set-up exchange; a pilot on more points interpolates less), the
+        (set-up exchange; a pilot on more points interpolates less; pilots
+        that interpolated their points left out, :func:`population_noise`), the
         small clients counting with one pooled pilot
         (:meth:`_StructuredRun._pooled_noise`), and
         ``tau = config.noise_prior_scale`` (None: no prior). A client with
@@ -5039,7 +5072,8 @@ class _StructuredRun:
         pooled clients' own pilots' (the pool corrects their downward bias;
         a pool that ends below it has itself interpolated), then counts with
         their total number of points in the weighted median of the other
-        clients' own pilot noise variances.
+        clients' own pilot noise variances (those that did not interpolate
+        their points, :func:`noise_identified`).
 
         The pilots' weighted median (``pop.noise_variance``) is kept when
         there are fewer than :data:`PILOT_POOL_MIN_CLIENTS` such clients or
@@ -5226,16 +5260,15 @@ class _StructuredRun:
             sizes = [self.n_samples[c] for c, p in pilots.items() if p is not None]
             with_target = [(p.noise_variance_target, n) for p, n in zip(good, sizes)
                            if getattr(p, "noise_variance_target", None) is not None]
-            # the noise: pilots that interpolated their points say nothing
-            # about it (noise_identified), unless every pilot did
-            noisy = ([(p.noise_variance, n) for p, n in zip(good, sizes) if noise_identified(p)]
-                     or [(p.noise_variance, n) for p, n in zip(good, sizes)])
+
             log_ell = np.array([np.log(p.lengthscale) for p in good])
             pop = _PopulationPilot(
                 np.exp(np.array([_weighted_median(log_ell[:, j], sizes, interpolate=True)
                                  for j in range(log_ell.shape[1])])),
                 _weighted_median([p.variance for p in good], sizes, interpolate=True),
-                _weighted_median(*zip(*noisy)),
+                # pilots that interpolated their points say nothing about the
+                # noise (population_noise)
+                population_noise(good, sizes),
                 ranges,
                 _weighted_median(*zip(*with_target), interpolate=True) if with_target
                 else None)

@@ -153,21 +153,6 @@ def test_a_small_client_on_another_scale_stays_out_of_the_pool(monkeypatch):
         assert _centre(a) > 2.0 * _centre(_without_pool(monkeypatch, X, y, g))
 
 
-def test_without_the_pool_interpolating_pilots_are_left_out(monkeypatch):
-    """Pilots with less than one residual degree of freedom interpolated
-    their points (noise variance at its bound) and are left out of the
-    pilots' median: without the pool it is then within a factor 2 of the
-    true noise variance (0.01) where the median of every pilot is below a
-    third of it."""
-    X, y, g, *_ = _tiny_clients(7, n_clients=12)
-    filtered = _centre(_without_pool(monkeypatch, X, y, g))
-    with monkeypatch.context() as m:
-        m.setattr(fed, "PILOT_MIN_RESIDUAL_DOF", -np.inf)
-        every = _centre(_without_pool(monkeypatch, X, y, g))
-    assert every < 0.01 / 3
-    assert 0.005 < filtered < 0.02
-
-
 def test_pilot_residual_degrees_of_freedom_by_hand():
     """``residual_dof`` is ``n - tr(K (K + s2 I)^-1)`` of the pilot's kernel on
     its points (``X`` standardised per feature by the pilot)."""
@@ -340,3 +325,27 @@ def test_the_pooled_noise_is_floored_at_the_members_own_pilots(monkeypatch):
     centre = est.server_.population_pilot.noise_variance
     assert centre == pytest.approx(floor, rel=1e-9)
     assert centre > 10 * np.exp(tiny)
+
+
+def test_population_noise_leaves_out_interpolating_pilots_when_enough_remain():
+    """The median over the pilots that did not interpolate, weighted by size,
+    when those hold at least PURE_ERROR_MIN_DOF residual degrees of freedom;
+    otherwise the median of every pilot (one small pilot cannot set the
+    centre alone, and where every pilot interpolated nothing changes)."""
+    P = fed.PilotSummary
+    big = [P(np.ones(1), 1.0, 1e-6, residual_dof=0.0) for _ in range(2)]
+    # two interpolating pilots of 300 points and one 6-point pilot with 2
+    # residual degrees of freedom: too little evidence, the median of all
+    small = P(np.ones(1), 1.0, 0.5, residual_dof=2.0)
+    assert fed.population_noise(big + [small], [300, 300, 6]) == pytest.approx(1e-6)
+    # three interpolating and three identified pilots of 40 points (the 3-D
+    # generator's pattern): the identified ones' median
+    ok = [P(np.ones(1), 1.0, v, residual_dof=r) for v, r in ((0.45, 27.6), (0.2, 12.3),
+                                                          (0.19, 9.8))]
+    interp = [P(np.ones(1), 1.0, 1e-6, residual_dof=0.0) for _ in range(3)]
+    assert fed.population_noise(interp + ok, [40] * 6) == pytest.approx(0.2)
+    # every pilot interpolated: the median of all
+    assert fed.population_noise(interp, [40] * 3) == pytest.approx(1e-6)
+    # pilots that did not report it (multi-output) count as before
+    old = [P(np.ones(1), 1.0, v) for v in (1e-6, 1e-6, 0.3)]
+    assert fed.population_noise(old, [40] * 3) == pytest.approx(1e-6)
