@@ -4956,8 +4956,9 @@ class _StructuredRun:
     """The server side of structured training (see :func:`run_structured_training`)."""
 
     def __init__(self, transport, server, config, n_rounds, verbose, client_fraction,
-                 min_clients, max_retries, random_state, callback):
+                 min_clients, max_retries, random_state, callback, setup_warnings=True):
         self.transport = transport
+        self.setup_warnings = setup_warnings
         self.server = server
         self.config = config
         self.n_rounds = n_rounds
@@ -5236,7 +5237,8 @@ class _StructuredRun:
         server, cfg = self.server, self.config
         summaries, _ = self.setup_all("summary", ())
         init = server.standardise(list(summaries.values()))
-        if "global" in cfg.components and not getattr(cfg, "client_scale", False):
+        if (self.setup_warnings and "global" in cfg.components
+                and not getattr(cfg, "client_scale", False)):
             # with client scales each such client uses the shared parts at its own scale
             warn_flat_clients(summaries)
         T = len(summaries)
@@ -6200,7 +6202,7 @@ def check_run_setup(config, state, checkpoint, min_clients, n_clients):
 def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, seeds=None,
                             verbose=0, transport=None, fault_hook=None, client_fraction=1.0,
                             min_clients=1, max_retries=1, random_state=None, state=None,
-                            callback=None):
+                            callback=None, setup_warnings=True):
     """Set-up and rounds of the structured (collapsed) family.
 
     The server never touches a client object: every interaction is a
@@ -6293,6 +6295,10 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     callback : callable, optional
         ``callback(round, state)`` after every round, ``state`` a
         :class:`TrainingState` (e.g. ``state.save(path)``).
+    setup_warnings : bool, default=True
+        Issue the set-up's warning about clients far flatter than the
+        others (:func:`warn_flat_clients`); False for a further run on the
+        same clients (``restart_from_global``), which has said it already.
 
     Returns
     -------
@@ -6329,7 +6335,7 @@ def run_structured_training(clients, server, config, *, n_rounds, n_jobs=None, s
     ids = transport.client_ids
     seeds = dict(zip(ids, seeds if seeds is not None else range(len(ids))))
     run = _StructuredRun(transport, server, config, n_rounds, verbose, client_fraction,
-                         min_clients, max_retries, random_state, callback)
+                         min_clients, max_retries, random_state, callback, setup_warnings)
     with transport:
         return run.run(seeds, state)
 

@@ -1673,6 +1673,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             params = {"n_inducing": len(y), **params}
         est = clone(self).set_params(restart_from_global=False, client_column=None, **params)
         est._check_copied_rows = False  # said once, by the first run
+        est._setup_warnings = False  # the flat-client warning too
         est._restart_pending = True  # its diagnostics wait (issued only if it is kept)
         try:
             est._fit(X, y, groups)
@@ -1871,7 +1872,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             verbose=self.verbose, fault_hook=self.fault_hook,
             client_fraction=self.client_fraction, min_clients=self.min_clients,
             max_retries=self.max_retries, random_state=participation_seed, state=state,
-            callback=callback)
+            callback=callback, setup_warnings=getattr(self, "_setup_warnings", True))
         post = res["posterior"]
         # success: commit the fitted state at once (nothing of an earlier fit stays)
         self._drop_fit_attributes()

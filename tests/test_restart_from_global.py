@@ -221,3 +221,22 @@ def test_the_extra_runs_do_not_repeat_the_inducing_cap_warning():
         FederatedHierarchicalGPRegressor(random_state=0, n_rounds=3, n_inducing=500,
                                          restart_from_global=True).fit(X, y, g)
     assert sum("n_inducing=500 exceeds" in str(w.message) for w in caught) == 1
+
+
+def test_extra_runs_do_not_repeat_the_flat_client_warning():
+    """With ``client_scale=False`` a client far flatter than the others is
+    named at set-up; the restart's extra runs (global-only fit, second run)
+    set up the same clients and used to name it twice more under the
+    "always" filter. Once now."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (100, 1))
+    g = np.repeat(["A", "B", "C", "D", "E"], 20)
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.standard_normal(100)
+    y[g == "E"] *= 1e-4
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2, client_scale=False,
+                                               restart_from_global=True).fit(X, y, groups=g)
+    flat = [x for x in w if "vary far less than the others" in str(x.message)]
+    assert len(flat) == 1, [str(x.message)[:80] for x in flat]
+    assert est.global_only_elbo_ is not None  # the extra runs did run
