@@ -1958,7 +1958,7 @@ class PilotSummary:
 PILOT_MIN_RESIDUAL_DOF = 1.0
 
 
-def population_noise(pilots, sizes):
+def population_noise(pilots, sizes, return_identified=False):
     """The population's noise variance from the clients' pilots: a weighted median.
 
     The median of the pilots' noise variances weighted by ``sizes`` (the
@@ -1974,19 +1974,26 @@ def population_noise(pilots, sizes):
     pilots : sequence of PilotSummary
     sizes : sequence of float
         One weight per pilot.
+    return_identified : bool, default=False
+        Also return whether the pilots identified the noise (the first
+        case above); when they did not, a client of
+        :data:`PILOT_POOL_POINTS` rows or more that would centre its noise
+        hyperprior on this value has none.
 
     Returns
     -------
-    float
+    float, or (float, bool) with ``return_identified``
     """
     pilots, sizes = list(pilots), list(sizes)
     keep = [i for i, p in enumerate(pilots) if noise_identified(p)]
     dof = sum(float(pilots[i].residual_dof) for i in keep
               if getattr(pilots[i], "residual_dof", None) is not None)
     known = all(getattr(pilots[i], "residual_dof", None) is not None for i in keep)
-    if not keep or (known and dof < PURE_ERROR_MIN_DOF):
+    identified = bool(keep) and not (known and dof < PURE_ERROR_MIN_DOF)
+    if not identified:
         keep = range(len(pilots))
-    return _weighted_median([pilots[i].noise_variance for i in keep], [sizes[i] for i in keep])
+    value = _weighted_median([pilots[i].noise_variance for i in keep], [sizes[i] for i in keep])
+    return (value, identified) if return_identified else value
 
 
 def noise_identified(pilot):
@@ -3342,7 +3349,10 @@ class StructuredClient:
     noise_hyperprior : bool
         Whether the noise variance has that hyperprior: False for a client
         with 1-D targets whose own pilot is reliable
-        (:func:`own_noise_centre`), whose data alone decide its noise.
+        (:func:`own_noise_centre`), and for one of at least
+        :data:`PILOT_POOL_POINTS` rows centred on the population's noise
+        when no pilot identified it (:func:`population_noise`); their data
+        alone decide their noise.
     """
 
     #: the noise variance has its hyperprior unless :meth:`initialise` finds
@@ -3691,7 +3701,12 @@ class StructuredClient:
         # interpolates it) the prior pinned the noise there and the shared
         # parts took the rest (docs/maths.md, section 10). The centre is still
         # where a restarted local part starts its noise (_try_local_start).
-        self.noise_hyperprior = not own_centre
+        # So does a client of PILOT_POOL_POINTS rows or more centred on the
+        # population's noise when no pilot identified it (population_noise:
+        # every pilot interpolated; the centre is then their noise bound)
+        self.noise_hyperprior = not own_centre and (
+            replicate_centre or self.n_samples < PILOT_POOL_POINTS
+            or bool(getattr(population, "noise_identified", True)))
         s_ratio = client_scale_ratio(own_var)
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
@@ -4761,6 +4776,7 @@ class _PopulationPilot:
     noise_variance: float
     ranges: np.ndarray
     noise_variance_target: float = None
+    noise_identified: bool = True
 
 
 
@@ -5158,6 +5174,7 @@ class _StructuredRun:
                   and noise_identified(p)]
         own = [c for c in members if pilots.get(c) is not None]
         pooled = float(np.exp(x[d + 1]))
+        pop.noise_identified = True
         if own:
             pooled = max(pooled, _weighted_median([pilots[c].noise_variance for c in own],
                                                   [self.n_samples[c] for c in own]))
@@ -5274,6 +5291,7 @@ class _StructuredRun:
                 ranges,
                 _weighted_median(*zip(*with_target), interpolate=True) if with_target
                 else None)
+            pop.noise_identified = population_noise(good, sizes, return_identified=True)[1]
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
         if not cfg.n_outputs:

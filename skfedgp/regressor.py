@@ -815,7 +815,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         pilot noise variances weighted by their numbers of points (leaving
         out pilots that interpolated their points, with less than one
         residual degree of freedom, unless those left hold fewer than 10
-        residual degrees of freedom in all), the
+        residual degrees of freedom in all; then the pilots did not identify
+        the noise and a client of 32 or more rows centred there has no
+        noise hyperprior), the
         clients with 4-31 points (at least 3 of them, 30 points in all,
         1-D ``y``) counting with one pilot they fit together (empirical
         Bayes; docs/maths.md section 10). It keeps a data-poor client

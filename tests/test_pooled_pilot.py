@@ -349,3 +349,12 @@ def test_population_noise_leaves_out_interpolating_pilots_when_enough_remain():
     # pilots that did not report it (multi-output) count as before
     old = [P(np.ones(1), 1.0, v) for v in (1e-6, 1e-6, 0.3)]
     assert fed.population_noise(old, [40] * 3) == pytest.approx(1e-6)
+
+
+def test_population_noise_says_whether_the_pilots_identified_the_noise():
+    P = fed.PilotSummary
+    interp = [P(np.ones(1), 1.0, 1e-6, residual_dof=0.0) for _ in range(3)]
+    ok = [P(np.ones(1), 1.0, 0.2, residual_dof=12.0)]
+    assert fed.population_noise(interp + ok, [40] * 4, return_identified=True) == (0.2, True)
+    value, identified = fed.population_noise(interp, [40] * 3, return_identified=True)
+    assert identified is False and value == pytest.approx(1e-6)
