@@ -3356,7 +3356,8 @@ class StructuredClient:
     """
 
     #: the noise variance has its hyperprior unless :meth:`initialise` finds
-    #: the client's own pilot reliable (multi-output clients always have it)
+    #: the client's own pilot reliable or the population's noise not
+    #: identified (multi-output clients always have it)
     noise_hyperprior = True
 
     def __init__(self, client):
@@ -3507,12 +3508,13 @@ class StructuredClient:
             self._inducing_checked = checked
         self._local_phases = int(getattr(state, "local_phases", None) or 0)
         # None: a state saved before the field existed (the prior applied).
-        # A warm start that leaves a client too few rows for a reliable pilot
-        # gives it the prior back (a client grown beyond that keeps its state)
+        # A warm start that leaves a client fewer than PILOT_POOL_POINTS rows
+        # gives it the prior back (no client that small goes without); else
+        # the saved decision stands (a client grown beyond that keeps its
+        # state), so a resumed run optimises the same objective
         prior = getattr(state, "noise_hyperprior", None)
-        self.noise_hyperprior = (prior is None or bool(prior) or (
-            getattr(self, "_Xs", None) is not None
-            and not own_noise_centre(self.n_samples, self._Xs.shape[1])))
+        self.noise_hyperprior = (prior is None or bool(prior)
+                                 or self.n_samples < PILOT_POOL_POINTS)
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -3950,7 +3952,10 @@ class StructuredClient:
         :data:`OWN_NOISE_POINTS_PER_PARAMETER` per pilot hyperparameter),
         which has no noise hyperprior (``noise_hyperprior`` False: centred on
         that pilot's noise variance, an estimate from the same data with one
-        kernel, it pinned the noise there; docs/maths.md, section 10). A
+        kernel, it pinned the noise there; docs/maths.md, section 10), nor
+        for one of at least :data:`PILOT_POOL_POINTS` observations centred on
+        a population noise that no pilot identified
+        (:func:`population_noise`). A
         client whose rows repeat inputs centres it on its pure-error variance
         (:func:`pure_error_variance`), another on the
         population's ``s2_pop``, the median of the
@@ -4376,8 +4381,10 @@ class ClientState:
         :meth:`StructuredClient._restart_local`; None: not recorded, then 0).
     noise_hyperprior : bool or None
         Whether the client's noise variance has its hyperprior (False for a
-        client whose own pilot is reliable, :func:`own_noise_centre`; None:
-        not recorded, then True).
+        client whose own pilot is reliable, :func:`own_noise_centre`, or one
+        of at least :data:`PILOT_POOL_POINTS` rows centred on a population
+        noise no pilot identified, :func:`population_noise`; None: not
+        recorded, then True).
     """
 
     theta: np.ndarray
@@ -5280,6 +5287,7 @@ class _StructuredRun:
             with_target = [(p.noise_variance_target, n) for p, n in zip(good, sizes)
                            if getattr(p, "noise_variance_target", None) is not None]
 
+            noise_pop, identified = population_noise(good, sizes, return_identified=True)
             log_ell = np.array([np.log(p.lengthscale) for p in good])
             pop = _PopulationPilot(
                 np.exp(np.array([_weighted_median(log_ell[:, j], sizes, interpolate=True)
@@ -5287,11 +5295,11 @@ class _StructuredRun:
                 _weighted_median([p.variance for p in good], sizes, interpolate=True),
                 # pilots that interpolated their points say nothing about the
                 # noise (population_noise)
-                population_noise(good, sizes),
+                noise_pop,
                 ranges,
                 _weighted_median(*zip(*with_target), interpolate=True) if with_target
                 else None)
-            pop.noise_identified = population_noise(good, sizes, return_identified=True)[1]
+            pop.noise_identified = identified
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
         if not cfg.n_outputs:

@@ -800,7 +800,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         than ``tol * max(|objective|, n_samples)``.
     noise_prior_scale : float or None, default=1.0
         Structured family: standard deviation of a log-normal hyperprior on
-        the noise variance of each client whose own pilot is not reliable.
+        the noise variance of each client whose own pilot is not reliable
+        (and, for a client of 32 or more rows, whose centre is identified:
+        see below).
         A client with 1-D ``y`` and at least 32 observations and 10 per
         hyperparameter of its pilot (the number of features used by the
         model plus 2) among the at most 256 points its pilot uses has no

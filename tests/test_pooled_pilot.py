@@ -358,3 +358,9 @@ def test_population_noise_says_whether_the_pilots_identified_the_noise():
     assert fed.population_noise(interp + ok, [40] * 4, return_identified=True) == (0.2, True)
     value, identified = fed.population_noise(interp, [40] * 3, return_identified=True)
     assert identified is False and value == pytest.approx(1e-6)
+    # identified pilots with fewer than 10 residual degrees of freedom in all
+    few = [P(np.ones(1), 1.0, 0.5, residual_dof=5.0)]
+    assert fed.population_noise(interp + few, [40] * 4, return_identified=True)[1] is False
+    # pilots that do not report it (multi-output) count as identifying it
+    assert fed.population_noise([P(np.ones(1), 1.0, 0.3)], [40], return_identified=True) == (
+        0.3, True)
