@@ -29,13 +29,12 @@ import numpy as np
 
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp.datasets import hierarchical_oracle_predict, make_hierarchical_regression
+from skfedgp.metrics import coverage, gaussian_nll, rmse
 
 
 def scores(y, mean, std):
-    z = (y - mean) / std
-    return (float(np.sqrt(np.mean((y - mean) ** 2))),
-            float(np.mean(0.5 * np.log(2 * np.pi * std**2) + 0.5 * z**2)),
-            float(np.mean(np.abs(z) > 3)), float(np.mean(np.abs(z) < 1.959964)))
+    return (rmse(y, mean), gaussian_nll(y, mean, std),
+            float(np.mean(np.abs(y - mean) > 3 * std)), coverage(y, mean, std))
 
 
 def main(argv=None):

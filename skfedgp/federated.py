@@ -3487,7 +3487,7 @@ class StructuredClient:
                            bool(getattr(self, "_noise_fitted", False)),
                            getattr(self, "_inducing_checked", None),
                            int(getattr(self, "_local_phases", 0)),
-                           bool(getattr(self, "noise_hyperprior", True)))
+                           bool(self.noise_hyperprior))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""

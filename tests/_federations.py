@@ -1,6 +1,34 @@
 """Synthetic federations shared by several test modules (not a test module)."""
 
+import functools
+import importlib.util
+from pathlib import Path
+
 import numpy as np
+
+
+@functools.lru_cache(maxsize=None)
+def _restart_benchmark():
+    """``benchmarks/bench_restart_from_global.py`` of this repository, as a module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_restart_from_global.py"
+    spec = importlib.util.spec_from_file_location("_bench_restart_from_global", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def restart_benchmark_case(case, seed):
+    """One case of ``benchmarks/bench_restart_from_global.py`` (its ``make_case``).
+
+    The tests use the benchmark's generators themselves, so the two cannot
+    drift apart (e.g. ``"dim20"``: 20 inputs of which 5 matter, one function
+    shared by 3 clients; ``"dim15"``: 4 clients of 50 points in 15-D).
+
+    Returns
+    -------
+    X, y, g, X_test, y_test, g_test : ndarray
+    """
+    return _restart_benchmark().make_case(case, seed)
 
 
 def five_point_federation(seed=7, n_test=150):

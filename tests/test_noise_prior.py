@@ -294,23 +294,13 @@ def test_population_centre_not_identified_means_no_prior_for_larger_clients():
     noise was pinned near 0: 9 % of test points beyond 3 std, RMSE 0.203
     (an exact GP with one-hot client features: 0.174). Without a prior for
     them: 0 % and 0.164 (the untuned 15-input probe of docs/maths.md,
-    section 10, its seed 2: ``default_rng(102)``)."""
+    section 10: the ``dim15`` case of ``bench_restart_from_global.py``, seed
+    2)."""
     import copy
 
-    rng = np.random.default_rng(102)
-    T, n, d = 4, 50, 15
-    X = rng.uniform(-1, 1, (T * n, d))
-    g = np.repeat(np.arange(T), n)
-    off = rng.normal(scale=0.5, size=T)
+    from _federations import restart_benchmark_case
 
-    def f(X, c):
-        return (np.sin(3 * X[:, 0]) + 0.7 * X[:, 1] * X[:, 2] + 0.5 * np.cos(2 * X[:, 3])
-                + off[c])
-
-    y = f(X, g) + 0.15 * rng.standard_normal(T * n)
-    Xt = rng.uniform(-1, 1, (400, d))
-    gt = rng.integers(0, T, 400)
-    yt = f(Xt, gt) + 0.15 * rng.standard_normal(400)
+    X, y, g, Xt, yt, gt = restart_benchmark_case("dim15", 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, g)

@@ -20,23 +20,7 @@ from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp.datasets import make_hierarchical_regression
-
-
-def _many_inputs(seed=0):
-    """20 inputs, the first 5 relevant, one function shared by 3 clients.
-
-    The same generator as the ``dim20`` case of
-    ``benchmarks/bench_restart_from_global.py`` (which cannot import tests).
-    """
-    rng = np.random.default_rng(seed)
-    C, n = 3, 100
-    X = rng.uniform(-1, 1, (C * n, 20))
-    g = np.repeat(np.arange(C), n)
-    y = (np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.5 * X[:, 2] + 0.5 * np.sin(2 * X[:, 3])
-         + np.cos(2 * X[:, 4]) + 0.1 * rng.normal(size=C * n))
-    idx = rng.permutation(C * n)
-    te, tr = idx[:75], idx[75:]
-    return X[tr], y[tr], g[tr], X[te], y[te], g[te]
+from _federations import restart_benchmark_case
 
 
 def _fit(X, y, g, **kw):
@@ -55,7 +39,7 @@ def _traffic(est):
 
 
 def test_many_inputs_few_relevant_match_the_exact_gp():
-    X, y, g, Xt, yt, gt = _many_inputs(0)
+    X, y, g, Xt, yt, gt = restart_benchmark_case("dim20", 0)
     est = _fit(X, y, g)
     first = _fit(X, y, g, restart_from_global=False)
     exact = GaussianProcessRegressor(
