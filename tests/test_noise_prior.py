@@ -314,3 +314,42 @@ def test_population_centre_not_identified_means_no_prior_for_larger_clients():
     other = copy.copy(client)
     other.set_state(client.get_state())
     assert other.noise_hyperprior is False
+
+
+def test_small_clients_pool_identifies_the_population_noise():
+    """Three clients of 35 points of a rough noise-free 2-D function: their
+    pilots interpolate (noise at its bound, no residual degree of freedom),
+    so alone they leave the population's noise unidentified and the clients
+    (at least 32 rows, fewer than 10 per pilot hyperparameter) go without a
+    noise prior. Ten clients of 8 noisy points (sd 0.1) fit a pooled pilot
+    that does identify the noise: the population's centre is then theirs
+    (about 0.01-0.05, not the bound) and the larger clients get the prior
+    back (``_StructuredRun._pooled_noise`` sets ``noise_identified``)."""
+    rng = np.random.default_rng(0)
+    X, y, g = [], [], []
+    for c in range(3):
+        x = rng.uniform(size=(35, 2))
+        X.append(x)
+        y.append(np.sin(12 * x[:, 0]) * np.cos(12 * x[:, 1]) + c)
+        g += [f"big{c}"] * 35
+    for c in range(10):
+        x = rng.uniform(size=(8, 2))
+        X.append(x)
+        y.append(np.sin(3 * x[:, 0]) + x[:, 1] + rng.normal(0, 0.1, 8))
+        g += [f"small{c}"] * 8
+    X, y, g = np.vstack(X), np.concatenate(y), np.array(g)
+    big = np.char.startswith(g, "big")
+    fits = {}
+    for name, rows in (("all", np.ones(len(g), bool)), ("big only", big)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fits[name] = FederatedHierarchicalGPRegressor(
+                random_state=0, n_rounds=1, restart_from_global=False).fit(
+                X[rows], y[rows], g[rows])
+    alone, pooled = fits["big only"], fits["all"]
+    assert alone.server_.population_pilot.noise_identified is False
+    assert alone.server_.population_pilot.noise_variance < 1e-4
+    assert not any(alone.clients_[f"big{c}"].noise_hyperprior for c in range(3))
+    assert pooled.server_.population_pilot.noise_identified is True
+    assert 1e-3 < pooled.server_.population_pilot.noise_variance < 0.2
+    assert all(pooled.clients_[f"big{c}"].noise_hyperprior for c in range(3))
