@@ -1958,6 +1958,62 @@ class PilotSummary:
 PILOT_MIN_RESIDUAL_DOF = 1.0
 
 
+#: Lower bound of the noise hyperprior's scale estimated from the pooled
+#: small clients (:func:`noise_spread`): with a handful of clients the
+#: estimate is itself uncertain (with 5 clients of 12 points, the 95 % upper
+#: limit of the spread is above 1 even when the point estimate is 0), and a
+#: tighter prior would impose the pool's own error on every small client.
+NOISE_SPREAD_MIN = 0.5
+
+
+def noise_spread(scores, informations, scale):
+    """Spread of the small clients' log noise variances around the pooled one.
+
+    A random-effects reading of the pooled pilot (:func:`pool_evidence`):
+    client ``i``'s log noise variance is the pooled one plus
+    ``delta_i ~ N(0, tau^2)``. At the pooled optimum each client's score
+    ``u_i`` (the derivative of its restricted log-likelihood with respect to
+    the log noise variance) and its expected Fisher information ``I_i`` give
+    the one-step estimate ``delta_i = u_i / I_i`` with variance ``1 / I_i``,
+    and ``tau^2`` is the DerSimonian-Laird moment estimate
+    ``max(0, (Q - (k - 1)) / (sum I - sum I^2 / sum I))``,
+    ``Q = sum I_i (delta_i - mean)^2`` (DerSimonian and Laird, "Meta-analysis
+    in clinical trials", *Controlled Clinical Trials* 7(3), 1986).
+
+    Parameters
+    ----------
+    scores, informations : array-like of shape (k,)
+        ``u_i`` and ``I_i`` of the clients (entries with ``I_i <= 0`` are
+        left out).
+    scale : float
+        The configured prior scale (``noise_prior_scale``): the result is at
+        most this.
+
+    Returns
+    -------
+    float or None
+        ``tau`` clipped to ``[NOISE_SPREAD_MIN, scale]``; None (keep
+        ``scale``) with fewer than :data:`PILOT_POOL_MIN_CLIENTS` clients or
+        when their median standard error ``1 / sqrt(I_i)`` exceeds ``scale``
+        (their own data cannot tell a spread below ``scale`` from one of
+        ``scale``: a pooled fit that left the noise poorly identified would
+        otherwise be imposed on every client).
+    """
+    u = np.asarray(scores, dtype=float).ravel()
+    info = np.asarray(informations, dtype=float).ravel()
+    ok = np.isfinite(u) & np.isfinite(info) & (info > 0)
+    u, info = u[ok], info[ok]
+    k = u.size
+    if scale is None or k < PILOT_POOL_MIN_CLIENTS or np.median(1.0 / np.sqrt(info)) > scale:
+        return None
+    delta = u / info
+    mean = float(np.sum(info * delta) / np.sum(info))
+    q = float(np.sum(info * (delta - mean) ** 2))
+    denom = float(np.sum(info) - np.sum(info**2) / np.sum(info))
+    tau2 = max(0.0, (q - (k - 1)) / denom) if denom > 0 else 0.0
+    return float(np.clip(np.sqrt(tau2), NOISE_SPREAD_MIN, scale))
+
+
 def population_noise(pilots, sizes, return_identified=False):
     """The population's noise variance from the clients' pilots: a weighted median.
 
@@ -2072,10 +2128,15 @@ class PoolEvidence:
     grad : ndarray of shape (d + 2,)
         Its gradient with respect to ``(log lengthscale, log variance, log
         noise_variance)``.
+    noise_information : float
+        Expected Fisher information of the log noise variance,
+        ``s2^2 tr(P^2) / 2`` (:func:`noise_spread`); 0 for a client of fewer
+        than 2 points.
     """
 
     value: float
     grad: np.ndarray
+    noise_information: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -2901,8 +2962,9 @@ def pool_evidence(X, y, theta):
     PoolEvidence
         ``value = -(r' P r + log|K| + log(1' K^{-1} 1)) / 2`` with
         ``P = K^{-1} - K^{-1} 1 1' K^{-1} / (1' K^{-1} 1)`` (constant terms
-        dropped), and its gradient ``tr((P r r' P - P) dK) / 2``. A client with
-        fewer than 2 points contributes 0.
+        dropped), its gradient ``tr((P r r' P - P) dK) / 2`` and the expected
+        Fisher information of the log noise variance ``s2^2 tr(P P) / 2``. A
+        client with fewer than 2 points contributes 0.
 
     Raises
     ------
@@ -2930,7 +2992,7 @@ def pool_evidence(X, y, theta):
     Kbar = 0.5 * (np.outer(a, a) - P)
     _, dl, dv = se_ard_grad_sym(X, Kf, Kbar, ell, var)
     grad = np.concatenate([dl * ell, [dv * var, float(np.trace(Kbar)) * s2]])
-    return PoolEvidence(float(value), grad)
+    return PoolEvidence(float(value), grad, 0.5 * s2**2 * float(np.sum(P * P)))
 
 
 def start_lengthscale(lengthscale, span):
@@ -3359,6 +3421,9 @@ class StructuredClient:
     #: the client's own pilot reliable or the population's noise not
     #: identified (multi-output clients always have it)
     noise_hyperprior = True
+    #: Scale of the noise hyperprior when it is the pooled small clients'
+    #: spread (:func:`noise_spread`); None: ``noise_prior_scale``.
+    noise_prior_sd = None
 
     def __init__(self, client):
         self.client_id = client.client_id
@@ -3487,7 +3552,7 @@ class StructuredClient:
                            bool(getattr(self, "_noise_fitted", False)),
                            getattr(self, "_inducing_checked", None),
                            int(getattr(self, "_local_phases", 0)),
-                           bool(self.noise_hyperprior))
+                           bool(self.noise_hyperprior), self.noise_prior_sd)
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -3515,6 +3580,8 @@ class StructuredClient:
         prior = getattr(state, "noise_hyperprior", None)
         self.noise_hyperprior = (prior is None or bool(prior)
                                  or self.n_samples < PILOT_POOL_POINTS)
+        sd = getattr(state, "noise_prior_sd", None)
+        self.noise_prior_sd = None if sd is None else float(sd)
         self._state = None
 
     # -- set-up -------------------------------------------------------------
@@ -3709,6 +3776,10 @@ class StructuredClient:
         self.noise_hyperprior = not own_centre and (
             replicate_centre or self.n_samples < PILOT_POOL_POINTS
             or bool(getattr(population, "noise_identified", True)))
+        # centred on the population's noise: the prior's scale is the small
+        # clients' spread around it where the pool measured one (noise_spread)
+        self.noise_prior_sd = (None if own_centre or replicate_centre
+                               else getattr(population, "noise_spread", None))
         s_ratio = client_scale_ratio(own_var)
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
@@ -3964,7 +4035,11 @@ class StructuredClient:
         that interpolated their points left out, :func:`population_noise`), the
         small clients counting with one pooled pilot
         (:meth:`_StructuredRun._pooled_noise`), and
-        ``tau = config.noise_prior_scale`` (None: no prior). A client with
+        ``tau = config.noise_prior_scale`` (None: no prior), or, for a
+        client centred on the population's noise where the pooled small
+        clients measured the spread of their noise around it, that spread
+        (``noise_prior_sd``, :func:`noise_spread`; between
+        :data:`NOISE_SPREAD_MIN` and ``noise_prior_scale``). A client with
         few observations cannot then drive its noise variance to zero and
         interpolate its points; with many observations the prior is
         negligible. With scalar targets the local kernel's standard
@@ -3996,9 +4071,10 @@ class StructuredClient:
         value = 0.0
         if self.noise_hyperprior:
             sl = self.pack.slices["noise_variance"]  # one entry, or one per output
+            sd = tau if self.noise_prior_sd is None else min(tau, self.noise_prior_sd)
             delta = theta[sl] - float(np.log(self.prior_noise))
-            grad[sl] = -delta / tau**2
-            value = float(-0.5 * np.sum((delta / tau) ** 2))
+            grad[sl] = -delta / sd**2
+            value = float(-0.5 * np.sum((delta / sd) ** 2))
         prior = getattr(self, "prior_local", None) or {}
         if "population" in prior and self.n_samples < PILOT_POOL_POINTS:
             # a small client: the population's local kernel (a client grown
@@ -4385,6 +4461,9 @@ class ClientState:
         of at least :data:`PILOT_POOL_POINTS` rows centred on a population
         noise no pilot identified, :func:`population_noise`; None: not
         recorded, then True).
+    noise_prior_sd : float or None
+        The scale of the noise hyperprior when it is the pooled small
+        clients' spread (:func:`noise_spread`); None: ``noise_prior_scale``.
     """
 
     theta: np.ndarray
@@ -4399,6 +4478,7 @@ class ClientState:
     inducing_checked_at: object = None
     local_phases: object = None
     noise_hyperprior: object = None
+    noise_prior_sd: object = None
 
 
 @dataclass(frozen=True)
@@ -4784,6 +4864,7 @@ class _PopulationPilot:
     ranges: np.ndarray
     noise_variance_target: float = None
     noise_identified: bool = True
+    noise_spread: float = None
 
 
 
@@ -5099,6 +5180,11 @@ class _StructuredRun:
         clients' own pilot noise variances (those that did not interpolate
         their points, :func:`noise_identified`).
 
+        The clients that joined the pool also give, at its optimum, the
+        spread of their log noise variances around the pooled one
+        (``pop.noise_spread``, :func:`noise_spread`): the scale of the noise
+        hyperprior of every client centred on the population's noise.
+
         The pilots' weighted median (``pop.noise_variance``) is kept when
         there are fewer than :data:`PILOT_POOL_MIN_CLIENTS` such clients or
         :data:`PILOT_POOL_MIN_TOTAL` points, and when any pooled client fails
@@ -5182,6 +5268,20 @@ class _StructuredRun:
         own = [c for c in members if pilots.get(c) is not None]
         pooled = float(np.exp(x[d + 1]))
         pop.noise_identified = True
+        # the spread of the small clients' noise around the pooled one, from
+        # every client that joined the pool (an outlier left out of the kernel
+        # fit too: it is evidence of spread), at the pooled optimum: the
+        # scale of their noise hyperprior (noise_spread)
+        joined = [c for c in small if first[c] is not None]
+        try:
+            at = exchange(x, joined)
+        except _PoolFailed:
+            at = {}
+        if len(at) == len(joined) and all(m is not None for m in at.values()):
+            pop.noise_spread = noise_spread(
+                [at[c].grad[d + 1] for c in joined],
+                [getattr(at[c], "noise_information", 0.0) for c in joined],
+                self.config.noise_prior_scale)
         if own:
             pooled = max(pooled, _weighted_median([pilots[c].noise_variance for c in own],
                                                   [self.n_samples[c] for c in own]))
