@@ -3662,9 +3662,14 @@ class StructuredClient:
         typical one (:func:`client_scale_ratio`): the pooled noise variance
         is in the typical client's units.
         """
-        if self.own_variance < 1e-12 or client_scale_ratio(self.own_variance) != 1.0:
+        if not self._poolable():
             return None
         return pool_evidence(self._Xs, self._y, theta)
+
+    def _poolable(self):
+        """Whether this client's rows can join the pooled pilot (see :meth:`pool_evidence`)."""
+        return (PILOT_POOL_MIN_POINTS <= self.n_samples < PILOT_POOL_POINTS
+                and self.own_variance >= 1e-12 and client_scale_ratio(self.own_variance) == 1.0)
 
     def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
         """Initial local vector.
@@ -3776,9 +3781,11 @@ class StructuredClient:
         self.noise_hyperprior = not own_centre and (
             replicate_centre or self.n_samples < PILOT_POOL_POINTS
             or bool(getattr(population, "noise_identified", True)))
-        # centred on the population's noise: the prior's scale is the small
-        # clients' spread around it where the pool measured one (noise_spread)
-        self.noise_prior_sd = (None if own_centre or replicate_centre
+        # centred on the population's noise, a client of the pooled pilot
+        # takes as its prior's scale the pooled clients' spread around that
+        # centre where the pool measured one (noise_spread); other clients
+        # (larger ones, another scale, too few rows) keep noise_prior_scale
+        self.noise_prior_sd = (None if own_centre or replicate_centre or not self._poolable()
                                else getattr(population, "noise_spread", None))
         s_ratio = client_scale_ratio(own_var)
         learn_scale = learns_client_scale(
@@ -5182,8 +5189,13 @@ class _StructuredRun:
 
         The clients that joined the pool also give, at its optimum, the
         spread of their log noise variances around the pooled one
-        (``pop.noise_spread``, :func:`noise_spread`): the scale of the noise
-        hyperprior of every client centred on the population's noise.
+        (:func:`noise_spread`); with the distance of the population's
+        centre from the pooled value added (``sqrt(tau^2 + offset^2)``, at
+        most ``noise_prior_scale``), it is ``pop.noise_spread``, the scale of
+        the noise hyperprior of the pooled clients centred on the
+        population's noise. A client lost in that last exchange leaves the
+        pooled noise in place and ``pop.noise_spread`` None (the failure is
+        recorded).
 
         The pilots' weighted median (``pop.noise_variance``) is kept when
         there are fewer than :data:`PILOT_POOL_MIN_CLIENTS` such clients or
@@ -5268,26 +5280,35 @@ class _StructuredRun:
         own = [c for c in members if pilots.get(c) is not None]
         pooled = float(np.exp(x[d + 1]))
         pop.noise_identified = True
-        # the spread of the small clients' noise around the pooled one, from
-        # every client that joined the pool (an outlier left out of the kernel
-        # fit too: it is evidence of spread), at the pooled optimum: the
-        # scale of their noise hyperprior (noise_spread)
-        joined = [c for c in small if first[c] is not None]
-        try:
-            at = exchange(x, joined)
-        except _PoolFailed:
-            at = {}
-        if len(at) == len(joined) and all(m is not None for m in at.values()):
-            pop.noise_spread = noise_spread(
-                [at[c].grad[d + 1] for c in joined],
-                [getattr(at[c], "noise_information", 0.0) for c in joined],
-                self.config.noise_prior_scale)
         if own:
             pooled = max(pooled, _weighted_median([pilots[c].noise_variance for c in own],
                                                   [self.n_samples[c] for c in own]))
-        return _weighted_median([pilots[c].noise_variance for c in others] + [pooled],
-                                [self.n_samples[c] for c in others]
-                                + [sum(self.n_samples[c] for c in members)])
+        centre = _weighted_median([pilots[c].noise_variance for c in others] + [pooled],
+                                  [self.n_samples[c] for c in others]
+                                  + [sum(self.n_samples[c] for c in members)])
+        # the spread of the small clients' log noise variances around the
+        # pooled optimum, from every client that joined the pool (an outlier
+        # left out of the kernel fit too: it is evidence of spread; only
+        # those not asked there yet are asked): the scale of their noise
+        # hyperprior (noise_spread). Around the population's centre, which
+        # the other pilots can move away from the pooled value, their
+        # expected squared distance adds that offset: sqrt(tau^2 + offset^2)
+        joined = [c for c in small if first[c] is not None]
+        try:
+            at = {**replies.get(x.tobytes(), {}),
+                  **exchange(x, [c for c in joined
+                                 if c not in replies.get(x.tobytes(), {})])}
+        except _PoolFailed:
+            at = {}
+        if all(at.get(c) is not None for c in joined):
+            tau = noise_spread([at[c].grad[d + 1] for c in joined],
+                               [getattr(at[c], "noise_information", 0.0) for c in joined],
+                               self.config.noise_prior_scale)
+            if tau is not None:
+                offset = float(np.log(centre) - x[d + 1])
+                pop.noise_spread = float(min(np.hypot(tau, offset),
+                                             self.config.noise_prior_scale))
+        return centre
 
     # -- one evaluation of the (pseudo-)ELBO: two exchanges -------------------------
     def evaluate(self, tg, r, live, trial=False, strict=False):
@@ -5408,7 +5429,8 @@ class _StructuredRun:
         bc0 = GlobalBroadcast(0, theta_g.copy())
         comm["bytes_down"] += len(pilots) * (message_nbytes(bc0) + message_nbytes(
             PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance,
-                         pop.noise_variance_target)))
+                         pop.noise_variance_target))
+            + 8 * (getattr(pop, "noise_spread", None) is not None))
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
         # learn_inducing_ is resolved in run(); only "auto" decides it here
