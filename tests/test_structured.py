@@ -580,13 +580,17 @@ def test_communication_accounts_for_every_upload(structured_spy, monkeypatch):
     assert {c for c, _ in log["pool"]} == {"c0", "c2", "c3"}  # 20, 9 and 12 rows
     summaries = len(sizes) * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
     assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
-    # downloads: each pool exchange sends the d + 2 log hyperparameters; the
-    # same fit without the pool differs at set-up by exactly that
+    # downloads: each pool exchange sends the d + 2 log hyperparameters, and
+    # the population's values sent to every client carry the pooled clients'
+    # spread when it was measured (one more number); the same fit without the
+    # pool differs at set-up by exactly that
     n_pool = len(log["pool"])
+    spread = est.server_.population_pilot.noise_spread is not None
     monkeypatch.setattr(fed, "PILOT_POOL_MIN_CLIENTS", 10**6)
     without = _fit_sizes(sizes)[0]
+    assert without.server_.population_pilot.noise_spread is None
     assert (est.communication_[0]["bytes_down"] - without.communication_[0]["bytes_down"]
-            == n_pool * 8 * (X.shape[1] + 2))
+            == n_pool * 8 * (X.shape[1] + 2) + 8 * len(sizes) * spread)
 
 
 def test_thread_parallel_and_serial_identical():
