@@ -5211,16 +5211,17 @@ class _StructuredRun:
         replies = {}  # theta bytes -> {id: message}: a vector is sent to a client once
 
         def exchange(theta, ids):
+            # only the clients not yet asked at this vector are asked
             known = replies.get(theta.tobytes(), {})
-            if all(c in known for c in ids):
-                return {c: known[c] for c in ids}
-            res, n_calls, lost = self.call("pool_evidence", (theta,), ids, 0)
-            comm["bytes_down"] += n_calls * int(theta.nbytes)
-            self._book_up(comm, res)
-            if lost:
-                raise _PoolFailed
-            replies[theta.tobytes()] = {**known, **res}
-            return res
+            missing = [c for c in ids if c not in known]
+            if missing:
+                res, n_calls, lost = self.call("pool_evidence", (theta,), missing, 0)
+                comm["bytes_down"] += n_calls * int(theta.nbytes)
+                self._book_up(comm, res)
+                if lost:
+                    raise _PoolFailed
+                known = replies[theta.tobytes()] = {**known, **res}
+            return {c: known[c] for c in ids}
 
         def enough(ids):
             return (len(ids) >= PILOT_POOL_MIN_CLIENTS
@@ -5288,16 +5289,14 @@ class _StructuredRun:
                                   + [sum(self.n_samples[c] for c in members)])
         # the spread of the small clients' log noise variances around the
         # pooled optimum, from every client that joined the pool (an outlier
-        # left out of the kernel fit too: it is evidence of spread; only
-        # those not asked there yet are asked): the scale of their noise
+        # left out of the kernel fit too: it is evidence of spread): the
+        # scale of their noise
         # hyperprior (noise_spread). Around the population's centre, which
         # the other pilots can move away from the pooled value, their
         # expected squared distance adds that offset: sqrt(tau^2 + offset^2)
         joined = [c for c in small if first[c] is not None]
         try:
-            at = {**replies.get(x.tobytes(), {}),
-                  **exchange(x, [c for c in joined
-                                 if c not in replies.get(x.tobytes(), {})])}
+            at = exchange(x, joined)
         except _PoolFailed:
             at = {}
         if all(at.get(c) is not None for c in joined):
@@ -5430,7 +5429,7 @@ class _StructuredRun:
         comm["bytes_down"] += len(pilots) * (message_nbytes(bc0) + message_nbytes(
             PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance,
                          pop.noise_variance_target))
-            + 8 * (getattr(pop, "noise_spread", None) is not None))
+            + 8 * (pop.noise_spread is not None))
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
         # learn_inducing_ is resolved in run(); only "auto" decides it here

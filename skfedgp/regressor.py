@@ -95,16 +95,14 @@ TOL = 1e-4
 MULTIOUTPUT_TOL = 1e-3
 
 
-def _warn_diagnostics(est, converged, n_rounds, tol=None):
+def _warn_diagnostics(est, converged, n_rounds):
     """ConvergenceWarning when the budget ended first or a value sits at a bound.
 
-    ``tol``: the stopping rule's tolerance of the fit (None: the estimator's
-    resolved one, ``tol=None`` resolved at fit).
+    The tolerance named is the fit's (``tol=None`` resolved at fit).
     """
+    tol = getattr(est, "_tol", None)
     if tol is None:
-        tol = getattr(est, "_tol", None)
-        if tol is None:
-            tol = est.tol
+        tol = est.tol
     if not converged and n_rounds > 0:
         warnings.warn(
             f"training stopped after n_rounds={n_rounds} rounds before the ELBO converged "
@@ -1979,7 +1977,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     def _warn_fit_diagnostics(self, converged, n_rounds, trace, failed, n_rounds0, done):
         """The end-of-fit warnings of the structured family (see :meth:`fit`, Warns)."""
-        _warn_diagnostics(self, converged, n_rounds, getattr(self, "_tol", self.tol))
+        _warn_diagnostics(self, converged, n_rounds)
         if converged:  # else the values are not the bound's maximum (a warning says so)
             warn_loose_bound(trace, self.n_inducing_, stacklevel=2)
         warn_untrained_clients(self.clients_, failed, n_rounds0, done)

@@ -8,10 +8,10 @@ import numpy as np
 
 
 @functools.lru_cache(maxsize=None)
-def _restart_benchmark():
-    """``benchmarks/bench_restart_from_global.py`` of this repository, as a module."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_restart_from_global.py"
-    spec = importlib.util.spec_from_file_location("_bench_restart_from_global", path)
+def _benchmark(name):
+    """``benchmarks/<name>.py`` of this repository, as a module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -28,7 +28,22 @@ def restart_benchmark_case(case, seed):
     -------
     X, y, g, X_test, y_test, g_test : ndarray
     """
-    return _restart_benchmark().make_case(case, seed)
+    return _benchmark("bench_restart_from_global").make_case(case, seed)
+
+
+def noise_spread_case(case, seed):
+    """One case of ``benchmarks/bench_noise_spread.py`` (its ``make_case``).
+
+    Five clients of 12 points, ``case`` ``"integer"``, ``"continuous"``
+    (one noise level, sd 0.3) or ``"mixed"`` (sd 0.1 to 1.0 across the
+    clients); the tests use the benchmark's generator itself.
+
+    Returns
+    -------
+    X, y, g, X_test, y_test, g_test : ndarray
+        ``X`` and ``X_test`` of shape (n, 1).
+    """
+    return _benchmark("bench_noise_spread").make_case(case, seed)
 
 
 def five_point_federation(seed=7, n_test=150):
