@@ -1966,6 +1966,14 @@ PILOT_MIN_RESIDUAL_DOF = 1.0
 NOISE_SPREAD_MIN = 0.5
 
 
+#: The pooled clients are centred on their pooled noise variance, not on the
+#: population's, when the two differ by more than this many times the pooled
+#: clients' spread (log units; :meth:`_StructuredRun._pooled_noise`): small
+#: clients of another noise level than the larger ones around them. Within
+#: it the population's centre stays, with the distance added to the spread.
+NOISE_POOLED_OFFSET = 2.0
+
+
 def noise_spread(scores, informations, scale):
     """Spread of the small clients' log noise variances around the pooled one.
 
@@ -3759,12 +3767,21 @@ class StructuredClient:
         # readings keeps the population's centre)
         replicate_centre = (not own_centre and replicate_dof >= PURE_ERROR_MIN_DOF
                             and replicate_var > 2.0 * self.noise_floor)
+        # a client of the pooled pilot where the pool measured its clients'
+        # spread (noise_spread) is centred on the pooled noise, not on the
+        # population's: the population's centre is the larger clients' noise
+        # wherever they outnumber the pool, and small clients of another
+        # noise level than theirs were held near it
+        pooled_centre = (not own_centre and not replicate_centre and self._poolable()
+                         and getattr(population, "noise_pooled", None) is not None)
         if own_centre:
             centre = own.noise_variance
         elif replicate_centre:
             centre = replicate_var
             if config.noise_variance is None:
                 s2 = replicate_var
+        elif pooled_centre:
+            centre = population.noise_pooled
         else:
             centre = population.noise_variance * prior_scale(
                 own_var, population, None if own is None else own.noise_variance)
@@ -3781,10 +3798,11 @@ class StructuredClient:
         self.noise_hyperprior = not own_centre and (
             replicate_centre or self.n_samples < PILOT_POOL_POINTS
             or bool(getattr(population, "noise_identified", True)))
-        # centred on the population's noise, a client of the pooled pilot
-        # takes as its prior's scale the pooled clients' spread around that
-        # centre where the pool measured one (noise_spread); other clients
-        # (larger ones, another scale, too few rows) keep noise_prior_scale
+        # a client of the pooled pilot takes as its prior's scale the pooled
+        # clients' spread where the pool measured one (noise_spread; around
+        # the pooled noise, or around the population's centre with their
+        # distance from it added); other clients (larger ones, another
+        # scale, too few rows) keep noise_prior_scale
         self.noise_prior_sd = (None if own_centre or replicate_centre or not self._poolable()
                                else getattr(population, "noise_spread", None))
         s_ratio = client_scale_ratio(own_var)
@@ -4872,6 +4890,7 @@ class _PopulationPilot:
     noise_variance_target: float = None
     noise_identified: bool = True
     noise_spread: float = None
+    noise_pooled: float = None
 
 
 
@@ -5305,8 +5324,14 @@ class _StructuredRun:
                                self.config.noise_prior_scale)
             if tau is not None:
                 offset = float(np.log(centre) - x[d + 1])
-                pop.noise_spread = float(min(np.hypot(tau, offset),
-                                             self.config.noise_prior_scale))
+                if abs(offset) > NOISE_POOLED_OFFSET * tau:
+                    # the other clients' noise is clearly not the pooled
+                    # clients': they are centred on the pooled value, with
+                    # their own spread
+                    pop.noise_spread, pop.noise_pooled = float(tau), pooled
+                else:
+                    pop.noise_spread = float(min(np.hypot(tau, offset),
+                                                 self.config.noise_prior_scale))
         return centre
 
     # -- one evaluation of the (pseudo-)ELBO: two exchanges -------------------------
@@ -5429,7 +5454,7 @@ class _StructuredRun:
         comm["bytes_down"] += len(pilots) * (message_nbytes(bc0) + message_nbytes(
             PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance,
                          pop.noise_variance_target))
-            + 8 * (pop.noise_spread is not None))
+            + 8 * (pop.noise_spread is not None) + 8 * (pop.noise_pooled is not None))
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
         # learn_inducing_ is resolved in run(); only "auto" decides it here

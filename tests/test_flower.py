@@ -76,7 +76,7 @@ def _examples():
         F.ClientUpdateValue(8, -1.0, lh),
         F._PopulationPilot(rng.random(d), 2.0, 0.1, np.ones(d)),
         F._PopulationPilot(rng.random(d), 2.0, 0.1, np.ones(d), noise_identified=False,
-                           noise_spread=0.625),
+                           noise_spread=0.625, noise_pooled=0.03),
         F.PoolEvidence(-3.25, rng.standard_normal(d + 2), 7.5),
         F.ClientState(rng.standard_normal(4), Packer([]), 1e-6, 0.01, noise_hyperprior=True,
                       noise_prior_sd=0.5),
