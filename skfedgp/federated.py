@@ -79,6 +79,7 @@ __all__ = [
     "run_federated_training",
     "PilotSummary",
     "DesignResidual",
+    "PoolEvidence",
     "StructuredStatistics",
     "PosteriorBroadcast",
     "GlobalGradient",

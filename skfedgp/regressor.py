@@ -721,9 +721,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         smoother than the clients' own ones where the single start does not.
         It costs the runs of every start, and a higher objective is not
         always a better predictor (docs/maths.md, section 11, has the
-        measurements). Beyond the paper (Yan 2026, "Personalized Federated
-        Hierarchical Gaussian Processes ...", arXiv:2609.19337, 2026,
-        sets the initial values by hand); restarts as in Rasmussen and
+        measurements). Beyond the paper (H. Yan, "Personalized Federated
+        Hierarchical Gaussian Processes for Privacy-Preserving Modeling of
+        Heterogeneous Distributed Systems", arXiv:2609.19337, 2026, sets
+        the initial values by hand); restarts as in Rasmussen and
         Williams, "Gaussian Processes for Machine Learning", MIT Press 2006,
         section 5.4. Simulation (``fit``) only: not used by a warm start,
         a resumed run or a fit over another transport. A ``checkpoint`` is
