@@ -3589,8 +3589,12 @@ class StructuredClient:
         prior = getattr(state, "noise_hyperprior", None)
         self.noise_hyperprior = (prior is None or bool(prior)
                                  or self.n_samples < PILOT_POOL_POINTS)
+        # the pooled clients' spread belongs to clients of the pool's size: a
+        # client grown past it in a warm start takes noise_prior_scale again
+        # (on the same data, a resumed run, nothing changes)
         sd = getattr(state, "noise_prior_sd", None)
-        self.noise_prior_sd = None if sd is None else float(sd)
+        self.noise_prior_sd = (None if sd is None or self.n_samples >= PILOT_POOL_POINTS
+                               else float(sd))
         self._state = None
 
     # -- set-up -------------------------------------------------------------

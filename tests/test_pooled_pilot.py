@@ -580,3 +580,28 @@ def _lose_from(k, n_asked):
                 raise ConnectionError("link down")
 
     return hook
+
+
+def test_a_client_grown_past_the_pool_in_a_warm_start_drops_the_pooled_spread():
+    """The pooled clients' spread is the scale of the noise prior of clients
+    of the pool's size: a 12-point client warm-started with 60 rows keeps
+    its noise hyperprior but with ``noise_prior_scale`` again; the others
+    keep the spread."""
+    X, y, g, *_ = _five_clients("continuous", 0)
+    rng = np.random.default_rng(1)
+    x_more = rng.uniform(0, 10, 48)
+    X2 = np.r_[X, x_more]
+    y2 = np.r_[y, np.sin(x_more) + 0.3 * rng.normal(size=48)]
+    g2 = np.r_[g, np.zeros(48, int)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1, warm_start=True,
+                                               restart_from_global=False)
+        est.fit(X[:, None], y, g)
+        spread = est.server_.population_pilot.noise_spread
+        assert spread is not None
+        assert all(est.clients_[c].noise_prior_sd == spread for c in range(5))
+        est.fit(X2[:, None], y2, g2)
+    assert est.clients_[0].n_samples == 60
+    assert est.clients_[0].noise_prior_sd is None
+    assert all(est.clients_[c].noise_prior_sd == spread for c in range(1, 5))
