@@ -10,7 +10,9 @@ every client), held-out points drawn at random clients. Three cases:
 * ``beside-large``: as ``continuous`` (noise sd 0.3), beside three clients
   of 100 points with noise sd 0.05; held-out points at the five small
   clients only (100 each);
-* ``beside-large-same``: the same with noise sd 0.05 everywhere.
+* ``beside-large-same``: the same with noise sd 0.05 everywhere;
+* ``beside-large-mixed``: the ``mixed`` clients beside the three large ones
+  (noise sd 0.05).
 
 Each is fitted with ``FederatedHierarchicalGPRegressor(random_state=0)``
 three times: at the defaults (``estimated``), where the pooled clients take
@@ -30,7 +32,7 @@ section 10 ("The prior's scale from the pooled clients") were made with it.
 Usage::
 
     python benchmarks/bench_noise_spread.py [--cases integer continuous mixed
-        beside-large beside-large-same] [--seeds 0 1 2 3 4 5]
+        beside-large beside-large-same beside-large-mixed] [--seeds 0 1 2 3 4 5]
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp import federated as fed
 from skfedgp.metrics import gaussian_nll, rmse
 
-CASES = ("integer", "continuous", "mixed", "beside-large", "beside-large-same")
+CASES = ("integer", "continuous", "mixed", "beside-large", "beside-large-same",
+         "beside-large-mixed")
 
 
 def noise_sds(case, n_clients=5):
@@ -58,6 +61,8 @@ def noise_sds(case, n_clients=5):
         return np.r_[np.full(n_clients, 0.3), np.full(3, 0.05)]
     if case == "beside-large-same":
         return np.full(n_clients + 3, 0.05)
+    if case == "beside-large-mixed":
+        return np.r_[[0.1, 0.2, 0.3, 0.6, 1.0], np.full(3, 0.05)]
     return np.full(n_clients, 0.3)
 
 
