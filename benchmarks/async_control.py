@@ -41,7 +41,7 @@ def one_run(seed):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--n-jobs", type=int, default=2)
     args = p.parse_args(argv)

@@ -94,7 +94,7 @@ def run_dataset(path, n_stream, max_infos):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data"))
     p.add_argument("--n-stream", type=int, default=None)
     p.add_argument("--out", default=os.path.join(ROOT, "docs"))

@@ -107,7 +107,7 @@ def denoised(S, clients, how):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--data-dir", required=True,
                    help="folder holding beijing_air_quality/ with the station files")
     p.add_argument("--seeds", type=int, default=5)
