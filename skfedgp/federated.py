@@ -3772,13 +3772,15 @@ class StructuredClient:
         # readings keeps the population's centre)
         replicate_centre = (not own_centre and replicate_dof >= PURE_ERROR_MIN_DOF
                             and replicate_var > 2.0 * self.noise_floor)
-        # a client of the pooled pilot where the pool measured its clients'
-        # spread (noise_spread) is centred on the pooled noise, not on the
-        # population's: the population's centre is the larger clients' noise
-        # wherever they outnumber the pool, and small clients of another
-        # noise level than theirs were held near it
-        pooled_centre = (not own_centre and not replicate_centre and self._poolable()
-                         and getattr(population, "noise_pooled", None) is not None)
+        # a client of the pooled pilot (without a centre of its own) takes
+        # the pooled clients' spread as its prior's scale where the pool
+        # measured one (noise_spread), and is centred on the pooled noise,
+        # not on the population's, where the two are clearly apart
+        # (noise_pooled): the population's centre is the larger clients'
+        # noise wherever they outnumber the pool, and small clients of
+        # another noise level than theirs were held near it
+        pooled_client = not own_centre and not replicate_centre and self._poolable()
+        pooled_centre = pooled_client and getattr(population, "noise_pooled", None) is not None
         if own_centre:
             centre = own.noise_variance
         elif replicate_centre:
@@ -3803,13 +3805,10 @@ class StructuredClient:
         self.noise_hyperprior = not own_centre and (
             replicate_centre or self.n_samples < PILOT_POOL_POINTS
             or bool(getattr(population, "noise_identified", True)))
-        # a client of the pooled pilot takes as its prior's scale the pooled
-        # clients' spread where the pool measured one (noise_spread; around
-        # the pooled noise, or around the population's centre with their
-        # distance from it added); other clients (larger ones, another
-        # scale, too few rows) keep noise_prior_scale
-        self.noise_prior_sd = (None if own_centre or replicate_centre or not self._poolable()
-                               else getattr(population, "noise_spread", None))
+        # other clients (larger ones, another scale, too few rows) keep
+        # noise_prior_scale
+        self.noise_prior_sd = (getattr(population, "noise_spread", None) if pooled_client
+                               else None)
         s_ratio = client_scale_ratio(own_var)
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
@@ -4066,10 +4065,11 @@ class StructuredClient:
         small clients counting with one pooled pilot
         (:meth:`_StructuredRun._pooled_noise`), and
         ``tau = config.noise_prior_scale`` (None: no prior), or, for a
-        client centred on the population's noise where the pooled small
-        clients measured the spread of their noise around it, that spread
-        (``noise_prior_sd``, :func:`noise_spread`; between
-        :data:`NOISE_SPREAD_MIN` and ``noise_prior_scale``). A client with
+        client of the pooled small clients where they measured the spread of
+        their noise, that spread (``noise_prior_sd``, :func:`noise_spread`;
+        between :data:`NOISE_SPREAD_MIN` and ``noise_prior_scale``), around
+        their pooled noise where it is clearly not the population's
+        (:data:`NOISE_POOLED_OFFSET`). A client with
         few observations cannot then drive its noise variance to zero and
         interpolate its points; with many observations the prior is
         negligible. With scalar targets the local kernel's standard
@@ -5212,14 +5212,16 @@ class _StructuredRun:
         their points, :func:`noise_identified`).
 
         The clients that joined the pool also give, at its optimum, the
-        spread of their log noise variances around the pooled one
-        (:func:`noise_spread`); with the distance of the population's
-        centre from the pooled value added (``sqrt(tau^2 + offset^2)``, at
-        most ``noise_prior_scale``), it is ``pop.noise_spread``, the scale of
-        the noise hyperprior of the pooled clients centred on the
-        population's noise. A client lost in that last exchange leaves the
-        pooled noise in place and ``pop.noise_spread`` None (the failure is
-        recorded).
+        spread ``tau`` of their log noise variances around the pooled one
+        (:func:`noise_spread`), the scale of the pooled clients' noise
+        hyperprior (``pop.noise_spread``). When the population's centre is
+        more than :data:`NOISE_POOLED_OFFSET` ``* tau`` from the pooled value
+        (``offset``, log units), the pooled clients are centred on the pooled
+        value (``pop.noise_pooled``) with scale ``tau``; otherwise on the
+        population's centre with scale ``sqrt(tau^2 + offset^2)`` (at most
+        ``noise_prior_scale``) and ``pop.noise_pooled`` None. A client lost
+        in that last exchange leaves the pooled noise in place and both
+        None (the failure is recorded).
 
         The pilots' weighted median (``pop.noise_variance``) is kept when
         there are fewer than :data:`PILOT_POOL_MIN_CLIENTS` such clients or
@@ -5325,7 +5327,7 @@ class _StructuredRun:
             at = {}
         if all(at.get(c) is not None for c in joined):
             tau = noise_spread([at[c].grad[d + 1] for c in joined],
-                               [getattr(at[c], "noise_information", 0.0) for c in joined],
+                               [at[c].noise_information for c in joined],
                                self.config.noise_prior_scale)
             if tau is not None:
                 offset = float(np.log(centre) - x[d + 1])

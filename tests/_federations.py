@@ -36,7 +36,9 @@ def noise_spread_case(case, seed):
 
     Five clients of 12 points, ``case`` ``"integer"``, ``"continuous"``
     (one noise level, sd 0.3) or ``"mixed"`` (sd 0.1 to 1.0 across the
-    clients); the tests use the benchmark's generator itself.
+    clients), or the ``"beside-large"`` cases (the same beside three
+    clients of 100 points; held-out points at the five small clients only);
+    the tests use the benchmark's generator itself.
 
     Returns
     -------

@@ -407,7 +407,7 @@ def test_noise_spread_is_the_dersimonian_laird_estimate():
     assert fed.noise_spread(u, info, None) is None
 
 
-def _five_clients(case, seed):
+def _spread_case(case, seed):
     """``bench_noise_spread.py``'s case, with 1-D inputs as ``_fit`` takes them."""
     from _federations import noise_spread_case
 
@@ -433,7 +433,7 @@ def test_clients_of_one_noise_level_share_a_tighter_noise_prior(monkeypatch):
     0.376, 0.262)."""
     with_spread, fixed, measured = [], [], 0
     for seed in range(4):
-        data = _five_clients("continuous", seed)
+        data = _spread_case("continuous", seed)
         est = _fit(*data[:3])
         spread = est.server_.population_pilot.noise_spread
         # None would mean the pool's noise was not resolved well enough
@@ -463,27 +463,10 @@ def test_clients_of_different_noise_levels_keep_the_wide_noise_prior():
     the measured spread is at least the configured scale (or not measured),
     so no client's prior is tighter than ``noise_prior_scale``."""
     for seed in (0, 1):
-        est = _fit(*_five_clients("mixed", seed)[:3])
+        est = _fit(*_spread_case("mixed", seed)[:3])
         spread = est.server_.population_pilot.noise_spread
         assert spread is None or spread == 1.0
         assert all(c.noise_prior_sd in (None, 1.0) for c in est.clients_.values())
-
-
-def _small_beside_large(seed, sd_small, sd_large):
-    """Five clients of 12 points (noise sd ``sd_small``; 100 held-out points
-    each) beside three of 100 points (noise sd ``sd_large``), all of
-    ``sin(x)`` on ``[0, 10]``."""
-    rng = np.random.default_rng(seed)
-    X, y, g, Xt, yt, gt = [], [], [], [], [], []
-    for c in range(8):
-        n, sd = (12, sd_small) if c < 5 else (100, sd_large)
-        x = rng.uniform(0, 10, n)
-        X.append(x), y.append(np.sin(x) + sd * rng.normal(size=n)), g.append(np.full(n, c))
-        if c < 5:
-            xt = rng.uniform(0, 10, 100)
-            Xt.append(xt), yt.append(np.sin(xt) + sd * rng.normal(size=100))
-            gt.append(np.full(100, c))
-    return [np.concatenate(v) for v in (X, y, g, Xt, yt, gt)]
 
 
 @pytest.mark.parametrize("seed", [0, 2])
@@ -497,7 +480,7 @@ def test_small_clients_of_another_noise_level_are_centred_on_their_pooled_noise(
     on their pooled noise with their own spread: 0.18, 0.25, 0.26 and at
     most 1.4 %. The large clients, outside the pool, keep their own pilots'
     noise."""
-    X, y, g, Xt, yt, gt = _small_beside_large(seed, 0.3, 0.05)
+    X, y, g, Xt, yt, gt = _spread_case("beside-large", seed)
     est = _fit(X, y, g)
     pop, ys2 = est.server_.population_pilot, est.y_scale_**2
     assert pop.noise_variance * ys2 < 0.01  # the large clients' noise
@@ -513,10 +496,11 @@ def test_small_clients_of_another_noise_level_are_centred_on_their_pooled_noise(
 
 
 def test_small_clients_of_the_others_noise_level_keep_the_population_centre():
-    """The same federation with one noise level (sd 0.15): the pooled noise
-    is within twice the pooled clients' spread of the population's centre,
-    which stays theirs, with the distance added to the spread."""
-    X, y, g = _small_beside_large(0, 0.15, 0.15)[:3]
+    """The same federation with one noise level (sd 0.05 everywhere, the
+    ``beside-large-same`` case): the pooled noise is within twice the pooled
+    clients' spread of the population's centre, which stays theirs, with the
+    distance added to the spread."""
+    X, y, g = _spread_case("beside-large-same", 0)[:3]
     est = _setup(X, y, g)
     pop = est.server_.population_pilot
     assert pop.noise_pooled is None
@@ -534,7 +518,7 @@ def test_a_client_lost_in_the_spread_exchange_leaves_the_pooled_noise_without_sp
     is not measured (``noise_prior_scale`` applies), with the failure
     recorded. Five clients of 12 points (``bench_noise_spread.py``'s
     continuous case, seed 1), client 2 with one reading 10 noise sd off."""
-    X, y, g, *_ = _five_clients("continuous", 1)
+    X, y, g, *_ = _spread_case("continuous", 1)
     k = 2
     y = y.copy()
     y[np.flatnonzero(g == k)[0]] += 3.0
@@ -587,7 +571,7 @@ def test_a_client_grown_past_the_pool_in_a_warm_start_drops_the_pooled_spread():
     of the pool's size: a 12-point client warm-started with 60 rows keeps
     its noise hyperprior but with ``noise_prior_scale`` again; the others
     keep the spread."""
-    X, y, g, *_ = _five_clients("continuous", 0)
+    X, y, g, *_ = _spread_case("continuous", 0)
     rng = np.random.default_rng(1)
     x_more = rng.uniform(0, 10, 48)
     X2 = np.r_[X, x_more]

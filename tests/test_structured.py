@@ -582,10 +582,12 @@ def test_communication_accounts_for_every_upload(structured_spy, monkeypatch):
     assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
     # downloads: each pool exchange sends the d + 2 log hyperparameters, and
     # the population's values sent to every client carry the pooled clients'
-    # spread when it was measured (one more number); the same fit without the
-    # pool differs at set-up by exactly that
+    # spread when it was measured and their pooled noise when they are
+    # centred there (one more number each); the same fit without the pool
+    # differs at set-up by exactly that
     n_pool = len(log["pool"])
-    spread = est.server_.population_pilot.noise_spread is not None
+    pop = est.server_.population_pilot
+    spread = (pop.noise_spread is not None) + (pop.noise_pooled is not None)
     monkeypatch.setattr(fed, "PILOT_POOL_MIN_CLIENTS", 10**6)
     without = _fit_sizes(sizes)[0]
     assert without.server_.population_pilot.noise_spread is None
