@@ -278,12 +278,14 @@ def message_nbytes(msg):
     -------
     nbytes : int
         Sum of the ``nbytes`` of its arrays (8 bytes per float64 number;
-        Python scalars count as 8 bytes). This is what ``communication_``
-        records.
+        Python numbers count as 8 bytes; a single flag, ``True`` or
+        ``False``, counts nothing, as in the Flower transport's payload).
+        This is what ``communication_`` records.
     """
     if hasattr(msg, "nbytes") and callable(msg.nbytes):
         return int(msg.nbytes())
-    return int(sum(a.nbytes for a in message_arrays(msg).values()))
+    return int(sum(a.nbytes for a in message_arrays(msg).values()
+                   if not (a.ndim == 0 and a.dtype == bool)))
 
 
 # --------------------------------------------------------------------------
@@ -4888,6 +4890,34 @@ def _population_from(hypers, components, noise="isotropic"):
 
 @dataclass
 class _PopulationPilot:
+    """Set-up download: the population's pilot hyperparameters.
+
+    The server sends it to every client with the initial global vector
+    (:meth:`StructuredClient.initialise`); ``communication_`` counts every
+    field (:func:`message_nbytes`; the flag ``noise_identified`` counts
+    nothing).
+
+    Attributes
+    ----------
+    lengthscale : ndarray of shape (d,)
+        Weighted median of the clients' pilot lengthscales (scaled input
+        units).
+    variance, noise_variance : float
+        Signal and noise variances (standardised target units).
+    ranges : ndarray of shape (d,)
+        Input ranges in scaled units (ones: the unit box of the scaled
+        inputs).
+    noise_variance_target : float or None
+        Multi-output targets: the noise in the unit of
+        ``noise="isotropic_target"`` (:class:`PilotSummary`).
+    noise_identified : bool
+        False when the pilots did not identify the noise
+        (:func:`population_noise`).
+    noise_spread, noise_pooled : float or None
+        Scale and, when set, centre of the pooled small clients' noise
+        hyperprior (:func:`noise_spread`); None when not measured.
+    """
+
     lengthscale: np.ndarray
     variance: float
     noise_variance: float
@@ -5457,11 +5487,10 @@ class _StructuredRun:
         if not cfg.n_outputs:
             pop.noise_variance = self._pooled_noise(pilots, pop, comm)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
-        bc0 = GlobalBroadcast(0, theta_g.copy())
-        comm["bytes_down"] += len(pilots) * (message_nbytes(bc0) + message_nbytes(
-            PilotSummary(pop.lengthscale, pop.variance, pop.noise_variance,
-                         pop.noise_variance_target))
-            + 8 * (pop.noise_spread is not None) + 8 * (pop.noise_pooled is not None))
+        # each client is sent the global vector and the population pilot
+        # (its hyperparameters, input ranges and, where set, the pooled
+        # clients' noise spread and centre): every field is counted
+        comm["bytes_down"] += len(pilots) * (theta_g.nbytes + message_nbytes(pop))
         self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
                                       for c in self.active})
         # learn_inducing_ is resolved in run(); only "auto" decides it here
@@ -5529,6 +5558,8 @@ class _StructuredRun:
             self.setup_all("initialise", {
                 c: (cfg, server.n_inducing_local_, self.theta_g, self.gpack, pilots[c], pop,
                     seeds[c]) for c in new}, ids=new)
+            # a new client is sent what a client is sent at set-up (initialise)
+            self.counter["down"] += len(new) * (self.theta_g.nbytes + message_nbytes(pop))
         self.messages = {c: m for c, m in state.messages.items() if c in known}
         self.fresh = set(state.fresh) & set(known)
         self.comm = copy.deepcopy(state.communication)

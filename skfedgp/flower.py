@@ -26,11 +26,8 @@ on the client; so is any array or message a client already holds (the global
 vector it was sent with the last ``statistics`` request, the posterior it
 received, its own pilot): the transport sends a reference instead. What is
 left, the model payload (:attr:`FlowerTransport.payload_log_`,
-:func:`payload_per_round`), equals ``communication_`` in every training
-round and in the final exchange; at set-up (round 0) the download differs by
-``8 (d - 1)`` bytes per client, because the initialisation message carries
-the population pilot with its ``d`` input ranges and no round number, where
-``communication_`` books a ``GlobalBroadcast`` and a ``PilotSummary``.
+:func:`payload_per_round`), equals ``communication_`` in every round: the
+set-up (round 0), every training round and the final exchange.
 
 :func:`secure_statistics_sum` sums the clients' statistics of one
 evaluation of the ELBO through Flower's SecAgg+ (``SecAggPlusWorkflow`` on

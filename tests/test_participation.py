@@ -645,6 +645,52 @@ def test_warm_start_with_a_new_client():
     assert np.all(np.isfinite(m)) and np.all(s > 0)
 
 
+def test_a_new_client_of_a_warm_start_has_its_set_up_download_counted(monkeypatch):
+    """The client a warm start adds is sent the global vector and the
+    population pilot (``initialise``), as at a first set-up: the resumed
+    run's set-up books them, besides every client's standardisation."""
+    import skfedgp.federated as fed
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(60, 1))
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=60)
+    g = np.repeat(["A", "B", "C"], 20)
+    sent, counted = {}, []
+    orig_init, orig_resume = fed.StructuredClient.initialise, fed._StructuredRun.resume
+
+    def initialise(self, cfg, M_local, theta_g, gpack, pilot, pop, seed):
+        sent[self.client_id] = theta_g.nbytes + fed.message_nbytes(pop)
+        return orig_init(self, cfg, M_local, theta_g, gpack, pilot, pop, seed)
+
+    def resume(self, state, seeds):
+        # the set-up's downloads: up to the first evaluation at the saved vector
+        before = self.counter["down"]
+
+        def evaluate_all(*args):
+            if len(counted) == 0:
+                counted.append(self.counter["down"] - before
+                               - len(self.active) * fed.message_nbytes(self.init))
+            return orig_evaluate(*args)
+
+        orig_evaluate = self.evaluate_all
+        self.evaluate_all = evaluate_all
+        try:
+            return orig_resume(self, state, seeds)
+        finally:
+            del self.evaluate_all
+
+    monkeypatch.setattr(fed.StructuredClient, "initialise", initialise)
+    monkeypatch.setattr(fed._StructuredRun, "resume", resume)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(random_state=0, warm_start=True, n_rounds=2)
+        est.fit(X[:40], y[:40], g[:40])
+        sent.clear()
+        est.fit(X, y, g)
+    assert list(sent) == ["C"] and sent["C"] > 0
+    assert counted == [sent["C"]]
+
+
 @pytest.mark.parametrize("change, field", [
     (dict(components=("local",)), "components"),
     (dict(components=("global",)), "components"),
