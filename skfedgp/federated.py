@@ -3691,10 +3691,12 @@ class StructuredClient:
 
         Local inducing inputs: a scrambled Sobol design over the client's own
         box (:func:`_local_inducing`; never its inputs). Local lengthscales:
-        its own pilot's (or the population median if it ran none, or if its
-        pilot explained its targets as more noise than signal); local
+        its own pilot's (or the population median if it ran none, if its
+        pilot interpolated its points (:func:`noise_identified`) or
+        explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (floored); unless ``noise_variance`` is given or the
+        noise variance (the population's if it ran none or its pilot
+        interpolated; floored); unless ``noise_variance`` is given or the
         client's pilot is reliable (:func:`own_noise_centre`), raised to the
         shared parts' prior variance that the global inducing points leave
         unexplained at its inputs (at the client's starting scale when it
@@ -3703,19 +3705,24 @@ class StructuredClient:
         docs/maths.md, section 10).
         """
         d = self._Xs.shape[1]
-        p = own if own is not None else population
         # a client too small for a pilot fit takes the population's values,
         # rescaled to its own spread when that is clearly another scale (more
-        # than 10x off the population's total variance either way)
+        # than 10x off the population's total variance either way); so does
+        # a client whose pilot interpolated its points (noise_identified):
+        # its lengthscale and noise are not identified, and a local part
+        # started at them begins as white noise at its inputs, an optimum
+        # of its own that the rounds do not leave
+        starts_own = own is not None and noise_identified(own)
+        p = own if starts_own else population
         own_var = self.own_variance
         scale = scale_ratio(own_var, population)
-        ratio = scale if own is None else 1.0
+        ratio = 1.0 if starts_own else scale
         # the local kernel starts from the population's values too when the
         # client's own pilot explained its targets as more noise than signal
         # (the noise-only optimum of a GP's marginal likelihood: a local part
         # started from it begins switched off and stays so)
         pl, ratio_l = p, ratio
-        if own is not None and own.variance <= own.noise_variance:
+        if starts_own and own.variance <= own.noise_variance:
             pl, ratio_l = population, scale
         values = {}
         if "local" in config.components:

@@ -74,7 +74,8 @@ def _tiny_clients(seed, n_clients=30, noise_sd=0.1, scale=None):
 def _fit(X, y, g, **params):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return FederatedHierarchicalGPRegressor(random_state=0, **params).fit(X[:, None], y, g)
+        return FederatedHierarchicalGPRegressor(**{"random_state": 0, **params}).fit(
+            X[:, None], y, g)
 
 
 def _setup(X, y, g):
@@ -508,6 +509,44 @@ def test_small_clients_of_the_others_noise_level_keep_the_population_centre():
     for c in range(5):
         assert est.clients_[c].prior_noise == pytest.approx(pop.noise_variance)
         assert est.clients_[c].noise_prior_sd == pop.noise_spread
+
+
+@pytest.mark.parametrize("random_state", [0, 7])
+def test_a_client_whose_pilot_interpolated_starts_from_the_population(random_state, monkeypatch):
+    """Seed 1 of the ``beside-large-mixed`` case: the 12-point client of
+    noise sd 0.6 fits a pilot that interpolates its points (local
+    lengthscale 0.008 of the box, no noise, residual degrees of freedom
+    7e-5). Started from it, its local part stayed white noise at its
+    inputs: fitted noise sd 0.018 (0.002 with random_state=7), held-out
+    NLL 26.7 (856), a lower optimum of the objective (266.4 and 220.5
+    against 278.9 and 278.6). Its start now comes from the population's
+    values, as for a client without a pilot."""
+    seen = {}
+    init = fed.StructuredClient.initialise
+
+    def spy(self, config, M_local, theta_g, gpack, own, population, seed):
+        out = init(self, config, M_local, theta_g, gpack, own, population, seed)
+        seen[self.client_id] = (own, population, self.local_values())
+        return out
+
+    monkeypatch.setattr(fed.StructuredClient, "initialise", spy)
+    X, y, g, Xt, yt, gt = _spread_case("beside-large-mixed", 1)
+    est = _fit(X, y, g, random_state=random_state)
+    own, population, start = seen[3]
+    assert not fed.noise_identified(own)
+    # the starting noise and local lengthscale are the population's (rescaled
+    # to the client's spread only when that is another scale: not here)
+    assert start["noise_variance"] >= population.noise_variance
+    assert start["lengthscale_l"][0] == pytest.approx(
+        fed.start_lengthscale(population.lengthscale, [np.ptp(X[g == 3]) / np.ptp(X)])[0])
+    for c in (0, 1, 2, 4):  # the other small clients' pilots did not interpolate
+        assert fed.noise_identified(seen[c][0])
+    noise_sd = np.sqrt(est.clients_[3].local_values()["noise_variance"]) * est.y_scale_
+    assert 0.3 < noise_sd < 1.2
+    k = gt == 3
+    m, s = est.predict(Xt[k, None], gt[k], return_std=True)
+    assert np.mean(np.abs(yt[k] - m) > 3 * s) <= 0.02
+    assert _nll(est, Xt[k], yt[k], gt[k]) < 1.2
 
 
 def test_a_client_lost_in_the_spread_exchange_leaves_the_pooled_noise_without_spread():
