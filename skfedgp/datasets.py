@@ -1530,7 +1530,8 @@ def load_ucr_ts(path):
 
     The format (UCR Time Series Classification Archive, Dau et al. 2019; UEA
     multivariate archive, Bagnall et al. 2018) has comment lines starting
-    with ``#``, header lines starting with ``@`` (``@problemName``,
+    with ``#`` (some archive files use ``%``, as in ARFF; both are read as
+    comments), header lines starting with ``@`` (``@problemName``,
     ``@univariate``, ``@dimensions``, ``@equalLength``, ``@seriesLength``,
     ``@classLabel true <labels...>``, ``@timeStamps``, ``@missing``), then
     ``@data`` and one series per line: comma-separated values, channels
@@ -1557,7 +1558,7 @@ def load_ucr_ts(path):
         If ``path`` does not exist.
     ValueError
         If ``path`` is a folder or has a line that is not UTF-8 text (other
-        than a ``#`` comment; a byte-order mark is allowed), the file has no ``@data``
+        than a comment; a byte-order mark is allowed), the file has no ``@data``
         section, no class labels (``@classLabel false``), time stamps
         (``@timeStamps true``, not supported), series of unequal length or
         channel count or of another length than ``@seriesLength``, a
@@ -1591,7 +1592,7 @@ def load_ucr_ts(path):
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            if raw.lstrip().startswith(b"#"):  # a comment in another encoding: harmless
+            if raw.lstrip().startswith((b"#", b"%")):  # a comment in another encoding: harmless
                 lines.append(raw.decode("utf-8", errors="replace"))
                 continue
             # decoding with replacement would merge distinct labels silently
@@ -1599,7 +1600,7 @@ def load_ucr_ts(path):
                              f"{exc.start}); convert the file to UTF-8") from None
     for lineno, raw in enumerate(lines, start=1):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if not line or line.startswith(("#", "%")):
             continue
         if not in_data:
             if not line.startswith("@"):

@@ -104,6 +104,22 @@ def test_ucr_file_that_is_not_utf8_is_refused(tmp_path):
     assert X.shape == (2, 2) and list(y) == ["a", "b"]
 
 
+def test_ucr_file_with_percent_comments_loads(tmp_path):
+    # some archive files (e.g. the archive's UnitTest cut of ChinaTown) open
+    # with ARFF-style "%" comment lines before the header
+    p = tmp_path / "pct.ts"
+    p.write_text("%# a cut-down problem\n% the test set is reduced\n%\n@problemName x\n"
+                 "@classLabel true 1 2\n@data\n1,2,3:1\n% a note\n4,5,6:2\n")
+    X, y = load_ucr_ts(p)
+    assert X.shape == (2, 3) and list(y) == ["1", "2"]
+    np.testing.assert_array_equal(X, [[1, 2, 3], [4, 5, 6]])
+    # any other line before @data is still refused by name
+    bad = tmp_path / "bad.ts"
+    bad.write_text("; not a comment\n@classLabel true 1 2\n@data\n1,2:1\n")
+    with pytest.raises(ValueError, match="expected a header line"):
+        load_ucr_ts(bad)
+
+
 @pytest.mark.parametrize(
     "name, shape_train, shape_test, n_classes",
     [
