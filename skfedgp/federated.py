@@ -2080,6 +2080,56 @@ def noise_identified(pilot):
     return r is None or not r < PILOT_MIN_RESIDUAL_DOF
 
 
+#: A pilot kernel whose inputs are, at the median, farther than this many
+#: lengthscales from their nearest neighbour is white noise at the inputs
+#: (:func:`white_at_inputs`).
+WHITE_PILOT_DISTANCE = 1.0
+
+
+def white_at_inputs(X, lengthscale, max_points=PILOT_MAX_POINTS):
+    """Whether an SE-ARD kernel is white noise at the inputs ``X``.
+
+    A GP whose lengthscales are shorter than the gaps between the inputs
+    gives most points their own independent value: at the data it can hardly
+    be told from noise (with the noise at its bound it interpolates any
+    targets). Such a pilot identifies neither its lengthscale nor its noise.
+    A pilot that interpolates noise-free data with lengthscales longer than
+    the gaps is not white.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Inputs (the same units as ``lengthscale``); at most ``max_points``
+        evenly spaced rows are used (a pilot fits at most
+        :data:`PILOT_MAX_POINTS`).
+    lengthscale : ndarray of shape (d,)
+    max_points : int, default=PILOT_MAX_POINTS
+
+    Returns
+    -------
+    bool
+        True when the median over the points of the distance to the nearest
+        other point, in lengthscales (``sqrt(sum_j ((x_j - x'_j) / l_j)^2)``),
+        exceeds :data:`WHITE_PILOT_DISTANCE`: most points then share less
+        than ``exp(-1/2)`` (61 %) of their prior variance with any other;
+        False for fewer than 2 points.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper: an implementation device of the data-derived
+    initialisation (docs/maths.md, section 11).
+    """
+    X = np.asarray(X, dtype=float)
+    if X.shape[0] > max_points:
+        X = X[np.linspace(0, X.shape[0] - 1, max_points).astype(int)]
+    if X.shape[0] < 2:
+        return False
+    Xs = X / np.asarray(lengthscale, dtype=float)
+    r2 = np.sum((Xs[:, None, :] - Xs[None, :, :]) ** 2, axis=-1)
+    np.fill_diagonal(r2, np.inf)
+    return bool(np.median(np.sqrt(np.min(r2, axis=1))) > WHITE_PILOT_DISTANCE)
+
+
 #: Population prior of the small clients' local kernels (round 2,
 #: :meth:`_StructuredRun._share_local_prior`): at least this many clients with
 #: :data:`PILOT_POOL_POINTS` observations or more must report their local
@@ -3692,11 +3742,12 @@ class StructuredClient:
         Local inducing inputs: a scrambled Sobol design over the client's own
         box (:func:`_local_inducing`; never its inputs). Local lengthscales:
         its own pilot's (or the population median if it ran none, if its
-        pilot interpolated its points (:func:`noise_identified`) or
+        pilot interpolated its points with a kernel that is white noise at
+        them while the population's noise is identified
+        (:func:`noise_identified`, :func:`white_at_inputs`), or if it
         explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (the population's if it ran none or its pilot
-        interpolated; floored); unless ``noise_variance`` is given or the
+        noise variance (the population's where the lengthscales are; floored); unless ``noise_variance`` is given or the
         client's pilot is reliable (:func:`own_noise_centre`), raised to the
         shared parts' prior variance that the global inducing points leave
         unexplained at its inputs (at the client's starting scale when it
@@ -3708,11 +3759,16 @@ class StructuredClient:
         # a client too small for a pilot fit takes the population's values,
         # rescaled to its own spread when that is clearly another scale (more
         # than 10x off the population's total variance either way); so does
-        # a client whose pilot interpolated its points (noise_identified):
-        # its lengthscale and noise are not identified, and a local part
-        # started at them begins as white noise at its inputs, an optimum
-        # of its own that the rounds do not leave
-        starts_own = own is not None and noise_identified(own)
+        # a client whose pilot interpolated its points with a kernel that is
+        # white noise at them (noise_identified, white_at_inputs), where the
+        # population's noise is identified: that pilot's lengthscale and
+        # noise are not, and a local part started at them begins as white
+        # noise at the client's inputs, an optimum of its own that the rounds
+        # do not leave (a pilot that interpolates noise-free data smoothly
+        # is kept)
+        starts_own = own is not None and (
+            noise_identified(own) or not getattr(population, "noise_identified", True)
+            or not white_at_inputs(self._Xs, own.lengthscale))
         p = own if starts_own else population
         own_var = self.own_variance
         scale = scale_ratio(own_var, population)

@@ -519,8 +519,11 @@ def test_a_client_whose_pilot_interpolated_starts_from_the_population(random_sta
     7e-5). Started from it, its local part stayed white noise at its
     inputs: fitted noise sd 0.018 (0.002 with random_state=7), held-out
     NLL 26.7 (856), a lower optimum of the objective (266.4 and 220.5
-    against 278.9 and 278.6). Its start now comes from the population's
-    values, as for a client without a pilot."""
+    against 278.9 and 278.6). That pilot's kernel is white noise at the
+    client's inputs (median nearest-neighbour distance 1.6 lengthscales) and
+    the population's noise is identified (the large clients'), so its start
+    now comes from the population's values, as for a client without a
+    pilot."""
     seen = {}
     init = fed.StructuredClient.initialise
 
@@ -533,7 +536,9 @@ def test_a_client_whose_pilot_interpolated_starts_from_the_population(random_sta
     X, y, g, Xt, yt, gt = _spread_case("beside-large-mixed", 1)
     est = _fit(X, y, g, random_state=random_state)
     own, population, start = seen[3]
-    assert not fed.noise_identified(own)
+    assert not fed.noise_identified(own) and population.noise_identified
+    Xs = (X[g == 3] - X.min()) / np.ptp(X)
+    assert fed.white_at_inputs(Xs[:, None], own.lengthscale)
     # the starting noise and local lengthscale are the population's (rescaled
     # to the client's spread only when that is another scale: not here)
     assert start["noise_variance"] >= population.noise_variance
@@ -547,6 +552,20 @@ def test_a_client_whose_pilot_interpolated_starts_from_the_population(random_sta
     m, s = est.predict(Xt[k, None], gt[k], return_std=True)
     assert np.mean(np.abs(yt[k] - m) > 3 * s) <= 0.02
     assert _nll(est, Xt[k], yt[k], gt[k]) < 1.2
+
+
+def test_white_at_inputs_by_hand():
+    """Median distance to the nearest other point, in lengthscales, above 1."""
+    x = np.array([0.0, 0.1, 0.3, 0.6, 1.0])[:, None]  # nearest gaps 0.1 0.1 0.2 0.3 0.4
+    assert fed.white_at_inputs(x, [0.15])  # median gap 0.2 = 1.33 lengthscales
+    assert not fed.white_at_inputs(x, [0.25])  # 0.8 lengthscales: a smooth kernel
+    # ARD: the distance is measured in each input's own lengthscale
+    X2 = np.c_[x, np.zeros(5)]
+    assert fed.white_at_inputs(X2, [0.15, 1e-3]) and not fed.white_at_inputs(X2, [0.25, 1e-3])
+    assert not fed.white_at_inputs(x[:1], [1e-6])  # one point: nothing to compare
+    # many rows: an evenly spaced subset of PILOT_MAX_POINTS (the pilot's size)
+    xs = np.linspace(0, 1, 5000)[:, None]
+    assert fed.white_at_inputs(xs, [1e-3]) and not fed.white_at_inputs(xs, [1e-2])
 
 
 def test_a_client_lost_in_the_spread_exchange_leaves_the_pooled_noise_without_spread():
