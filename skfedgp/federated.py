@@ -3747,8 +3747,10 @@ class StructuredClient:
         (:func:`noise_identified`, :func:`white_at_inputs`), or if it
         explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (the population's where the lengthscales are; floored); unless ``noise_variance`` is given or the
-        client's pilot is reliable (:func:`own_noise_centre`), raised to the
+        noise variance (the population's when it ran none or its pilot was
+        white noise at its inputs; floored); unless ``noise_variance`` is
+        given or the client's pilot is reliable (:func:`own_noise_centre`),
+        raised to the
         shared parts' prior variance that the global inducing points leave
         unexplained at its inputs (at the client's starting scale when it
         learns one) where that is at most 5 % of their prior variance, but
