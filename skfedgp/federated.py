@@ -272,7 +272,9 @@ def message_nbytes(msg):
 
     Parameters
     ----------
-    msg : ClientSummary, InitBroadcast, GlobalBroadcast, ClientUpdate or ClientStatistics
+    msg : message dataclass
+        E.g. ``ClientSummary``, ``InitBroadcast``, ``GlobalBroadcast``,
+        ``StructuredStatistics``.
 
     Returns
     -------
@@ -284,8 +286,9 @@ def message_nbytes(msg):
     """
     if hasattr(msg, "nbytes") and callable(msg.nbytes):
         return int(msg.nbytes())
-    return int(sum(a.nbytes for a in message_arrays(msg).values()
-                   if not (a.ndim == 0 and a.dtype == bool)))
+    flags = {f.name for f in dataclasses.fields(msg)
+             if isinstance(getattr(msg, f.name), (bool, np.bool_))}
+    return int(sum(a.nbytes for k, a in message_arrays(msg).items() if k not in flags))
 
 
 # --------------------------------------------------------------------------
@@ -2086,48 +2089,50 @@ def noise_identified(pilot):
 WHITE_PILOT_DISTANCE = 1.0
 
 
-def white_at_inputs(X, lengthscale, max_points=PILOT_MAX_POINTS):
+def white_at_inputs(X, lengthscale):
     """Whether an SE-ARD kernel is white noise at the inputs ``X``.
 
     A GP whose lengthscales are shorter than the gaps between the inputs
-    gives most points their own independent value: at the data it can hardly
-    be told from noise (with the noise at its bound it interpolates any
-    targets). Such a pilot identifies neither its lengthscale nor its noise.
-    A pilot that interpolates noise-free data with lengthscales longer than
-    the gaps is not white.
+    leaves most points nearly uncorrelated with any other: at the data it
+    can hardly be told from noise (with the noise at its bound it
+    interpolates any targets). A pilot with such a kernel that interpolated
+    its points identifies neither its lengthscale nor its noise. A pilot
+    that interpolates noise-free data with lengthscales longer than the gaps
+    is not white.
 
     Parameters
     ----------
     X : ndarray of shape (n, d)
-        Inputs (the same units as ``lengthscale``); at most ``max_points``
-        evenly spaced rows are used (a pilot fits at most
-        :data:`PILOT_MAX_POINTS`).
-    lengthscale : ndarray of shape (d,)
-    max_points : int, default=PILOT_MAX_POINTS
+        The client's inputs, all rows (the same units as ``lengthscale``).
+    lengthscale : array-like of shape (d,)
+        The kernel's lengthscales (positive).
 
     Returns
     -------
     bool
         True when the median over the points of the distance to the nearest
-        other point, in lengthscales (``sqrt(sum_j ((x_j - x'_j) / l_j)^2)``),
-        exceeds :data:`WHITE_PILOT_DISTANCE`: most points then share less
-        than ``exp(-1/2)`` (61 %) of their prior variance with any other;
-        False for fewer than 2 points.
+        other row, in lengthscales (``sqrt(sum_j ((x_j - x'_j) / l_j)^2)``;
+        a repeated input is at distance 0), exceeds
+        :data:`WHITE_PILOT_DISTANCE`: at least half the points then share
+        less than ``exp(-1/2)`` (61 %) of their prior variance with any
+        other; False for fewer than 2 rows or non-finite inputs.
 
     Notes
     -----
     Beyond the pFedHGP paper: an implementation device of the data-derived
-    initialisation (docs/maths.md, section 11).
+    initialisation (docs/maths.md, section 11). A k-d tree query, ``O(n log
+    n)`` for few inputs.
     """
+    from scipy.spatial import cKDTree
+
     X = np.asarray(X, dtype=float)
-    if X.shape[0] > max_points:
-        X = X[np.linspace(0, X.shape[0] - 1, max_points).astype(int)]
-    if X.shape[0] < 2:
+    if X.ndim != 2 or X.shape[0] < 2 or not np.all(np.isfinite(X)):
         return False
     Xs = X / np.asarray(lengthscale, dtype=float)
-    r2 = np.sum((Xs[:, None, :] - Xs[None, :, :]) ** 2, axis=-1)
-    np.fill_diagonal(r2, np.inf)
-    return bool(np.median(np.sqrt(np.min(r2, axis=1))) > WHITE_PILOT_DISTANCE)
+    if not np.all(np.isfinite(Xs)):
+        return False
+    dist, _ = cKDTree(Xs).query(Xs, k=2)
+    return bool(np.median(dist[:, 1]) > WHITE_PILOT_DISTANCE)
 
 
 #: Population prior of the small clients' local kernels (round 2,
@@ -3747,8 +3752,10 @@ class StructuredClient:
         (:func:`noise_identified`, :func:`white_at_inputs`), or if it
         explained its targets as more noise than signal); local
         variance: 0.1 x the same pilot's signal variance; noise: its pilot
-        noise variance (the population's when it ran none or its pilot was
-        white noise at its inputs; floored); unless ``noise_variance`` is
+        noise variance (the population's, rescaled as the initial values of
+        a client on another scale, when it ran none or when its pilot
+        interpolated with a kernel white at its inputs while the population's
+        noise is identified; floored); unless ``noise_variance`` is
         given or the client's pilot is reliable (:func:`own_noise_centre`),
         raised to the
         shared parts' prior variance that the global inducing points leave
@@ -3830,7 +3837,9 @@ class StructuredClient:
         # its local part then fitted its noise); otherwise the
         # population's noise, in the client's own units when its targets are
         # clearly on a larger scale (prior_scale)
-        own_centre = own is not None and own_noise_centre(self.n_samples, d)
+        # (a pilot white at the client's inputs counts as none: starts_own)
+        own_centre = starts_own and own_noise_centre(self.n_samples, d)
+        pilot_noise = own.noise_variance if starts_own else None
         replicate_var, replicate_dof = ((np.nan, 0) if own_centre
                                         else pure_error_variance(self._Xs, self._y))
         # a client too small for that whose rows repeat inputs: the spread
@@ -3858,7 +3867,7 @@ class StructuredClient:
             centre = population.noise_pooled
         else:
             centre = population.noise_variance * prior_scale(
-                own_var, population, None if own is None else own.noise_variance)
+                own_var, population, pilot_noise)
         self.prior_noise = float(np.clip(centre, 2.0 * self.noise_floor, hi))
         # a client whose own pilot is reliable takes no noise hyperprior: its
         # data decide its noise. Centred on that pilot (the same data, fitted
@@ -3879,7 +3888,7 @@ class StructuredClient:
         s_ratio = client_scale_ratio(own_var)
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
-            None if own is None else own.noise_variance, population.noise_variance)
+            pilot_noise, population.noise_variance)
         if config.noise_variance is None and not own_centre:
             # Without a reliable pilot of its own, the start is not below the
             # shared prior variance that Z_g leaves unexplained at the
@@ -4969,9 +4978,9 @@ class _PopulationPilot:
         units).
     variance, noise_variance : float
         Signal and noise variances (standardised target units).
-    ranges : ndarray of shape (d,)
-        Input ranges in scaled units (ones: the unit box of the scaled
-        inputs).
+    ranges : ndarray of shape (d,) or None
+        Not used (None, not sent); states saved by earlier versions carry
+        the input ranges in scaled units (ones) here.
     noise_variance_target : float or None
         Multi-output targets: the noise in the unit of
         ``noise="isotropic_target"`` (:class:`PilotSummary`).
@@ -4986,7 +4995,7 @@ class _PopulationPilot:
     lengthscale: np.ndarray
     variance: float
     noise_variance: float
-    ranges: np.ndarray
+    ranges: np.ndarray = None
     noise_variance_target: float = None
     noise_identified: bool = True
     noise_spread: float = None
@@ -5522,7 +5531,6 @@ class _StructuredRun:
         self._book_up(comm, pilots)
         good = [p for p in pilots.values() if p is not None]
         d = server.d
-        ranges = np.ones(d)  # scaled inputs live in the unit box
         if good:
             # medians over the clients' pilots, each weighted by its client's
             # number of observations: a pilot on a handful of points carries
@@ -5543,21 +5551,20 @@ class _StructuredRun:
                 # pilots that interpolated their points say nothing about the
                 # noise (population_noise)
                 noise_pop,
-                ranges,
-                _weighted_median(*zip(*with_target), interpolate=True) if with_target
-                else None)
+                noise_variance_target=(_weighted_median(*zip(*with_target), interpolate=True)
+                                       if with_target else None))
             pop.noise_identified = identified
         else:
-            pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1, ranges)
+            pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1)
         if not cfg.n_outputs:
             pop.noise_variance = self._pooled_noise(pilots, pop, comm)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
-        # each client is sent the global vector and the population pilot
-        # (its hyperparameters, input ranges and, where set, the pooled
-        # clients' noise spread and centre): every field is counted
-        comm["bytes_down"] += len(pilots) * (theta_g.nbytes + message_nbytes(pop))
-        self.setup_all("initialise", {c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c])
-                                      for c in self.active})
+        _, n_init = self.setup_all("initialise", {
+            c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c]) for c in self.active})
+        # each call sends the global vector and the population pilot (its
+        # hyperparameters and, where set, the pooled clients' noise spread
+        # and centre): every number is counted
+        comm["bytes_down"] += n_init * (theta_g.nbytes + message_nbytes(pop))
         # learn_inducing_ is resolved in run(); only "auto" decides it here
         server.learn_inducing_, server.design_residual_ = None, None
         server.local_prior_centre_ = None  # decided from round 2 (_share_local_prior)
@@ -5620,11 +5627,11 @@ class _StructuredRun:
             self.counter["up"] += int(sum(message_nbytes(p) for p in pilots.values()
                                           if p is not None))
             new = [c for c in new if c in self.active]
-            self.setup_all("initialise", {
+            _, n_init = self.setup_all("initialise", {
                 c: (cfg, server.n_inducing_local_, self.theta_g, self.gpack, pilots[c], pop,
                     seeds[c]) for c in new}, ids=new)
             # a new client is sent what a client is sent at set-up (initialise)
-            self.counter["down"] += len(new) * (self.theta_g.nbytes + message_nbytes(pop))
+            self.counter["down"] += n_init * (self.theta_g.nbytes + message_nbytes(pop))
         self.messages = {c: m for c, m in state.messages.items() if c in known}
         self.fresh = set(state.fresh) & set(known)
         self.comm = copy.deepcopy(state.communication)

@@ -27,7 +27,8 @@ vector it was sent with the last ``statistics`` request, the posterior it
 received, its own pilot): the transport sends a reference instead. What is
 left, the model payload (:attr:`FlowerTransport.payload_log_`,
 :func:`payload_per_round`), equals ``communication_`` in every round: the
-set-up (round 0), every training round and the final exchange.
+set-up (round 0; when no set-up call is retried, since a retry may be sent
+as a reference), every training round and the final exchange.
 
 :func:`secure_statistics_sum` sums the clients' statistics of one
 evaluation of the ELBO through Flower's SecAgg+ (``SecAggPlusWorkflow`` on

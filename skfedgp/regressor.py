@@ -610,7 +610,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     (scikit-learn's ``GaussianProcessRegressor``) on at most 256 of its own
     points and reports only the fitted hyperparameters; the server takes
     medians for the initial global kernel, each client starts its local
-    kernel and noise from its own pilot. ``n_inducing="auto"`` sizes the
+    kernel and noise from its own pilot where that pilot is usable (else
+    from the population's values; docs/maths.md, section 11).
+    ``n_inducing="auto"`` sizes the
     inducing set from the lengthscales and the region the clients' inputs
     cover; the global inducing points are placed in the union of the
     clients' input boxes. Targets are divided by the median of the clients'
@@ -766,7 +768,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         2006, section 5.4.
     local_lengthscale : float or array-like of shape (n_features,), default=None
         Initial local lengthscale(s); None: each client's own pilot
-        lengthscales (mean-field family: 0.05 times the range).
+        lengthscales where usable, else the population's (docs/maths.md,
+        section 11; mean-field family: 0.05 times the range).
     variance : float, default=None
         Initial global kernel variance (standardised target units); None: the
         median pilot signal variance, weighted by the clients' numbers of

@@ -77,6 +77,7 @@ def _examples():
         F._PopulationPilot(rng.random(d), 2.0, 0.1, np.ones(d)),
         F._PopulationPilot(rng.random(d), 2.0, 0.1, np.ones(d), noise_identified=False,
                            noise_spread=0.625, noise_pooled=0.03),
+        F._PopulationPilot(rng.random(d), 2.0, 0.1, noise_spread=0.5),
         F.PoolEvidence(-3.25, rng.standard_normal(d + 2), 7.5),
         F.ClientState(rng.standard_normal(4), Packer([]), 1e-6, 0.01, noise_hyperprior=True,
                       noise_prior_sd=0.5),
@@ -117,8 +118,12 @@ def test_codec_payload_bytes_equal_message_nbytes():
                 ("ClientSummary", "InitBroadcast", "GlobalBroadcast", "ClientUpdate",
                  "ClientStatistics", "PilotSummary", "StructuredStatistics",
                  "PosteriorBroadcast", "GlobalGradient", "LocalHyperparameters",
-                 "ClientUpdateValue")):
+                 "ClientUpdateValue", "_PopulationPilot", "PoolEvidence",
+                 "DesignResidual")):
             assert fl.payload_nbytes(value) == F.message_nbytes(value), type(value).__name__
+    # a flag counts nothing on either side; numbers and arrays 8 bytes a number
+    pop = F._PopulationPilot(np.ones(3), 2.0, 0.1, noise_identified=False, noise_spread=0.5)
+    assert F.message_nbytes(pop) == fl.payload_nbytes(pop) == 8 * (3 + 3)
 
 
 def test_codec_refuses_unknown_types():
@@ -1010,7 +1015,5 @@ def test_transport_in_process_small_client_local_prior(task_identity):
     np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
     methods = {entry["method"] for entry in transport.payload_log_}
     assert {"local_prior_summary", "set_local_prior"} <= methods
-    per = {entry["round"]: (entry["bytes_up"], entry["bytes_down"])
-           for entry in fl.payload_per_round(transport.payload_log_)}
-    for c in est.communication_[1:]:
-        assert per[c["round"]] == (c["bytes_up"], c["bytes_down"]), c["round"]
+    res["payload_log"] = transport.payload_log_
+    _assert_payload_matches_communication(res, est)

@@ -529,16 +529,15 @@ def test_a_client_whose_pilot_interpolated_starts_from_the_population(random_sta
 
     def spy(self, config, M_local, theta_g, gpack, own, population, seed):
         out = init(self, config, M_local, theta_g, gpack, own, population, seed)
-        seen[self.client_id] = (own, population, self.local_values())
+        seen[self.client_id] = (own, population, self.local_values(), self._Xs.copy())
         return out
 
     monkeypatch.setattr(fed.StructuredClient, "initialise", spy)
     X, y, g, Xt, yt, gt = _spread_case("beside-large-mixed", 1)
     est = _fit(X, y, g, random_state=random_state)
-    own, population, start = seen[3]
+    own, population, start, Xs = seen[3]
     assert not fed.noise_identified(own) and population.noise_identified
-    Xs = (X[g == 3] - X.min()) / np.ptp(X)
-    assert fed.white_at_inputs(Xs[:, None], own.lengthscale)
+    assert fed.white_at_inputs(Xs, own.lengthscale)
     # the starting noise and local lengthscale are the population's (rescaled
     # to the client's spread only when that is another scale: not here)
     assert start["noise_variance"] >= population.noise_variance
@@ -555,17 +554,57 @@ def test_a_client_whose_pilot_interpolated_starts_from_the_population(random_sta
 
 
 def test_white_at_inputs_by_hand():
-    """Median distance to the nearest other point, in lengthscales, above 1."""
+    """Median distance to the nearest other row, in lengthscales, above 1."""
     x = np.array([0.0, 0.1, 0.3, 0.6, 1.0])[:, None]  # nearest gaps 0.1 0.1 0.2 0.3 0.4
     assert fed.white_at_inputs(x, [0.15])  # median gap 0.2 = 1.33 lengthscales
     assert not fed.white_at_inputs(x, [0.25])  # 0.8 lengthscales: a smooth kernel
-    # ARD: the distance is measured in each input's own lengthscale
-    X2 = np.c_[x, np.zeros(5)]
-    assert fed.white_at_inputs(X2, [0.15, 1e-3]) and not fed.white_at_inputs(X2, [0.25, 1e-3])
-    assert not fed.white_at_inputs(x[:1], [1e-6])  # one point: nothing to compare
-    # many rows: an evenly spaced subset of PILOT_MAX_POINTS (the pilot's size)
-    xs = np.linspace(0, 1, 5000)[:, None]
-    assert fed.white_at_inputs(xs, [1e-3]) and not fed.white_at_inputs(xs, [1e-2])
+    # ARD: each input's distance in its own lengthscale (here both inputs vary)
+    X2 = np.c_[x, x]
+    assert not fed.white_at_inputs(X2, [0.25, 1e3])  # only the first input counts: 0.8
+    assert fed.white_at_inputs(X2, [0.25, 0.05])  # the second makes points far apart
+    # an input without spread adds nothing, whatever its lengthscale
+    assert fed.white_at_inputs(np.c_[x, np.zeros(5)], [0.15, 1e-6])
+    # a repeated input is at distance 0 from its copy: half the rows repeated
+    assert not fed.white_at_inputs(np.r_[x, x], [1e-3])
+    assert not fed.white_at_inputs(x[:1], [1e-6])  # one row: nothing to compare
+    assert not fed.white_at_inputs(np.r_[x, [[np.nan]]], [0.15])  # not finite: no decision
+    # every row counts (sorted inputs are not thinned): gaps 2e-4
+    xs = np.linspace(0, 1, 5001)[:, None]
+    assert fed.white_at_inputs(xs, [1e-4]) and not fed.white_at_inputs(xs, [1e-3])
+
+
+def test_initialise_keeps_its_own_start_unless_its_pilot_is_white_and_the_population_knows(
+        monkeypatch):
+    """The three conditions of the population start, one at a time: a pilot
+    that interpolated (residual dof below 1) with a kernel white at the
+    client's inputs, and a population whose noise is identified. Each
+    missing condition keeps the client's own pilot's local lengthscale."""
+    X, y, g, *_ = _spread_case("beside-large-mixed", 1)
+    est = _setup(X, y, g)
+    client = est.clients_[3]
+    pop = copy.copy(est.server_.population_pilot)
+    d = 1
+    x = np.linspace(0.0, 1.0, 12)[:, None]  # gaps 0.09
+    client._Xs, client._y = x, np.sin(6 * x[:, 0])
+    client.n_samples = 12
+    cfg, M_local = est.server_.config, est.server_.n_inducing_local_
+    theta_g, gpack = est.server_.theta_global, est.server_.global_pack
+
+    def start(own, population):
+        c = copy.copy(client)
+        c.initialise(cfg, M_local, theta_g, gpack, own, population, 0)
+        return float(np.ravel(c.local_values()["lengthscale_l"])[0])
+
+    white = fed.PilotSummary(np.full(d, 0.01), 1.0, 1e-6, residual_dof=0.0)
+    smooth = fed.PilotSummary(np.full(d, 0.3), 1.0, 1e-6, residual_dof=0.0)
+    noisy = fed.PilotSummary(np.full(d, 0.01), 1.0, 0.1, residual_dof=4.0)
+    unknown = copy.copy(pop)
+    unknown.noise_identified = False
+    from_population = start(None, pop)
+    assert start(white, pop) == pytest.approx(from_population)
+    assert start(white, unknown) != pytest.approx(from_population)  # nothing better known
+    assert start(smooth, pop) == pytest.approx(0.3)  # interpolates smoothly: its own
+    assert start(noisy, pop) != pytest.approx(from_population)  # identified: its own
 
 
 def test_a_client_lost_in_the_spread_exchange_leaves_the_pooled_noise_without_spread():
