@@ -5626,6 +5626,7 @@ class _StructuredRun:
             new = [c for c in new if c in pilots]
             self.counter["up"] += int(sum(message_nbytes(p) for p in pilots.values()
                                           if p is not None))
+            self.counter["msgs"] += sum(p is not None for p in pilots.values())
             new = [c for c in new if c in self.active]
             _, n_init = self.setup_all("initialise", {
                 c: (cfg, server.n_inducing_local_, self.theta_g, self.gpack, pilots[c], pop,

@@ -664,12 +664,14 @@ def test_a_new_client_of_a_warm_start_has_its_set_up_download_counted(monkeypatc
 
     def resume(self, state, seeds):
         # the set-up's downloads: up to the first evaluation at the saved vector
-        before = self.counter["down"]
+        before, msgs = self.counter["down"], self.counter["msgs"]
 
         def evaluate_all(*args):
             if len(counted) == 0:
                 counted.append(self.counter["down"] - before
                                - len(self.active) * fed.message_nbytes(self.init))
+                # uploads: every client's summary and the new client's pilot
+                counted.append(self.counter["msgs"] - msgs - len(self.active))
             return orig_evaluate(*args)
 
         orig_evaluate = self.evaluate_all
@@ -688,7 +690,7 @@ def test_a_new_client_of_a_warm_start_has_its_set_up_download_counted(monkeypatc
         sent.clear()
         est.fit(X, y, g)
     assert list(sent) == ["C"] and sent["C"] > 0
-    assert counted == [sent["C"]]
+    assert counted == [sent["C"], 1]
 
 
 @pytest.mark.parametrize("change, field", [
