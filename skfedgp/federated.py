@@ -3755,12 +3755,11 @@ class StructuredClient:
         noise variance (the population's, rescaled as the initial values of
         a client on another scale, when it ran none or when its pilot
         interpolated with a kernel white at its inputs while the population's
-        noise is identified; floored); unless ``noise_variance`` is
-        given or the client's pilot is reliable (:func:`own_noise_centre`),
-        raised to the
-        shared parts' prior variance that the global inducing points leave
-        unexplained at its inputs (at the client's starting scale when it
-        learns one) where that is at most 5 % of their prior variance, but
+        noise is identified; floored); unless ``noise_variance`` is given or
+        the client's pilot is reliable (:func:`own_noise_centre`), raised to
+        the shared parts' prior variance that the global inducing points
+        leave unexplained at its inputs (at the client's starting scale when
+        it learns one) where that is at most 5 % of their prior variance, but
         not above half its own target variance (:meth:`_shared_residual`;
         docs/maths.md, section 10).
         """
@@ -4980,7 +4979,8 @@ class _PopulationPilot:
         Signal and noise variances (standardised target units).
     ranges : ndarray of shape (d,) or None
         Not used (None, not sent); states saved by earlier versions carry
-        the input ranges in scaled units (ones) here.
+        the input ranges in scaled units (ones) here, and nodes of earlier
+        versions read it as an optional field.
     noise_variance_target : float or None
         Multi-output targets: the noise in the unit of
         ``noise="isotropic_target"`` (:class:`PilotSummary`).
@@ -5285,6 +5285,17 @@ class _StructuredRun:
         self.exclude(lost)
         return out, n_calls
 
+    def _initialise_clients(self, ids, M_local, theta_g, gpack, pilots, pop, seeds):
+        """Send the clients ``ids`` their initial values (:meth:`StructuredClient.initialise`).
+
+        Returns the bytes sent: for every call made, the global vector and
+        the population pilot (its every number, :func:`message_nbytes`).
+        """
+        cfg = self.config
+        _, n_calls = self.setup_all("initialise", {
+            c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c]) for c in ids}, ids=ids)
+        return n_calls * (theta_g.nbytes + message_nbytes(pop))
+
     def _book_up(self, comm, replies):
         """Add the replies of a set-up call to the round-0 record ``comm``.
 
@@ -5559,12 +5570,8 @@ class _StructuredRun:
         if not cfg.n_outputs:
             pop.noise_variance = self._pooled_noise(pilots, pop, comm)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
-        _, n_init = self.setup_all("initialise", {
-            c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c]) for c in self.active})
-        # each call sends the global vector and the population pilot (its
-        # hyperparameters and, where set, the pooled clients' noise spread
-        # and centre): every number is counted
-        comm["bytes_down"] += n_init * (theta_g.nbytes + message_nbytes(pop))
+        comm["bytes_down"] += self._initialise_clients(list(self.active), M_local, theta_g,
+                                                       gpack, pilots, pop, seeds)
         # learn_inducing_ is resolved in run(); only "auto" decides it here
         server.learn_inducing_, server.design_residual_ = None, None
         server.local_prior_centre_ = None  # decided from round 2 (_share_local_prior)
@@ -5628,11 +5635,9 @@ class _StructuredRun:
                                           if p is not None))
             self.counter["msgs"] += sum(p is not None for p in pilots.values())
             new = [c for c in new if c in self.active]
-            _, n_init = self.setup_all("initialise", {
-                c: (cfg, server.n_inducing_local_, self.theta_g, self.gpack, pilots[c], pop,
-                    seeds[c]) for c in new}, ids=new)
-            # a new client is sent what a client is sent at set-up (initialise)
-            self.counter["down"] += n_init * (self.theta_g.nbytes + message_nbytes(pop))
+            # a new client is sent what a client is sent at set-up
+            self.counter["down"] += self._initialise_clients(
+                new, server.n_inducing_local_, self.theta_g, self.gpack, pilots, pop, seeds)
         self.messages = {c: m for c, m in state.messages.items() if c in known}
         self.fresh = set(state.fresh) & set(known)
         self.comm = copy.deepcopy(state.communication)
