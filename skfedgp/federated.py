@@ -1836,10 +1836,15 @@ PILOT_POOL_MIN_CLIENTS = 3
 #: ... holding at least this many observations in all.
 PILOT_POOL_MIN_TOTAL = 30
 #: A pooled client whose restricted log-likelihood per observation at the
-#: pooled optimum lies more than this many robust standard deviations
-#: (1.4826 x the median absolute deviation) below the median is left out and
-#: the pool is fitted again once: one gross outlier would otherwise set every
-#: client's noise centre.
+#: pooled optimum lies more than this many standard deviations below the
+#: median is left out and the pool is fitted again once: one gross outlier
+#: would otherwise set every client's noise centre. The standard deviation
+#: is the larger of the robust spread over the pooled clients (1.4826 x the
+#: median absolute deviation) and the client's own sampling standard
+#: deviation under the pooled model, ``sqrt(1 / (2 n_i))`` (its quadratic
+#: form is chi-squared with about ``n_i`` degrees of freedom): with a few
+#: clients the robust spread alone can be far below what chance gives, and
+#: clients whose noise draws were merely larger were left out.
 PILOT_POOL_OUTLIER_Z = 5.0
 
 
@@ -5318,8 +5323,9 @@ class _StructuredRun:
         hyperparameters of :func:`pool_evidence`, each evaluation one exchange
         of :class:`PoolEvidence` messages. A client whose restricted
         log-likelihood per observation at the optimum is an outlier
-        (:data:`PILOT_POOL_OUTLIER_Z`) is left out and the pool fitted once
-        more. The pooled noise variance, at least the weighted median of the
+        (:data:`PILOT_POOL_OUTLIER_Z`, against the larger of the clients'
+        robust spread and its own sampling spread) is left out and the pool
+        fitted once more. The pooled noise variance, at least the weighted median of the
         pooled clients' own pilots' (the pool corrects their downward bias;
         a pool that ends below it has itself interpolated), then counts with
         their total number of points in the weighted median of the other
@@ -5401,10 +5407,13 @@ class _StructuredRun:
             x = fit(x, members)
             # one outlier pass
             at = member_replies(x, members)
-            u = np.array([at[c].value / self.n_samples[c] for c in members])
-            spread = 1.4826 * np.median(np.abs(u - np.median(u)))
-            keep = [c for c, ui in zip(members, u)
-                    if not spread > 0 or ui >= np.median(u) - PILOT_POOL_OUTLIER_Z * spread]
+            n_m = np.array([self.n_samples[c] for c in members], dtype=float)
+            u = np.array([at[c].value for c in members]) / n_m
+            # the robust spread, at least each client's own sampling sd
+            spread = np.maximum(1.4826 * np.median(np.abs(u - np.median(u))),
+                                np.sqrt(0.5 / n_m))
+            keep = [c for c, ui, si in zip(members, u, spread)
+                    if ui >= np.median(u) - PILOT_POOL_OUTLIER_Z * si]
             if len(keep) < len(members) and enough(keep):
                 members = keep
                 x = fit(x, members)
