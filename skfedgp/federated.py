@@ -1227,6 +1227,15 @@ class Server:
             ell0 = ell if cfg.lengthscale is not None else start_lengthscale(ell, 1.0)
             if cfg.n_outputs:
                 values["lengthscale_g"] = np.tile(ell0, (cfg.n_latent[0], 1))
+                start = getattr(self, "global_start", None)
+                if start is not None:
+                    # the global-only fit's lengthscales (FederatedHierarchicalGPRegressor
+                    # with multi-output targets), per latent, inside the range
+                    lo, hi = self.lengthscale_range()
+                    values["lengthscale_g"] = np.clip(
+                        np.asarray(start, dtype=float).reshape(cfg.n_latent[0], d),
+                        np.asarray(lo) * (1 + 1e-6), np.asarray(hi) * (1 - 1e-6))
+                    self.global_start = None  # used once
             else:
                 var = pop.variance if cfg.variance is None else float(cfg.variance)
                 values.update(lengthscale_g=ell0, variance_g=check_in_bounds(

@@ -8,6 +8,8 @@ final objective is kept. Properties: on many inputs of which a few matter
 GP and far better than the first run; every extra run's traffic and
 evaluations are counted; the constructor parameters are left as given; the
 option is refused by name when malformed and skipped where it does not apply.
+With multi-output targets the global-only fit comes first and the full model
+starts from its lengthscales (one full run).
 """
 
 import warnings
@@ -104,11 +106,85 @@ def test_skipped_where_it_does_not_apply(kw):
     assert est.global_only_elbo_ is None and est.restarted_from_global_ is None
 
 
-def test_multioutput_targets_are_not_restarted():
+def _spy_global_first(monkeypatch):
+    """Record the global-only fit of a multi-output fit, the full run's starting
+    global lengthscales and the traffic booked for the global-only fit."""
+    from skfedgp import federated as fed
+
+    seen = {}
+    orig_start = FederatedHierarchicalGPRegressor._global_start
+    orig_init = fed.Server.structured_initialise
+    orig_book = FederatedHierarchicalGPRegressor._book_extra_runs
+
+    def start(self, *args):
+        ref = orig_start(self, *args)
+        if ref is not None:
+            seen["ref"] = ref
+        return ref
+
+    def init(self, pop):
+        out = orig_init(self, pop)
+        theta, gpack = out[0], out[1]
+        if len(self.config.components) == 3:  # the full run
+            seen["start"] = gpack.unpack(theta)["lengthscale_g"]
+        return out
+
+    def book(self, others):
+        before = _traffic(self)
+        orig_book(self, others)
+        seen["booked"] = {k: _traffic(self)[k] - before[k] for k in before}
+
+    monkeypatch.setattr(FederatedHierarchicalGPRegressor, "_global_start", start)
+    monkeypatch.setattr(fed.Server, "structured_initialise", init)
+    monkeypatch.setattr(FederatedHierarchicalGPRegressor, "_book_extra_runs", book)
+    return seen
+
+
+def test_multioutput_targets_start_from_the_global_only_fit(monkeypatch):
+    """Multi-output targets: the global-only model is fitted first and the full
+    model's global lengthscales start, per latent, from its; its traffic and
+    evaluations are counted; ``restart_from_global=False`` keeps the pilots'
+    start."""
     X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
                                            random_state=0)[:3]
+    seen = _spy_global_first(monkeypatch)
     est = _fit(X, y, g, n_rounds=2)
+    ref = seen["ref"]
+    assert ref.components == ("global",) and ref.n_iter_ >= 1
+    np.testing.assert_allclose(seen["start"], ref.server_.global_values()["lengthscale_g"],
+                               rtol=1e-5)
+    assert est.global_only_elbo_ == pytest.approx(float(ref.elbo_history_[-1]))
+    assert est.restarted_from_global_ is True
+    assert seen["booked"] == _traffic(ref)
+    assert est.n_evaluations_ > ref.n_evaluations_
+    seen.clear()
+    off = _fit(X, y, g, n_rounds=2, restart_from_global=False)
+    assert "ref" not in seen and off.global_only_elbo_ is None
+    assert off.restarted_from_global_ is None
+    # the pilots' start: one value per input, the same for every latent
+    assert np.ptp(seen["start"], axis=0).max() == 0.0
+
+
+def test_a_failed_global_only_fit_leaves_the_pilots_start(monkeypatch):
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
+                                           random_state=0)[:3]
+    orig = FederatedHierarchicalGPRegressor._fit
+
+    def fit(self, *args):
+        if tuple(self.components) == ("global",):
+            raise RuntimeError("link down")
+        return orig(self, *args)
+
+    monkeypatch.setattr(FederatedHierarchicalGPRegressor, "_fit", fit)
+    with pytest.warns(UserWarning, match="global-only fit failed.*pilots' lengthscales"):
+        est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2).fit(X, y, g)
     assert est.global_only_elbo_ is None and est.restarted_from_global_ is None
+    ref = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2,
+                                           restart_from_global=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref.fit(X, y, g)
+    np.testing.assert_allclose(est.predict(X, groups=g), ref.predict(X, groups=g))
 
 
 @pytest.mark.parametrize("bad", ["always", 1, None, 0.5])
