@@ -770,8 +770,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         fastest, often the clients' own, and a full model started there lets
         the clients' parts take the shared signal (the global loadings end
         near zero). Measured on the paper's scenario A, seeds 0-11 (one fit
-        each): RMSE over the Oracle's 1.167 → 1.129 on average, 95 %
-        coverage 0.920 → 0.928, about 3 s more per fit (docs/maths.md,
+        each): RMSE over the Oracle's 1.146 → 1.110 on average, 95 %
+        coverage 0.921 → 0.929, about 3 s more per fit (docs/maths.md,
         section 12). False: the pilots' start. Beyond the paper (Yan 2026 sets the
         initial values by hand); restarts chosen by the bound as in Rasmussen
         and Williams, *Gaussian Processes for Machine Learning*, MIT Press,

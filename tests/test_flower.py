@@ -275,7 +275,9 @@ def test_flower_multioutput_training_matches_estimator_fit():
                         "(pip install \"flwr[simulation]\")")
     X, y, groups = _multioutput_data(n_clients=3, n=20, seed=1)
     names = np.array([f"site-{g}" for g in groups], dtype=object)
-    params = dict(random_state=0, n_rounds=2, n_inducing=6)
+    # one training run, as the Flower server runs (fit's multi-output start
+    # from a global-only fit is restart_from_global, a fit-only option)
+    params = dict(random_state=0, n_rounds=2, n_inducing=6, restart_from_global=False)
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
@@ -403,7 +405,8 @@ def test_transport_in_process_multioutput_gives_the_estimator_fit(task_identity)
 
     X, y, groups = _multioutput_data(n_clients=3, n=20, seed=2)
     names = np.array([f"site-{g}" for g in groups], dtype=object)
-    params = dict(random_state=3, n_rounds=1, n_inducing=5, n_latent=(2, 1, 1))
+    params = dict(random_state=3, n_rounds=1, n_inducing=5, n_latent=(2, 1, 1),
+                  restart_from_global=False)  # one run, as the Flower server
     est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
     grid = _InProcessGrid(fl.make_client_app(_loader(X, y, groups)), 3, fresh_process=True)
     transport = fl.FlowerTransport(grid, min_nodes=3).connect()
