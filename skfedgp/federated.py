@@ -1167,7 +1167,11 @@ class Server:
         :data:`AUTO_SHARE_FLOOR`; where that share cap binds,
         :meth:`_grow_inducing` may grow it, see :data:`AUTO_GROW_SHARE`).
         Inducing points: a scrambled Sobol design over the union of the
-        clients' boxes.
+        clients' boxes. With multi-output targets, ``self.global_start``
+        (``R_g x d``, scaled units; set by
+        :class:`~skfedgp.FederatedHierarchicalGPRegressor` from a global-only
+        fit, used once and removed) replaces the starting global lengthscales
+        after the inducing inputs are set.
 
         Returns
         -------
@@ -1227,7 +1231,7 @@ class Server:
             ell0 = ell if cfg.lengthscale is not None else start_lengthscale(ell, 1.0)
             if cfg.n_outputs:
                 values["lengthscale_g"] = np.tile(ell0, (cfg.n_latent[0], 1))
-                start = getattr(self, "global_start", None)
+                start = self.__dict__.pop("global_start", None)
                 if start is not None:
                     # the global-only fit's lengthscales (FederatedHierarchicalGPRegressor
                     # with multi-output targets), per latent, inside the range
@@ -1235,7 +1239,6 @@ class Server:
                     values["lengthscale_g"] = np.clip(
                         np.asarray(start, dtype=float).reshape(cfg.n_latent[0], d),
                         np.asarray(lo) * (1 + 1e-6), np.asarray(hi) * (1 - 1e-6))
-                    self.global_start = None  # used once
             else:
                 var = pop.variance if cfg.variance is None else float(cfg.variance)
                 values.update(lengthscale_g=ell0, variance_g=check_in_bounds(

@@ -1626,7 +1626,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         UserWarning
             When a given ``n_inducing`` exceeds the number of observations
             (it is reduced to it); when an extra run of
-            ``restart_from_global`` raised (the first run is kept).
+            ``restart_from_global`` raised (the first run is kept; with
+            multi-output targets, when the global-only fit that comes first
+            raised, the full model starts from the pilots' lengthscales).
 
         Notes
         -----
@@ -1754,6 +1756,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if not config.n_outputs or not self._check_auto_flag("restart_from_global") \
                 or not self._may_restart_from_global():
             return None
+        # the run's own set-up errors first (e.g. min_clients above the number
+        # of clients), not as a failed global-only fit
+        check_run_setup(config, None, self.checkpoint, self.min_clients,
+                        len(unique_labels(groups)[0]))
         n_rounds = (RESTART_REFERENCE_ROUNDS if self.n_rounds is None
                     else min(int(self.n_rounds), RESTART_REFERENCE_ROUNDS))
         ref = self._extra_run(X, y, groups, "the global-only fit", components=("global",),
@@ -1775,7 +1781,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """A fit of a clone with ``params`` on validated data, or None if it raised."""
         if (isinstance(self.n_inducing, numbers.Integral) and not isinstance(self.n_inducing, bool)
                 and self.n_inducing > len(y)):
-            # reduced to N with a warning by the first run already: not again
+            # reduced to N with a warning by the main run (before or after
+            # this one): not again
             params = {"n_inducing": len(y), **params}
         est = clone(self).set_params(restart_from_global=False, client_column=None, **params)
         est._check_copied_rows = False  # said once, by the first run

@@ -131,8 +131,11 @@ def _spy_global_first(monkeypatch):
 
     def book(self, others):
         before = _traffic(self)
+        n_eval, n_failed = self.n_evaluations_, len(self.failed_clients_)
         orig_book(self, others)
         seen["booked"] = {k: _traffic(self)[k] - before[k] for k in before}
+        seen["booked_evaluations"] = self.n_evaluations_ - n_eval
+        seen["booked_failures"] = len(self.failed_clients_) - n_failed
 
     monkeypatch.setattr(FederatedHierarchicalGPRegressor, "_global_start", start)
     monkeypatch.setattr(fed.Server, "structured_initialise", init)
@@ -156,13 +159,50 @@ def test_multioutput_targets_start_from_the_global_only_fit(monkeypatch):
     assert est.global_only_elbo_ == pytest.approx(float(ref.elbo_history_[-1]))
     assert est.restarted_from_global_ is True
     assert seen["booked"] == _traffic(ref)
-    assert est.n_evaluations_ > ref.n_evaluations_
+    assert seen["booked_evaluations"] == ref.n_evaluations_ > 0
+    assert seen["booked_failures"] == len(ref.failed_clients_)
     seen.clear()
     off = _fit(X, y, g, n_rounds=2, restart_from_global=False)
     assert "ref" not in seen and off.global_only_elbo_ is None
     assert off.restarted_from_global_ is None
     # the pilots' start: one value per input, the same for every latent
     assert np.ptp(seen["start"], axis=0).max() == 0.0
+
+
+@pytest.mark.parametrize("params", [
+    dict(n_rounds=0), dict(components=("global",)), dict(components=("deviation", "local")),
+    dict(lengthscale=1.0), dict(checkpoint=lambda r, state: None),
+    dict(fault_hook=lambda c, m, r: None), dict(restart_from_global=False)])
+def test_multioutput_fits_without_a_global_only_fit_first(params, monkeypatch):
+    """Where the option does not apply (as for 1-D targets) no global-only
+    fit is made and the full model starts from the pilots."""
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
+                                           random_state=0)[:3]
+    seen = _spy_global_first(monkeypatch)
+    est = _fit(X, y, g, **{"n_rounds": 1, **params})
+    assert "ref" not in seen and "booked" not in seen
+    assert est.global_only_elbo_ is None and est.restarted_from_global_ is None
+
+
+def test_a_multioutput_warm_start_continuation_fits_no_global_only_model(monkeypatch):
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
+                                           random_state=0)[:3]
+    est = _fit(X, y, g, n_rounds=1, warm_start=True)
+    assert est.restarted_from_global_ is True
+    seen = _spy_global_first(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, y, g)
+    assert "ref" not in seen and est.global_only_elbo_ is None
+
+
+def test_setup_errors_come_before_the_global_only_fit():
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
+                                           random_state=0)[:3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "global-only fit failed"
+        with pytest.raises(ValueError, match="min_clients"):
+            FederatedHierarchicalGPRegressor(min_clients=5, n_rounds=1).fit(X, y, g)
 
 
 def test_a_failed_global_only_fit_leaves_the_pilots_start(monkeypatch):
