@@ -1736,7 +1736,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             self.n_evaluations_ = int(self.n_evaluations_) + int(other.n_evaluations_)
             self.failed_clients_ = list(self.failed_clients_) + list(other.failed_clients_)
 
-    def _global_start(self, config, X, y, groups, server):
+    def _global_start(self, config, X, y, groups, server, failed):
         """Multi-output targets: fit the global-only model first and start from its lengthscales.
 
         With ``restart_from_global`` ``"auto"`` or True and the settings
@@ -1751,7 +1751,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         loadings shrink to zero); the global-only fit sees only what the
         clients share. Returns the global-only fit (its traffic is booked by
         the caller), or None when none was made or it raised (then the
-        pilots' start is used, with a ``UserWarning``).
+        pilots' start is used; the failure's message is appended to
+        ``failed``, for a ``UserWarning`` once the full run has succeeded:
+        an error that the full run raises too, e.g. a bad setting, is then
+        reported once, by that run).
         """
         if not config.n_outputs or not self._check_auto_flag("restart_from_global") \
                 or not self._may_restart_from_global():
@@ -1765,7 +1768,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ref = self._extra_run(X, y, groups, "the global-only fit", components=("global",),
                               n_rounds=n_rounds, verbose=0, lengthscale_starts=(1.0,),
                               fallback="the full model starts from the pilots' lengthscales",
-                              stacklevel=6)
+                              failed=failed)
         if ref is None:
             return None
         server.global_start = np.array(ref.server_.global_values()["lengthscale_g"],
@@ -1776,9 +1779,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                   "global lengthscales", flush=True)
         return ref
 
-    def _extra_run(self, X, y, groups, what, fallback="the first run is kept", stacklevel=5,
+    def _extra_run(self, X, y, groups, what, fallback="the first run is kept", failed=None,
                    **params):
-        """A fit of a clone with ``params`` on validated data, or None if it raised."""
+        """A fit of a clone with ``params`` on validated data, or None if it raised.
+
+        A failure is a ``UserWarning`` at once, or its message is appended to
+        the list ``failed`` when one is given.
+        """
         if (isinstance(self.n_inducing, numbers.Integral) and not isinstance(self.n_inducing, bool)
                 and self.n_inducing > len(y)):
             # reduced to N with a warning by the main run (before or after
@@ -1792,8 +1799,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             est._fit(X, y, groups)
         except Exception as exc:  # the first run stands
             # (stacklevel: the caller of fit, through keep_state_on_error)
-            warnings.warn(f"restart_from_global: {what} failed ({exc!r}); {fallback}",
-                          UserWarning, stacklevel=stacklevel)
+            message = f"restart_from_global: {what} failed ({exc!r}); {fallback}"
+            if failed is None:
+                warnings.warn(message, UserWarning, stacklevel=5)
+            else:
+                failed.append(message)
             return None
         finally:
             est.__dict__.pop("_fit_data", None)
@@ -1871,9 +1881,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         server = Server(config, Xf.shape[1], int(seeds[-1]))
         client_seeds = [int(s) for s in seeds[:-1]]
         if config.variational_family == "structured":
-            ref = self._global_start(config, Xf, y, groups, server)
+            failed = []  # a failed global-only fit is reported once the run succeeds
+            ref = self._global_start(config, Xf, y, groups, server, failed)
             out = self._fit_structured(clients, server, config, n_rounds, client_seeds,
                                        int(rng.randint(0, 2**31 - 1)))
+            for message in failed:  # (stacklevel: the caller of fit)
+                warnings.warn(message, UserWarning, stacklevel=4)
             if ref is not None:
                 self._book_extra_runs([ref])
                 self._global_first = (float(ref.elbo_history_[-1]), True)

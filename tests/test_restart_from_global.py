@@ -196,6 +196,17 @@ def test_a_multioutput_warm_start_continuation_fits_no_global_only_model(monkeyp
     assert "ref" not in seen and est.global_only_elbo_ is None
 
 
+def test_an_error_of_the_full_run_is_not_first_reported_as_a_failed_global_only_fit():
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
+                                           random_state=0)[:3]
+    y = y.copy()
+    y[:, 1] = np.nan  # an output observed nowhere: both runs refuse it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "global-only fit failed"
+        with pytest.raises(ValueError, match="no observed"):
+            FederatedHierarchicalGPRegressor(n_rounds=1).fit(X, y, g)
+
+
 def test_setup_errors_come_before_the_global_only_fit():
     X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
                                            random_state=0)[:3]
