@@ -216,17 +216,22 @@ def test_setup_errors_come_before_the_global_only_fit():
             FederatedHierarchicalGPRegressor(min_clients=5, n_rounds=1).fit(X, y, g)
 
 
-def test_a_failed_global_only_fit_leaves_the_pilots_start(monkeypatch):
-    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
-                                           random_state=0)[:3]
+def _fail_global_only_fits(monkeypatch, exc):
+    """Make every global-only fit (``components=("global",)``) raise ``exc``."""
     orig = FederatedHierarchicalGPRegressor._fit
 
     def fit(self, *args):
         if tuple(self.components) == ("global",):
-            raise RuntimeError("link down")
+            raise exc
         return orig(self, *args)
 
     monkeypatch.setattr(FederatedHierarchicalGPRegressor, "_fit", fit)
+
+
+def test_a_failed_global_only_fit_leaves_the_pilots_start(monkeypatch):
+    X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
+                                           random_state=0)[:3]
+    _fail_global_only_fits(monkeypatch, RuntimeError("link down"))
     with pytest.warns(UserWarning, match="global-only fit failed.*pilots' lengthscales"):
         est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2).fit(X, y, g)
     assert est.global_only_elbo_ is None and est.restarted_from_global_ is None
@@ -266,14 +271,7 @@ def test_only_the_kept_runs_warnings_are_shown():
 def test_a_failed_global_only_fit_keeps_the_first_run(monkeypatch):
     X, y, g = make_hierarchical_regression(n_clients=3, n_samples=25, random_state=1)[:3]
     first = _fit(X, y, g, n_rounds=3, restart_from_global=False)
-    orig = FederatedHierarchicalGPRegressor._fit
-
-    def failing(self, *args):
-        if tuple(self.components) == ("global",):
-            raise FloatingPointError("injected")
-        return orig(self, *args)
-
-    monkeypatch.setattr(FederatedHierarchicalGPRegressor, "_fit", failing)
+    _fail_global_only_fits(monkeypatch, FloatingPointError("injected"))
     with pytest.warns(UserWarning, match="restart_from_global: the global-only fit failed"):
         est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=3).fit(X, y, g)
     assert est.global_only_elbo_ is None and est.restarted_from_global_ is None
