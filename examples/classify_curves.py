@@ -92,7 +92,9 @@ def stamping(args):
         X, y = make_stamping_waveforms(random_state=seed)
         tr = np.concatenate([np.flatnonzero(y == c)[: 40 if c == 0 else 10] for c in range(5)])
         te = np.setdiff1d(np.arange(len(y)), tr)
-        reg = _budget(default_curve_regressor(), args)
+        # the classifier's default regressor (None), unless a budget is given
+        reg = (None if args.n_rounds is None and args.local_steps is None
+               else _budget(default_curve_regressor(), args))
         t0 = time.perf_counter()
         clf = MaxEvidenceClassifier(reg, n_channels=4, random_state=seed,
                                     n_jobs=args.n_jobs).fit(X[tr], y[tr])

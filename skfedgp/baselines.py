@@ -56,7 +56,7 @@ from ._validation import (
     unique_labels,
     validate_predict_input,
 )
-from .federated import input_scaling
+from .federated import input_scaling, outer_box
 from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
 from .regressor import _check_cov_budget, check_target_values
 
@@ -694,7 +694,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         # server: union box of the clients' per-feature minima and maxima
         lo = np.min([X[inv == k].min(0) for k in range(len(labels))], axis=0)
         hi = np.max([X[inv == k].max(0) for k in range(len(labels))], axis=0)
-        x_offset, x_scale = input_scaling(lo, hi)
+        x_offset, x_scale = input_scaling(*outer_box(lo, hi))
         ell = self._initial_lengthscale(R, d, x_scale)
         rng = check_random_state(self.random_state)
         clients = []

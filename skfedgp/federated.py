@@ -669,6 +669,53 @@ LOCAL_MAX_CHUNKS = 1
 LOCAL_OFF_RATIO = 1e-3
 
 
+#: :func:`outer_box` rounds the joint box outward on a grid of this many
+#: significant digits of its width.
+BOX_DIGITS = 3
+
+
+def outer_box(x_min, x_max, digits=BOX_DIGITS):
+    """The clients' joint bounding box, rounded outward to lie strictly outside every input.
+
+    The joint box sets the input scaling and is kept in the fitted model and
+    sent to every client (:class:`InitBroadcast`). Its exact corners would be
+    training inputs (in 1-D, two of the training rows), so the server widens
+    each side to the next multiple of ``q = 10**(floor(log10(width)) -
+    digits)`` beyond it, plus one more ``q`` (at most 0.4 % of the width in
+    all with the default ``digits=3``); a corner is then never a training
+    value. A feature
+    without spread (width 0) keeps width 0 (scale 1, :func:`input_scaling`)
+    at a corner moved below its value by ``q`` (from the value's own
+    magnitude), so its one value is not kept either.
+
+    Parameters
+    ----------
+    x_min, x_max : ndarray of shape (d,)
+        Per-feature minima and maxima over all clients (from their
+        :class:`ClientSummary` boxes).
+    digits : int, default=BOX_DIGITS
+
+    Returns
+    -------
+    lo, hi : ndarray of shape (d,)
+        ``lo < x_min`` and ``hi > x_max`` where the width is positive;
+        ``lo = hi < x_min`` where it is 0.
+    """
+    lo = np.asarray(x_min, dtype=float)
+    hi = np.asarray(x_max, dtype=float)
+    width = hi - lo
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref = np.where(width > 0, width, np.maximum(np.maximum(np.abs(lo), np.abs(hi)), 1.0))
+        q = 10.0 ** (np.floor(np.log10(ref)) - digits)
+        out_lo = (np.floor(lo / q) - 1.0) * q
+        out_hi = (np.ceil(hi / q) + 1.0) * q
+    # strictly outside even where q is below the floating-point spacing of the values
+    out_lo = np.minimum(out_lo, np.nextafter(lo, -np.inf))
+    out_hi = np.maximum(out_hi, np.nextafter(hi, np.inf))
+    out_hi = np.where(width > 0, out_hi, out_lo)
+    return out_lo, out_hi
+
+
 def input_scaling(x_min, x_max):
     """Offset and scale mapping the bounding box to the unit cube.
 
@@ -1093,8 +1140,8 @@ class Server:
                 "predictions", UserWarning, stacklevel=2)
         self.n_total = int(n)
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
-        x_min = np.min([s.x_min for s in summaries], axis=0)
-        x_max = np.max([s.x_max for s in summaries], axis=0)
+        x_min, x_max = outer_box(np.min([s.x_min for s in summaries], axis=0),
+                                 np.max([s.x_max for s in summaries], axis=0))
         self.x_offset, self.x_scale = input_scaling(x_min, x_max)
         self.client_boxes = [(s.x_min, s.x_max) for s in summaries]
         return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), x_min, x_max)
@@ -1144,8 +1191,8 @@ class Server:
         w = np.array([max(s.n_samples, 1) for s in summaries], dtype=float)
         self.channel_covariance = np.average(
             [s.y_cov / np.outer(scale, scale) for s in summaries], axis=0, weights=w)
-        x_min = np.min([s.x_min for s in summaries], axis=0)
-        x_max = np.max([s.x_max for s in summaries], axis=0)
+        x_min, x_max = outer_box(np.min([s.x_min for s in summaries], axis=0),
+                                 np.max([s.x_max for s in summaries], axis=0))
         self.x_offset, self.x_scale = input_scaling(x_min, x_max)
         self.client_boxes = [(s.x_min, s.x_max) for s in summaries]
         return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), x_min, x_max)
