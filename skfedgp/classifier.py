@@ -161,29 +161,44 @@ N_RANK_FOLDS = 5
 def fold_order(R):
     """Order of curves for cross-validation folds, from their values alone.
 
-    Curves are sorted by a hash (BLAKE2b) of their values, so the folds
-    that :func:`select_ppca_rank` and :func:`select_rank_by_accuracy` cut
-    from this order are pseudo-random, reproducible, and independent of the
-    order in which the training curves are given: permuting the rows of the
-    training set permutes nothing in the fitted model. (Contiguous folds in
-    the given order made the chosen rank depend on it: ArrowHead's accuracy
-    ranged over 0.811-0.829 across shuffles of its training rows.) Identical
-    curves have the same hash; their relative order is the given one, which
-    does not matter as they are equal.
+    Each curve is coded by the sign of its difference from the (lower)
+    median curve, point by point, and the curves are sorted by a hash
+    (BLAKE2b) of that code. The folds that :func:`select_ppca_rank` and
+    :func:`select_rank_by_accuracy` cut from this order are therefore
+    pseudo-random, reproducible, independent of the order in which the
+    training curves are given (permuting the rows of the training set
+    permutes nothing in the fitted model), and unchanged by a positive
+    scaling or a shift of any point or channel (another unit, kelvin for
+    celsius). (Contiguous folds in the given order made the chosen rank
+    depend on it: ArrowHead's accuracy ranged over 0.811-0.829 across
+    shuffles of its training rows.) Curves with the same code keep their
+    given order among themselves (identical curves, or curves that differ
+    only by less than their distance to the median at every point).
 
     Parameters
     ----------
     R : ndarray of shape (n, p)
-        Curves (any finite or NaN values).
+        Curves; NaN marks a missing point (coded on its own).
 
     Returns
     -------
     order : ndarray of int of shape (n,)
         A permutation of ``0 .. n - 1``.
     """
-    R = np.ascontiguousarray(R, dtype=float)
-    keys = [hashlib.blake2b(row.tobytes(), digest_size=8).digest() for row in R]
-    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=int)
+    R = np.asarray(R, dtype=float)
+    n = R.shape[0]
+    if n < 2:
+        return np.arange(n)
+    miss = np.isnan(R)
+    srt = np.sort(np.where(miss, np.inf, R), axis=0)
+    count = np.sum(~miss, axis=0)
+    med = srt[np.maximum(count - 1, 0) // 2, np.arange(R.shape[1])]  # an observed value
+    with np.errstate(invalid="ignore"):
+        code = np.sign(R - med).astype(np.int8)
+    code[miss] = 2
+    keys = [hashlib.blake2b(row.tobytes(), digest_size=8).digest()
+            for row in np.ascontiguousarray(code)]
+    return np.array(sorted(range(n), key=keys.__getitem__), dtype=int)
 
 
 def ppca_fit(R, rank):
