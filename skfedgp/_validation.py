@@ -81,12 +81,15 @@ class ClientLabelWarning(UserWarning):
     * a label was not seen in fit but matches a fitted client's label up to
       its type, surrounding white space or letter case (for example ``"1"``
       or ``True`` when the integer ``1`` was fitted, ``1`` when ``True``
-      was): its rows get the population prediction, which is probably not
-      what was meant.
+      was), or is of a type no fitted label has (for example the integer
+      codes ``0, 1, 2`` for clients fitted as ``"alpha", "beta", "gamma"``):
+      its rows get the population prediction, which is probably not what was
+      meant.
 
-    Pass an explicit label that was never fitted (e.g. ``"new-site"``) to ask
-    for the population prediction without this warning, or filter it with
-    :func:`warnings.filterwarnings`.
+    Pass an explicit label of the fitted labels' type that was never fitted
+    (e.g. ``"new-site"`` for clients named by text, ``-1`` for integer
+    labels) to ask for the population prediction without this warning, or
+    filter it with :func:`warnings.filterwarnings`.
     """
 
 
@@ -877,24 +880,35 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2, population=None):
     for lab in fitted:
         for key in _loose_keys(lab):
             keys.setdefault(key, lab)
-    pairs = []
+    pairs, foreign = [], []
+    kinds = {_type_kind(type(_plain(lab))) for lab in fitted}
     for lab in unseen:
         found = [keys[key] for key in _loose_keys(lab) if key in keys]
         if found:
             pairs.append((lab, found[0]))
-    if not pairs:
+        elif _type_kind(type(_plain(lab))) not in kinds:
+            foreign.append(lab)
+    if not pairs and not foreign:
         return
-    described = "; ".join(
-        f"{_described(new)} is not a fitted client, but {_described(old)} is"
-        for new, old in pairs[:_MAX_LISTED]
-    )
+    parts = [f"{_described(new)} is not a fitted client, but {_described(old)} is"
+             for new, old in pairs[:_MAX_LISTED]]
     if len(pairs) > _MAX_LISTED:
-        described += f"; ... ({len(pairs)} such labels)"
+        parts.append(f"... ({len(pairs)} such labels)")
+    if foreign:
+        fitted_types = sorted({type(_plain(lab)).__name__ for lab in fitted})
+        shown = ", ".join(_described(lab) for lab in foreign[:_MAX_LISTED])
+        if len(foreign) > _MAX_LISTED:
+            shown += f", ... ({len(foreign)} in all)"
+        parts.append(f"{shown} {'is not a fitted client' if len(foreign) == 1 else 'are not fitted clients'}, and "
+                     f"no fitted client has a label of that type (the fitted labels are "
+                     f"{_listing(sorted(fitted, key=repr))}, of type "
+                     f"{' and '.join(fitted_types)})")
     warnings.warn(
-        f"{where}: {described}. Client labels must match the labels given to fit in value "
-        "and type (1, '1' and True are three different clients), so these rows get the "
-        f"population prediction ({population or _POPULATION}), not that "
-        "client's. Convert the labels to the type used in fit.",
+        f"{where}: {'; '.join(parts)}. Client labels must match the labels given to fit in "
+        "value and type (1, '1' and True are three different clients), so these rows get "
+        f"the population prediction ({population or _POPULATION}), not a fitted "
+        "client's. Convert the labels to the type used in fit (for the population "
+        "prediction on purpose, pass a never-fitted label of that type).",
         ClientLabelWarning,
         stacklevel=stacklevel + 1,
     )
@@ -920,8 +934,8 @@ def warn_groups_missing(fitted, where, stacklevel=2):
         f"({_listing(fitted)}): every row gets the population prediction (global part "
         "plus the prior of the client parts), not any fitted client's prediction. Pass "
         "groups= (one client label per row) to predict for fitted clients, or an explicit "
-        "label that was never fitted (e.g. 'new-site') to ask for the population "
-        "prediction without this warning.",
+        "label of their type that was never fitted (e.g. 'new-site' for text labels) to "
+        "ask for the population prediction without this warning.",
         ClientLabelWarning,
         stacklevel=stacklevel + 1,
     )

@@ -2778,10 +2778,14 @@ def prior_scale(own_variance, population, pilot_noise=None):
     population's. A client with no pilot (fewer than
     :data:`PILOT_MIN_POINTS` rows) takes the variance ratio, as its initial
     values do. A client whose targets vary far less than the others' keeps
-    the population's centre: scaled down, a few of its points would become
-    near-exact constraints on the shared function and deviation (three
-    readings at 50 +/- 0.001 raised another client's RMSE by a third); its
-    band is then wider than needed (docs/maths.md section 10).
+    the population's centre here: scaled down, a few of its points would
+    become near-exact constraints on the shared function and deviation
+    (three readings at 50 +/- 0.001 raised another client's RMSE by a
+    third). If it learns its own scale on the shared parts
+    (:func:`learns_client_scale`: another unit), those constraints are
+    scaled too, and :meth:`StructuredClient.initialise` then centres its
+    prior in its own units, moving with its amplitude (docs/maths.md
+    section 10).
 
     Parameters
     ----------
@@ -3588,9 +3592,10 @@ class StructuredClient:
         """Range ``(lo, hi)`` of one of this client's log-parametrised values.
 
         :data:`LOG_BOUNDS`, except that the noise variance stays above the
-        client's own floor, and the upper bounds of the local variance and
+        client's own floor, the upper bounds of the local variance and
         the noise variance are multiplied by the client's own target
-        variance when it exceeds 1 (standardised units; docs/maths.md
+        variance when it exceeds 1, and the lower bound of the local variance
+        by that variance when it is below 1 (standardised units; docs/maths.md
         section 10).
 
         Parameters
@@ -3605,6 +3610,12 @@ class StructuredClient:
             own :func:`lengthscale_floor`.)
         """
         lo = self.noise_floor if name == "noise_variance" else LOG_BOUNDS[name][0]
+        if name == "variance_l":
+            # a client on a far smaller scale can switch its local part off
+            # in its own units (at 1e-4 of the others' units the floor 1e-6 was
+            # 50 times its whole target variance, and the local part's band
+            # several times its spread)
+            lo = lo * min(1.0, max(getattr(self, "own_variance", 1.0), 1e-12))
         if name == "lengthscale_l":
             floor = self._lengthscale_floor()
             if floor is not None:
@@ -3920,6 +3931,10 @@ class StructuredClient:
         # another noise level than theirs were held near it
         pooled_client = not own_centre and not replicate_centre and self._poolable()
         pooled_centre = pooled_client and getattr(population, "noise_pooled", None) is not None
+        s_ratio = client_scale_ratio(own_var)
+        learn_scale = learns_client_scale(
+            config, s_ratio, self.n_samples, own_var,
+            pilot_noise, population.noise_variance)
         if own_centre:
             centre = own.noise_variance
         elif replicate_centre:
@@ -3931,6 +3946,16 @@ class StructuredClient:
         else:
             centre = population.noise_variance * prior_scale(
                 own_var, population, pilot_noise)
+        noise_follows = learn_scale and s_ratio < 1.0 and not (own_centre or replicate_centre)
+        if noise_follows:
+            # a client in another, far smaller unit (it learns its scale on the
+            # shared parts): the population's noise in its own units. Its
+            # shared parts are scaled by s_i too, so its points constrain the
+            # shared function no more than a typical client's do (a client of
+            # 3 rows at 1e-4 of the others' units was centred on their noise,
+            # 2e6 times its own variance: the prior held its noise there and
+            # its level 28 of its spreads from its data)
+            centre = centre * s_ratio
         self.prior_noise = float(np.clip(centre, 2.0 * self.noise_floor, hi))
         # a client whose own pilot is reliable takes no noise hyperprior: its
         # data decide its noise. Centred on that pilot (the same data, fitted
@@ -3948,10 +3973,6 @@ class StructuredClient:
         # noise_prior_scale
         self.noise_prior_sd = (getattr(population, "noise_spread", None) if pooled_client
                                else None)
-        s_ratio = client_scale_ratio(own_var)
-        learn_scale = learns_client_scale(
-            config, s_ratio, self.n_samples, own_var,
-            pilot_noise, population.noise_variance)
         if config.noise_variance is None and not own_centre:
             # Without a reliable pilot of its own, the start is not below the
             # shared prior variance that Z_g leaves unexplained at the
@@ -3991,6 +4012,8 @@ class StructuredClient:
                                        0.99 * LOG_BOUNDS["shared_amplitude"][1])))
             self.prior_local = {**(getattr(self, "prior_local", None) or {}),
                                 "log_amplitude_centre": float(np.log(amp))}
+            if noise_follows and self.noise_hyperprior:
+                self.prior_local["noise_follows_amplitude"] = True
             values["shared_amplitude"] = amp
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d,
@@ -4238,13 +4261,22 @@ class StructuredClient:
         if tau is None:
             return 0.0, grad
         value = 0.0
+        prior = getattr(self, "prior_local", None) or {}
         if self.noise_hyperprior:
             sl = self.pack.slices["noise_variance"]  # one entry, or one per output
             sd = tau if self.noise_prior_sd is None else min(tau, self.noise_prior_sd)
             delta = theta[sl] - float(np.log(self.prior_noise))
+            follows = (prior.get("noise_follows_amplitude") and "log_amplitude_centre" in prior
+                       and "shared_amplitude" in self.pack.slices)
+            if follows:
+                # a client in another, smaller unit: the centre moves with its
+                # amplitude, s2_c (a_i / a_start)^2 (its units as its scale on
+                # the shared parts measures them, not as its few rows' spread)
+                ka = self.pack.slices["shared_amplitude"].start
+                delta = delta - 2.0 * (float(theta[ka]) - prior["log_amplitude_centre"])
+                grad[ka] += 2.0 * float(np.sum(delta)) / sd**2
             grad[sl] = -delta / sd**2
             value = float(-0.5 * np.sum((delta / sd) ** 2))
-        prior = getattr(self, "prior_local", None) or {}
         if "population" in prior and self.n_samples < PILOT_POOL_POINTS:
             # a small client: the population's local kernel (a client grown
             # beyond PILOT_POOL_POINTS by a warm start keeps its own prior)
@@ -4262,7 +4294,7 @@ class StructuredClient:
             k = self.pack.slices["shared_amplitude"].start
             delta = float(theta[k]) - prior["log_amplitude_centre"]
             value -= 0.5 * (delta / CLIENT_SCALE_PRIOR_SD) ** 2
-            grad[k] = -delta / CLIENT_SCALE_PRIOR_SD**2
+            grad[k] -= delta / CLIENT_SCALE_PRIOR_SD**2
         return value, grad
 
     @single_threaded_blas()

@@ -1178,7 +1178,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     clients); None and NaN labels are rejected.  Prediction for a client
     never seen in fit (or for ``groups=None`` when several clients were
     fitted, which issues a :class:`ClientLabelWarning`, as does a label that
-    only matches a fitted one up to type, white space or case) uses the
+    only matches a fitted one up to type, white space or case, or is of a
+    type no fitted label has) uses the
     exact posterior of the global part plus the *prior* of the deviation and
     local parts (``docs/maths.md`` section 8), with the population local
     hyperparameters (from the clients' final messages: the mean of their
@@ -2308,8 +2309,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ClientLabelWarning
             ``groups=None`` on a model fitted with several clients, or a label
             that is not a fitted client but matches one up to its type (``"1"``
-            for ``1``), white space or case: those rows get the population
-            prediction.
+            for ``1``), white space or case, or whose type no fitted label has
+            (``0`` for clients fitted as ``"alpha"``, ...): those rows get the
+            population prediction.
 
         Notes
         -----

@@ -498,7 +498,7 @@ def test_bool_label_is_not_an_int_client_at_predict(small, int_model, groups):
                             r"labels must match the labels given to fit in value and type "
                             r"\(1, '1' and True are three different clients\)"):
         pred = est.predict(X[:4], groups())
-    population = _predict_silently(est, X[:4], ["new-site"] * 4)
+    population = _predict_silently(est, X[:4], [99] * 4)  # a never-fitted int: no warning
     fitted = _predict_silently(est, X[:4], [1, 1, 0, 0])
     # (predicted in other row groups: equal up to round-off)
     np.testing.assert_allclose(pred[[0, 2]], population[[0, 2]], rtol=1e-12)  # the bool rows
@@ -512,7 +512,7 @@ def test_bool_array_and_score_on_int_model(small, int_model):
     with pytest.warns(ClientLabelWarning, match=r"predict: True \(bool\) is not a fitted "
                                                 r"client, but 1 \(int\) is\."):
         pred = est.predict(X[:3], np.array([True, True, True]))
-    np.testing.assert_allclose(pred, _predict_silently(est, X[:3], ["new-site"] * 3),
+    np.testing.assert_allclose(pred, _predict_silently(est, X[:3], [-1] * 3),
                                rtol=1e-12)
     with pytest.warns(ClientLabelWarning, match=r"score: False \(bool\) is not a fitted client"):
         est.score(X[:10], y[:10], np.zeros(10, dtype=bool))
@@ -533,7 +533,12 @@ def test_int_label_is_not_a_bool_client_at_predict(small, bool_model):
     assert sorted(est.clients_) == [False, True]
     fitted = _predict_silently(est, X[:4], [True, True, False, False])
     _predict_silently(est, X[:4], pd.Series([True, True, False, False], dtype="boolean"))
-    population = _predict_silently(est, X[:4], ["new-site"] * 4)
+    # every bool is fitted: any other label is of a type no fitted client has
+    with pytest.warns(ClientLabelWarning, match=r"'new-site' \(str\) is not a fitted client, "
+                                                r"and no fitted client has a label of that type "
+                                                r"\(the fitted labels are False, True, of type "
+                                                r"bool\)"):
+        population = est.predict(X[:4], ["new-site"] * 4)
     with pytest.warns(ClientLabelWarning,
                       match=r"predict: 0 \(int\) is not a fitted client, but False \(bool\) is; "
                             r"1 \(int\) is not a fitted client, but True \(bool\) is\."):
@@ -734,3 +739,27 @@ def test_classifier_identical_curves_are_not_called_copies():
     reg = FederatedHierarchicalGPRegressor(n_rounds=2, n_inducing=6, n_inducing_local=4)
     with _quiet():
         MaxEvidenceClassifier(reg, verbose=None, random_state=0).fit(X, [0, 0, 0, 1, 1, 1])
+
+
+def test_labels_of_a_type_no_fitted_client_has_warn(frame, reference):
+    """Clients fitted as 'Dongsi', 'Shunyi', 'Tiantan' and predicted with the
+    integer codes 0, 1, 2 (an encoded column) got the population prediction
+    without a word (issue 6, item 4: int against str)."""
+    df, y = frame
+    est = reference[0]
+    X = df[["temp", "hum"]]
+    codes = pd.Categorical(df["station"]).codes.astype(int)
+    with pytest.warns(ClientLabelWarning,
+                      match=r"predict: 0 \(int\), 1 \(int\), 2 \(int\) are not fitted clients, "
+                            r"and no fitted client has a label of that type \(the fitted labels "
+                            r"are 'Dongsi', 'Shunyi', 'Tiantan', of type str\)"):
+        pred = est.predict(X, codes)
+    ctx = _silent()
+    try:
+        population = est.predict(X, ["new-site"] * len(X))  # a never-fitted text label
+    finally:
+        ctx.__exit__(None, None, None)
+    np.testing.assert_allclose(pred, population, rtol=1e-12)
+    with pytest.warns(ClientLabelWarning, match=r"score: 7 \(int\) is not a fitted client, and "
+                                                r"no fitted client has a label of that type"):
+        est.score(X, y, np.full(len(X), 7))
