@@ -177,7 +177,8 @@ class InitBroadcast:
     theta_global : ndarray of shape (P,)
         Initial global unconstrained vector.
     x_min, x_max : ndarray of shape (d,)
-        Bounding box of all clients' inputs.
+        Bounding box of all clients' inputs, rounded outward
+        (:func:`outer_box`): no corner is a training input.
     """
 
     y_offset: float
@@ -681,18 +682,20 @@ def outer_box(x_min, x_max, digits=BOX_DIGITS):
     sent to every client (:class:`InitBroadcast`). Its exact corners would be
     training inputs (in 1-D, two of the training rows), so the server widens
     each side to the next multiple of ``q = 10**(floor(log10(width)) -
-    digits)`` beyond it, plus one more ``q`` (at most 0.4 % of the width in
-    all with the default ``digits=3``); a corner is then never a training
-    value. A feature
-    without spread (width 0) keeps width 0 (scale 1, :func:`input_scaling`)
-    at a corner moved below its value by ``q`` (from the value's own
-    magnitude), so its one value is not kept either.
+    digits)`` beyond it, plus one more ``q`` (at most 0.4 % wider in all with
+    the default ``digits=3``, where the width is far above the floating-point
+    spacing of the values; ``q`` is never below four such spacings); a corner
+    is then never a training value. A feature without spread (width 0) keeps
+    width 0 (scale 1, :func:`input_scaling`) at a corner ``q`` to ``2 q``
+    below its value with ``q = 1e-3`` (or four spacings of a value beyond
+    about 1e12), so its one value is not kept either and its scaled value
+    stays in ``(0, 2 q]`` whatever its size.
 
     Parameters
     ----------
     x_min, x_max : ndarray of shape (d,)
         Per-feature minima and maxima over all clients (from their
-        :class:`ClientSummary` boxes).
+        :class:`ClientSummary` boxes); finite.
     digits : int, default=BOX_DIGITS
 
     Returns
@@ -704,14 +707,16 @@ def outer_box(x_min, x_max, digits=BOX_DIGITS):
     lo = np.asarray(x_min, dtype=float)
     hi = np.asarray(x_max, dtype=float)
     width = hi - lo
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ref = np.where(width > 0, width, np.maximum(np.maximum(np.abs(lo), np.abs(hi)), 1.0))
-        q = 10.0 ** (np.floor(np.log10(ref)) - digits)
+    ulp = 4.0 * np.spacing(np.maximum(np.abs(lo), np.abs(hi)))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.where(width > 0, 10.0 ** (np.floor(np.log10(width)) - digits), 1e-3)
+        q = np.maximum(np.where(np.isfinite(q), q, 0.0), ulp)
         out_lo = (np.floor(lo / q) - 1.0) * q
         out_hi = (np.ceil(hi / q) + 1.0) * q
-    # strictly outside even where q is below the floating-point spacing of the values
-    out_lo = np.minimum(out_lo, np.nextafter(lo, -np.inf))
-    out_hi = np.maximum(out_hi, np.nextafter(hi, np.inf))
+    # strictly outside even where q is near the floating-point spacing of the values
+    below, above = np.nextafter(lo, -np.inf), np.nextafter(hi, np.inf)
+    out_lo = np.where(np.isfinite(out_lo), np.minimum(out_lo, below), below)
+    out_hi = np.where(np.isfinite(out_hi), np.maximum(out_hi, above), above)
     out_hi = np.where(width > 0, out_hi, out_lo)
     return out_lo, out_hi
 
@@ -3615,7 +3620,8 @@ class StructuredClient:
             # in its own units (at 1e-4 of the others' units the floor 1e-6 was
             # 50 times its whole target variance, and the local part's band
             # several times its spread)
-            lo = lo * min(1.0, max(getattr(self, "own_variance", 1.0), 1e-12))
+            own = getattr(self, "own_variance", 1.0)
+            lo = lo * min(1.0, own if own > 1e-12 else 1.0)  # constant targets: as noise_floor
         if name == "lengthscale_l":
             floor = self._lengthscale_floor()
             if floor is not None:
@@ -3946,15 +3952,18 @@ class StructuredClient:
         else:
             centre = population.noise_variance * prior_scale(
                 own_var, population, pilot_noise)
-        noise_follows = learn_scale and s_ratio < 1.0 and not (own_centre or replicate_centre)
-        if noise_follows:
+        if learn_scale and s_ratio < 1.0 and not (own_centre or replicate_centre):
             # a client in another, far smaller unit (it learns its scale on the
-            # shared parts): the population's noise in its own units. Its
-            # shared parts are scaled by s_i too, so its points constrain the
-            # shared function no more than a typical client's do (a client of
-            # 3 rows at 1e-4 of the others' units was centred on their noise,
-            # 2e6 times its own variance: the prior held its noise there and
-            # its level 28 of its spreads from its data)
+            # shared parts): the population's noise in its own units, r_i s2_c
+            # (r_i its variance over the typical client's). Its shared parts
+            # are scaled by s_i too, so its points constrain the shared
+            # function no more than a typical client's do (a client of 3 rows
+            # at 1e-4 of the others' units was centred on their noise, 1e8
+            # times its own variance: the prior held its noise there and its
+            # level 28 of its spreads from its data). The centre is fixed: tied
+            # to the learned scale (s2_c a_i^2 / variance_g) it pulled a
+            # precise sensor of the others' units, whose scale should return to
+            # 1, towards a small scale (test_precise_sensor_on_a_short_window...)
             centre = centre * s_ratio
         self.prior_noise = float(np.clip(centre, 2.0 * self.noise_floor, hi))
         # a client whose own pilot is reliable takes no noise hyperprior: its
@@ -4012,8 +4021,7 @@ class StructuredClient:
                                        0.99 * LOG_BOUNDS["shared_amplitude"][1])))
             self.prior_local = {**(getattr(self, "prior_local", None) or {}),
                                 "log_amplitude_centre": float(np.log(amp))}
-            if noise_follows and self.noise_hyperprior:
-                self.prior_local["noise_follows_amplitude"] = True
+
             values["shared_amplitude"] = amp
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d,
@@ -4247,7 +4255,9 @@ class StructuredClient:
         level. A client that learns its scale ``s_i`` on the shared parts
         has, on its amplitude ``a_i = s_i sqrt(variance_g)``,
         ``log a_i ~ N(log a_start, CLIENT_SCALE_PRIOR_SD^2)``, ``a_start`` its
-        set-up value (a weak prior: the data decide). ``noise_prior_scale=None``
+        set-up value (a weak prior: the data decide); if its targets vary far
+        less than the others', its noise centre ``s2_c`` is in its own units
+        (:meth:`initialise`). ``noise_prior_scale=None``
         switches all three priors off.
         Constant terms are dropped.
 
@@ -4266,15 +4276,6 @@ class StructuredClient:
             sl = self.pack.slices["noise_variance"]  # one entry, or one per output
             sd = tau if self.noise_prior_sd is None else min(tau, self.noise_prior_sd)
             delta = theta[sl] - float(np.log(self.prior_noise))
-            follows = (prior.get("noise_follows_amplitude") and "log_amplitude_centre" in prior
-                       and "shared_amplitude" in self.pack.slices)
-            if follows:
-                # a client in another, smaller unit: the centre moves with its
-                # amplitude, s2_c (a_i / a_start)^2 (its units as its scale on
-                # the shared parts measures them, not as its few rows' spread)
-                ka = self.pack.slices["shared_amplitude"].start
-                delta = delta - 2.0 * (float(theta[ka]) - prior["log_amplitude_centre"])
-                grad[ka] += 2.0 * float(np.sum(delta)) / sd**2
             grad[sl] = -delta / sd**2
             value = float(-0.5 * np.sum((delta / sd) ** 2))
         if "population" in prior and self.n_samples < PILOT_POOL_POINTS:

@@ -260,7 +260,7 @@ def test_unseen_client_gets_population_prior(rng):
     X, Y, groups = _multi_client_data(rng)
     est = PFedGPRegressor(n_rounds=1, local_steps=3, random_state=0).fit(X, Y, groups)
     Xs = np.array([[1.0], [7.0]])
-    m, cov = est.predict(Xs, ["new-site", "new-site"], return_cov=True)
+    m, cov = est.predict(Xs, [-1, -1], return_cov=True)
     offs = np.mean([c.y_offset for c in est.clients_.values()], axis=0)
     np.testing.assert_allclose(m, np.tile(offs, (2, 1)))
     prior = np.mean([est.loadings_[k] @ est.loadings_[k].T for k in est.clients_], axis=0)

@@ -149,3 +149,34 @@ def test_outer_box_lies_strictly_outside_the_inputs():
     assert np.all((b - a)[ok] <= (hi - lo)[ok] * 1.004)
     np.testing.assert_allclose(outer_box(np.array([0.0065]), np.array([4.9656])),
                                [[0.005], [4.967]], rtol=0, atol=1e-12)
+
+
+def test_a_constant_feature_is_scaled_to_the_same_small_value_whatever_its_size():
+    """With the joint box rounded outward a constant feature's corner sits
+    below its value; taken from the value's magnitude, that gap made the
+    scaled value about 1e-3 |v| (156 for v = 123456), outside the unit cube
+    where the mean-field family places Z_g: the global part was switched off.
+    The gap is now 1e-3 to 2e-3 in the feature's units whatever its size."""
+    from skfedgp.federated import outer_box
+
+    for v in (0.0, 3.0, -7.25, 123456.0, 1.23e8, 1e15):
+        lo, hi = outer_box(np.array([v]), np.array([v]))
+        assert lo[0] == hi[0] and lo[0] < v and v - lo[0] <= 1.0
+        if abs(v) < 1e12:
+            assert 0.999e-3 <= v - lo[0] <= 2.001e-3
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, 60)
+    g = np.repeat([0, 1, 2], 20)
+    y = np.sin(6 * x) + 0.05 * rng.normal(size=60)
+    xt = np.linspace(0, 1, 30)
+    preds = []
+    for v in (0.0, 123456.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = FederatedHierarchicalGPRegressor(
+                random_state=0, variational_family="mean_field", optimizer="adam",
+                n_rounds=20, n_inducing=8, n_inducing_local=6).fit(np.c_[x, np.full(60, v)], y, g)
+        Xt = np.c_[xt, np.full(30, v)]
+        preds.append(est.predict(Xt, np.zeros(30, int)))
+        assert np.mean(est.predict_components(Xt, np.zeros(30, int))["global"][1]) > 0.01
+    np.testing.assert_allclose(preds[1], preds[0], atol=1e-6)
