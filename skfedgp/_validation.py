@@ -886,9 +886,7 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2, population=None):
         found = [keys[key] for key in _loose_keys(lab) if key in keys]
         if found:
             pairs.append((lab, found[0]))
-        elif (_type_kind(type(_plain(lab))) not in kinds
-              and not type(_plain(lab)).__module__.startswith("skfedgp")):
-            # (a package sentinel, e.g. the baselines' population label, is no user label)
+        elif _type_kind(type(_plain(lab))) not in kinds:
             foreign.append(lab)
     if not pairs and not foreign:
         return
@@ -901,7 +899,8 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2, population=None):
         shown = ", ".join(_described(lab) for lab in foreign[:_MAX_LISTED])
         if len(foreign) > _MAX_LISTED:
             shown += f", ... ({len(foreign)} in all)"
-        parts.append(f"{shown} {'is not a fitted client' if len(foreign) == 1 else 'are not fitted clients'}, and "
+        verb = "is not a fitted client" if len(foreign) == 1 else "are not fitted clients"
+        parts.append(f"{shown} {verb}, and "
                      f"no fitted client has a label of that type (the fitted labels are "
                      f"{_listing(fitted)}, of type "
                      f"{' and '.join(fitted_types)})")

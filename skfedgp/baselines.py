@@ -839,9 +839,11 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
                     "(average loadings and channel means), not any client's posterior. Pass "
                     "groups= to predict for fitted clients.", ClientLabelWarning, stacklevel=2)
                 groups = np.array([_UNSEEN] * n, dtype=object)
-        labels, inv = match_labels(
-            groups, self.clients_, "predict", stacklevel=2,
-            population="the population prior: the clients' averaged means and loadings")
+            labels, inv = unique_labels(groups)  # no user label to match
+        else:  # True is not client 1 (nor 1 client True), though True == 1
+            labels, inv = match_labels(
+                groups, self.clients_, "predict", stacklevel=2,
+                population="the population prior: the clients' averaged means and loadings")
         Xs = (X - self.x_offset_) / self.x_scale_
         mean = np.zeros((n, Q))
         blocks = np.zeros((n, Q, Q))

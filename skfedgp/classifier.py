@@ -24,8 +24,8 @@ from ._validation import keep_state_on_error
 from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning
 
-__all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "fold_order", "impute_ppca", "ppca_fit",
-           "ppca_loglik", "proba_floor", "proba_temperature", "select_ppca_rank",
+__all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "fold_order", "impute_ppca",
+           "ppca_fit", "ppca_loglik", "proba_floor", "proba_temperature", "select_ppca_rank",
            "select_rank_by_accuracy"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
@@ -578,11 +578,13 @@ def _select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_
     own : ndarray of shape (n_held,) or None
     """
     K = len(means)
-    caps = _cv_folds(X, y_idx, K, n_folds)[2]
+    folds = _cv_folds(X, y_idx, K, n_folds)
+    caps = folds[2]
     if caps is None:
         return 0, None, None
     ranks = np.arange(max(caps) + 1)
-    ll, own = _cv_scores(X, y_idx, means, scales, np.zeros(K), ranks[:, None], n_folds)
+    ll, own = _cv_scores(X, y_idx, means, scales, np.zeros(K), ranks[:, None], n_folds,
+                         folds=folds)
     joint = ll + np.asarray(log_prior, dtype=float)
     correct = np.sum(np.argmax(joint, axis=2) == own[None, :], axis=1)
     fit = joint[:, np.arange(own.size), own].sum(axis=1)  # held-out log density, own classes
@@ -617,7 +619,7 @@ def _cv_folds(X, y_idx, K, n_folds):
 
 
 def _cv_scores(X, y_idx, means, scales, log_prior, rank_table, n_folds=N_RANK_FOLDS,
-               X_held=None):
+               X_held=None, folds=None):
     """Held-out scores of the training curves under K-fold within-class laws.
 
     Parameters
@@ -634,6 +636,9 @@ def _cv_scores(X, y_idx, means, scales, log_prior, rank_table, n_folds=N_RANK_FO
         Candidate ``r`` gives class ``k`` the rank ``rank_table[r, k]``
         (capped by what its training folds support).
     n_folds : int, default=5
+    folds : tuple, default=None
+        :func:`_cv_folds` of ``X``, ``y_idx`` and ``n_folds`` when the caller
+        has them already (None: computed here).
 
     Returns
     -------
@@ -646,7 +651,9 @@ def _cv_scores(X, y_idx, means, scales, log_prior, rank_table, n_folds=N_RANK_FO
     K = len(means)
     p = X.shape[1]
     Xh = X if X_held is None else X_held
-    members, parts, caps, k_folds = _cv_folds(X, y_idx, K, n_folds)
+    if folds is None:
+        folds = _cv_folds(X, y_idx, K, n_folds)
+    members, parts, caps, k_folds = folds
     if caps is None:
         return None, None
     table = np.broadcast_to(np.asarray(rank_table, dtype=int),
@@ -908,9 +915,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         classifies the held-out training curves best in a 5-fold
         cross-validation (:func:`select_rank_by_accuracy`; folds cut in
         :func:`fold_order`, so the order of the training rows does not
-        matter); ``"likelihood"`` per class, the rank of largest held-out likelihood
-        of the class's own curves (:func:`select_ppca_rank`); an int ``>= 0``
-        fixes it (capped by what each class's curves support).
+        matter); ``"likelihood"`` per class, the rank of largest held-out
+        likelihood of the class's own curves (:func:`select_ppca_rank`); an
+        int ``>= 0`` fixes it (capped by what each class's curves support).
     class_prior : "uniform", "empirical", array-like of shape (n_classes,) or dict, default="uniform"
         Prior class probabilities added (as logs) to the scores in
         :meth:`predict`, :meth:`predict_proba` and :meth:`decision_function`.

@@ -1145,11 +1145,7 @@ class Server:
                 "predictions", UserWarning, stacklevel=2)
         self.n_total = int(n)
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
-        x_min, x_max = outer_box(np.min([s.x_min for s in summaries], axis=0),
-                                 np.max([s.x_max for s in summaries], axis=0))
-        self.x_offset, self.x_scale = input_scaling(x_min, x_max)
-        self.client_boxes = [(s.x_min, s.x_max) for s in summaries]
-        return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), x_min, x_max)
+        return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), *self._input_box(summaries))
 
     def _standardise_multioutput(self, summaries):
         """Per-output standardisation of multi-output targets (structured family).
@@ -1196,11 +1192,21 @@ class Server:
         w = np.array([max(s.n_samples, 1) for s in summaries], dtype=float)
         self.channel_covariance = np.average(
             [s.y_cov / np.outer(scale, scale) for s in summaries], axis=0, weights=w)
+        return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), *self._input_box(summaries))
+
+    def _input_box(self, summaries):
+        """The joint input box from the clients' boxes (:func:`outer_box`), and the scaling.
+
+        Sets ``x_offset``, ``x_scale`` (:func:`input_scaling`) and
+        ``client_boxes`` (the clients' own boxes, for the placement of the
+        global inducing points only). Returns ``(x_min, x_max)``, each of
+        shape (d,), for the :class:`InitBroadcast`.
+        """
         x_min, x_max = outer_box(np.min([s.x_min for s in summaries], axis=0),
                                  np.max([s.x_max for s in summaries], axis=0))
         self.x_offset, self.x_scale = input_scaling(x_min, x_max)
         self.client_boxes = [(s.x_min, s.x_max) for s in summaries]
-        return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), x_min, x_max)
+        return x_min, x_max
 
     def structured_initialise(self, pop):
         """Initial global vector of the structured family from the pilot medians.
@@ -2789,8 +2795,8 @@ def prior_scale(own_variance, population, pilot_noise=None):
     third). If it learns its own scale on the shared parts
     (:func:`learns_client_scale`: another unit), those constraints are
     scaled too, and :meth:`StructuredClient.initialise` then centres its
-    prior in its own units, moving with its amplitude (docs/maths.md
-    section 10).
+    prior in its own units, ``r_i s2_pop`` with ``r_i`` its
+    :func:`client_scale_ratio` (docs/maths.md section 10).
 
     Parameters
     ----------
@@ -4021,7 +4027,6 @@ class StructuredClient:
                                        0.99 * LOG_BOUNDS["shared_amplitude"][1])))
             self.prior_local = {**(getattr(self, "prior_local", None) or {}),
                                 "log_amplitude_centre": float(np.log(amp))}
-
             values["shared_amplitude"] = amp
         self.pack = structured_local_spec(
             config.components, values["Z_l"].shape[0] if "Z_l" in values else 0, d,
@@ -4271,13 +4276,13 @@ class StructuredClient:
         if tau is None:
             return 0.0, grad
         value = 0.0
-        prior = getattr(self, "prior_local", None) or {}
         if self.noise_hyperprior:
             sl = self.pack.slices["noise_variance"]  # one entry, or one per output
             sd = tau if self.noise_prior_sd is None else min(tau, self.noise_prior_sd)
             delta = theta[sl] - float(np.log(self.prior_noise))
             grad[sl] = -delta / sd**2
             value = float(-0.5 * np.sum((delta / sd) ** 2))
+        prior = getattr(self, "prior_local", None) or {}
         if "population" in prior and self.n_samples < PILOT_POOL_POINTS:
             # a small client: the population's local kernel (a client grown
             # beyond PILOT_POOL_POINTS by a warm start keeps its own prior)
