@@ -185,7 +185,16 @@ def fold_order(R):
     Returns
     -------
     order : ndarray of int of shape (n,)
-        A permutation of ``0 .. n - 1``.
+        A permutation of ``0 .. n - 1``. Raises nothing for finite or NaN
+        input (an empty ``R`` gives an empty order).
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (H. Yan, "Personalized Federated Hierarchical
+    Gaussian Processes for Privacy-Preserving Modeling of Heterogeneous
+    Distributed Systems", arXiv:2609.19337, 2026, section 3.8.1 scores eq. 31
+    only): the folds of the K-fold cross-validation that chooses the
+    within-class rank (docs/classification.md).
     """
     R = np.asarray(R, dtype=float)
     n = R.shape[0]

@@ -701,8 +701,15 @@ def outer_box(x_min, x_max, digits=BOX_DIGITS):
     Returns
     -------
     lo, hi : ndarray of shape (d,)
-        ``lo < x_min`` and ``hi > x_max`` where the width is positive;
-        ``lo = hi < x_min`` where it is 0.
+        In the inputs' units: ``lo < x_min`` and ``hi > x_max`` where the
+        width is positive; ``lo = hi < x_min`` where it is 0.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (Yan 2026, arXiv:2609.19337, which scales
+    inputs without saying how): package plumbing so that the fitted model
+    holds no training input (docs/maths.md, section 1; docs/api.md,
+    "What a fitted model holds").
     """
     lo = np.asarray(x_min, dtype=float)
     hi = np.asarray(x_max, dtype=float)
