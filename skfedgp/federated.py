@@ -5435,6 +5435,11 @@ class _StructuredRun:
         their total number of points in the weighted median of the other
         clients' own pilot noise variances (those that did not interpolate
         their points, :func:`noise_identified`).
+        The pooled lengthscales likewise stand for the pooled clients' own in
+        the weighted median of the pilots' lengthscales (``pop.lengthscale``,
+        set here): pilots of a handful of points in several inputs switch
+        inputs off, and their median sized the global inducing set for a
+        function of fewer inputs.
 
         The clients that joined the pool also give, at its optimum, the
         spread ``tau`` of their log noise variances around the pooled one
@@ -5533,6 +5538,14 @@ class _StructuredRun:
                   if p is not None and c in self.active and c not in members
                   and noise_identified(p)]
         own = [c for c in members if pilots.get(c) is not None]
+        # the pooled lengthscales stand for the pooled clients' own in the
+        # population's weighted median, as the pooled noise does below
+        rest = [c for c, p in pilots.items()
+                if p is not None and c in self.active and c not in members]
+        w = [self.n_samples[c] for c in rest] + [sum(self.n_samples[c] for c in members)]
+        log_ell = np.array([np.log(pilots[c].lengthscale) for c in rest] + [x[:d]])
+        pop.lengthscale = np.exp(np.array([_weighted_median(log_ell[:, j], w, interpolate=True)
+                                           for j in range(d)]))
         pooled = float(np.exp(x[d + 1]))
         pop.noise_identified = True
         if own:

@@ -720,3 +720,57 @@ def test_a_client_grown_past_the_pool_in_a_warm_start_drops_the_pooled_spread():
     assert est.clients_[0].n_samples == 60
     assert est.clients_[0].noise_prior_sd is None
     assert all(est.clients_[c].noise_prior_sd == spread for c in range(1, 5))
+
+
+def _many_small_clients(seed, n_clients=40, n=8, d=5):
+    """``n_clients`` x ``n`` rows in ``d`` inputs: a shared random-Fourier
+    function plus each client's own level and smooth deviation, noise sd 0.1."""
+    rng = np.random.default_rng(seed)
+    W, b = 1.5 * rng.normal(size=(20, d)), rng.uniform(0, 2 * np.pi, 20)
+    a = rng.normal(size=20) / np.sqrt(10)
+    Wd, bd = 1.5 * rng.normal(size=(n_clients, 10, d)), rng.uniform(0, 2 * np.pi, (n_clients, 10))
+    ad = 0.3 * rng.normal(size=(n_clients, 10)) / np.sqrt(5)
+    level = rng.normal(0, 0.3, n_clients)
+    X = rng.uniform(0, 1, (n_clients * n, d))
+    g = np.repeat(np.arange(n_clients), n)
+    f = (np.cos(X @ W.T + b) @ a + level[g]
+         + np.einsum("nk,nk->n", np.cos(np.einsum("nd,nkd->nk", X, Wd[g]) + bd[g]), ad[g]))
+    return X, f + 0.1 * rng.normal(size=len(g)), g
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_the_pooled_lengthscales_stand_for_the_small_clients_own(seed, monkeypatch):
+    """Pilots of 8 points in 5 inputs switch inputs off (lengthscales far
+    beyond the unit box), and so did their median, the population's
+    lengthscales: the global inducing set was sized for a function of fewer
+    inputs (13 points for 320 rows on one such draw) and the model fitted at
+    an RMSE twice the exact GP's. When every client is in the pooled pilot,
+    fitted on all their rows together, its lengthscales are the
+    population's."""
+    import scipy.optimize
+
+    X, y, g = _many_small_clients(seed)
+    d = X.shape[1]
+    pool_fits, minimize = [], scipy.optimize.minimize
+
+    def spy(fun, x0, *args, **kwargs):
+        out = minimize(fun, x0, *args, **kwargs)
+        bounds = kwargs.get("bounds")
+        # the pool's vector: d log lengthscales, log variance, log noise <= log 10
+        if len(x0) == d + 2 and bounds is not None and np.isclose(bounds[-1][1], np.log(10.0)):
+            pool_fits.append(out.x)
+        return out
+
+    monkeypatch.setattr(scipy.optimize, "minimize", spy)
+    calls = _spy_pool(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(
+            random_state=0, n_rounds=1, restart_from_global=False).fit(X, y, g)
+    assert {c for c, m in calls if m is not None} == set(np.unique(g))
+    ell = est.server_.population_pilot.lengthscale
+    np.testing.assert_allclose(ell, np.exp(pool_fits[-1][:d]), rtol=1e-12)
+    own = [fed.pilot_fit(X[g == c], y[g == c] / est.y_scale_, 0) for c in np.unique(g)]
+    own_median = np.exp(np.median(np.log([p.lengthscale for p in own if p is not None]), axis=0))
+    # the own pilots' median switched more inputs off (50 boxes or more)
+    assert np.sum(ell > 50.0) < np.sum(own_median > 50.0), (ell, own_median)

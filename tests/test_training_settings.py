@@ -33,12 +33,18 @@ def _quiet():
 
 
 def test_adam_round_that_loses_ground_is_not_convergence():
-    """seed 3: Adam's second round lowers the objective; it used to stop there."""
-    X, y, g = _data(seed=3)
-    est = R(optimizer="adam", random_state=3, n_rounds=12).fit(X, y, g)
+    """An Adam round that lowers the objective by more than the tolerance
+    does not stop training (it used to: the stopping rule took the signed
+    gain). Seed 10 has such a round (seed 3 did before the pooled pilot set
+    the population's lengthscales; any seed with a losing round will do)."""
+    X, y, g = _data(seed=10)
+    est = R(optimizer="adam", random_state=10, n_rounds=12).fit(X, y, g)
     hist = np.asarray(est.objective_history_)
-    assert np.any(np.diff(hist) < 0)  # the case: a round that loses
-    assert est.n_iter_ > 3
+    assert len(hist) == est.n_iter_  # one objective per round, round 1 first
+    loss = np.flatnonzero(np.diff(hist) < 0)
+    assert loss.size  # the case: a round that loses
+    losing_round = int(loss[0]) + 2
+    assert est.n_iter_ > losing_round
     assert R(optimizer="adam", random_state=3, n_rounds=6, tol=0).fit(X, y, g).n_iter_ == 6
 
 
