@@ -2225,6 +2225,13 @@ def white_at_inputs(X, lengthscale):
 LOCAL_PRIOR_MIN_CLIENTS = 2
 LOCAL_PRIOR_SD = 1.0
 
+#: A client with fewer observations than this has ``log ell_l ~ N(log
+#: ell_pop, LOCAL_PRIOR_SD^2)`` on each local lengthscale, ``ell_pop`` the
+#: population's lengthscales (:meth:`StructuredClient.log_prior`): its few
+#: points cannot tell which inputs its departure varies in (docs/maths.md,
+#: section 13).
+LOCAL_LENGTHSCALE_PRIOR_POINTS = PILOT_POOL_POINTS
+
 
 @dataclass(frozen=True)
 class LocalKernelSummary:
@@ -3909,6 +3916,7 @@ class StructuredClient:
                 # spread: a client on another scale keeps a local part of its size
                 "sd_rate": float(LOCAL_SD_RATE / np.sqrt(max(population.variance, own_var,
                                                              1e-12))),
+                "lengthscale_centre": np.log(np.asarray(population.lengthscale, dtype=float)),
                 # where a switched-off local part is restarted from
                 # (:meth:`_restart_local`): the start of a client without a pilot
                 "restart": (np.asarray(
@@ -4262,7 +4270,11 @@ class StructuredClient:
         ``sigma_pop`` the larger of the pilots' median signal std and the
         client's own target std (a larger local part has prior probability
         0.05), used without the log-scale Jacobian so that the
-        local part can still be switched off. A client with a handful of
+        local part can still be switched off; a client with fewer than
+        :data:`LOCAL_LENGTHSCALE_PRIOR_POINTS` observations also has ``log ell_l ~
+        N(log ell_pop, LOCAL_PRIOR_SD^2)`` per input, ``ell_pop`` the
+        population's lengthscales at set-up (``prior_local["lengthscale_centre"]``):
+        its few points cannot tell which inputs its departure varies in. A client with a handful of
         points cannot then turn its local part into a second, freely scaled
         level. A client that learns its scale ``s_i`` on the shared parts
         has, on its amplitude ``a_i = s_i sqrt(variance_g)``,
@@ -4303,6 +4315,12 @@ class StructuredClient:
             sd = float(np.exp(0.5 * theta[k]))
             value -= prior["sd_rate"] * sd
             grad[k] = -0.5 * prior["sd_rate"] * sd
+            if ("lengthscale_centre" in prior
+                    and self.n_samples < LOCAL_LENGTHSCALE_PRIOR_POINTS):
+                sl = self.pack.slices["lengthscale_l"]
+                delta = (theta[sl] - prior["lengthscale_centre"]) / LOCAL_PRIOR_SD
+                value -= 0.5 * float(np.sum(delta**2))
+                grad[sl] -= delta / LOCAL_PRIOR_SD
         if "shared_amplitude" in self.pack.slices and "log_amplitude_centre" in prior:
             k = self.pack.slices["shared_amplitude"].start
             delta = float(theta[k]) - prior["log_amplitude_centre"]

@@ -62,8 +62,11 @@ def test_small_client_follows_the_population_kernel(case):
 
 
 def test_without_the_population_prior_the_small_client_fails(monkeypatch):
-    # the same fit with the prior switched off (too few large clients asked for)
+    # the same fit with the prior switched off (too few large clients asked
+    # for), and without the prior on small clients' local lengthscales
+    # (which also helps here)
     monkeypatch.setattr(fed, "LOCAL_PRIOR_MIN_CLIENTS", 10**9)
+    monkeypatch.setattr(fed, "LOCAL_LENGTHSCALE_PRIOR_POINTS", 0)
     X, y, g, Xt, yt, gt = _federation()
     est = _fit(X, y, g)
     assert est.server_.local_prior_centre_ is None  # never enough large clients
@@ -255,3 +258,47 @@ def test_resume_before_round_two_matches_the_whole_run(tmp_path):
         np.testing.assert_array_equal(resumed.clients_[c].theta, whole.clients_[c].theta)
     np.testing.assert_array_equal(resumed.server_.local_prior_centre_.lengthscale,
                                   whole.server_.local_prior_centre_.lengthscale)
+
+
+def test_small_clients_local_lengthscales_take_the_population_as_their_prior():
+    """Before (or without) the larger clients' local kernels, a client of
+    fewer than 32 points has ``log ell_l ~ N(log ell_pop, 1)`` per input
+    beside the exponential prior of its local standard deviation: with 10
+    points in 5 inputs its own fit switched inputs off (lengthscales at the
+    upper bound) and its band was far too narrow. Value and gradient."""
+    rng = np.random.default_rng(5)
+    X = rng.uniform(0, 1, (60, 3))
+    g = np.repeat(np.arange(6), 10)
+    y = np.sin(3 * X[:, 0]) + X[:, 1] * X[:, 2] + 0.3 * g + 0.1 * rng.standard_normal(60)
+    est = _fit(X, y, g, n_rounds=2)
+    config = est.server_.config
+    client = est.clients_[2]
+    centre = client.prior_local["lengthscale_centre"]
+    np.testing.assert_allclose(centre, np.log(est.server_.population_pilot.lengthscale))
+    theta = client.theta.copy()
+    value, grad = client.log_prior(theta, config)
+    sl = [client.pack.slices[k] for k in ("lengthscale_l", "variance_l", "noise_variance")]
+    idx = np.concatenate([np.arange(s.start, s.stop) for s in sl])
+
+    def f(sub):
+        t = theta.copy()
+        t[idx] = sub
+        return client.log_prior(t, config)[0]
+
+    np.testing.assert_allclose(grad[idx], approx_fprime(theta[idx], f, 1e-6),
+                               rtol=1e-5, atol=1e-6)
+    ls = client.pack.slices["lengthscale_l"]
+    t = theta.copy()
+    t[ls] = centre
+    at_centre = client.log_prior(t, config)[0]
+    t[ls.start] += fed.LOCAL_PRIOR_SD * 2.0  # one input two prior sd off
+    assert at_centre - client.log_prior(t, config)[0] == pytest.approx(2.0, rel=1e-12)
+    # a client of 32 points or more has no such prior
+    X2 = np.vstack([X, rng.uniform(0, 1, (40, 3))])
+    g2 = np.r_[g, np.full(40, 6)]
+    y2 = np.r_[y, np.sin(3 * X2[60:, 0]) + X2[60:, 1] * X2[60:, 2]]
+    big = _fit(X2, y2, g2, n_rounds=1).clients_[6]
+    t = big.theta.copy()
+    v0 = big.log_prior(t, config)[0]
+    t[big.pack.slices["lengthscale_l"]] += 3.0
+    assert big.log_prior(t, config)[0] == v0

@@ -60,6 +60,7 @@ def test_without_the_restart_the_local_part_stays_off(monkeypatch):
     # removes is still there
     monkeypatch.setattr(fed, "LOCAL_OFF_RATIO", 0.0)
     monkeypatch.setattr(fed, "LOCAL_PRIOR_MIN_CLIENTS", 10**9)
+    monkeypatch.setattr(fed, "LOCAL_LENGTHSCALE_PRIOR_POINTS", 0)
     X, y, g, Xt, gt, ft = _federation()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -330,6 +330,9 @@ def test_fitted_state_is_consistent(fitted):
             delta = np.log(B["noise_variance"]) - np.log(c.prior_noise)
             lp += -0.5 * (delta / est.noise_prior_scale) ** 2
         lp += -c.prior_local["sd_rate"] * np.sqrt(B["variance_l"])
+        if c.n_samples < fed.LOCAL_LENGTHSCALE_PRIOR_POINTS:  # log ell_l ~ N(log ell_pop, sd^2)
+            lp += -0.5 * np.sum(((np.log(B["lengthscale_l"])
+                                  - c.prior_local["lengthscale_centre"]) / fed.LOCAL_PRIOR_SD) ** 2)
         if "shared_amplitude" in B:  # log a_i ~ N(log a_c, sd^2), s_i = a_i / sqrt(variance_g)
             a = B["shared_amplitude"]
             lp += -0.5 * ((np.log(a) - c.prior_local["log_amplitude_centre"])
