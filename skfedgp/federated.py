@@ -3810,7 +3810,8 @@ class StructuredClient:
 
         A client with fewer than :data:`PILOT_POOL_POINTS` observations on the
         clients' typical scale replaces the penalised-complexity prior of its
-        local standard deviation by ``log ell_l ~ N(log ell_c, s^2)`` per
+        local standard deviation and the prior of its local lengthscales
+        centred on the population's lengthscales by ``log ell_l ~ N(log ell_c, s^2)`` per
         input and ``log sigma_l^2 ~ N(log sigma_c^2, s^2)``, ``s =``
         :data:`LOCAL_PRIOR_SD`, ``(ell_c, sigma_c^2)`` the ``centre``
         (:class:`LocalKernelSummary`). Returns None (nothing sent).
@@ -3916,7 +3917,11 @@ class StructuredClient:
                 # spread: a client on another scale keeps a local part of its size
                 "sd_rate": float(LOCAL_SD_RATE / np.sqrt(max(population.variance, own_var,
                                                              1e-12))),
-                "lengthscale_centre": np.log(np.asarray(population.lengthscale, dtype=float)),
+                # the small clients' local lengthscale prior (log_prior): a
+                # given local lengthscale is its own centre
+                "lengthscale_centre": np.log(np.asarray(
+                    population.lengthscale if config.local_lengthscale is None else ell,
+                    dtype=float)),
                 # where a switched-off local part is restarted from
                 # (:meth:`_restart_local`): the start of a client without a pilot
                 "restart": (np.asarray(
@@ -4270,19 +4275,24 @@ class StructuredClient:
         ``sigma_pop`` the larger of the pilots' median signal std and the
         client's own target std (a larger local part has prior probability
         0.05), used without the log-scale Jacobian so that the
-        local part can still be switched off; a client with fewer than
-        :data:`LOCAL_LENGTHSCALE_PRIOR_POINTS` observations also has ``log ell_l ~
-        N(log ell_pop, LOCAL_PRIOR_SD^2)`` per input, ``ell_pop`` the
-        population's lengthscales at set-up (``prior_local["lengthscale_centre"]``):
-        its few points cannot tell which inputs its departure varies in. A client with a handful of
+        local part can still be switched off. A client with a handful of
         points cannot then turn its local part into a second, freely scaled
-        level. A client that learns its scale ``s_i`` on the shared parts
+        level. A client with fewer than
+        :data:`LOCAL_LENGTHSCALE_PRIOR_POINTS` observations also has ``log
+        ell_l ~ N(log ell_pop, LOCAL_PRIOR_SD^2)`` per input, ``ell_pop`` the
+        population's lengthscales at set-up, or the given
+        ``local_lengthscale`` (``prior_local["lengthscale_centre"]``): its few
+        points cannot tell which inputs its departure varies in. An input
+        the population switched off has a centre far beyond the box, so the
+        prior pushes the client's local part to switch it off too. The
+        larger clients' local kernels, once they form a prior
+        (:meth:`set_local_prior`), replace both local priors. A client that learns its scale ``s_i`` on the shared parts
         has, on its amplitude ``a_i = s_i sqrt(variance_g)``,
         ``log a_i ~ N(log a_start, CLIENT_SCALE_PRIOR_SD^2)``, ``a_start`` its
         set-up value (a weak prior: the data decide); if its targets vary far
         less than the others', its noise centre ``s2_c`` is in its own units
         (:meth:`initialise`). ``noise_prior_scale=None``
-        switches all three priors off.
+        switches all these priors off.
         Constant terms are dropped.
 
         Returns

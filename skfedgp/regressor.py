@@ -706,8 +706,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Initial global lengthscale(s), in input units; None: the median of
         the clients' pilot lengthscales, each client weighted by its number
         of observations (a pilot on a handful of points says little about
-        the lengthscales; mean-field family: 0.2 times each feature's
-        range).
+        the lengthscales; the clients of 4-31 points count with the pilot
+        they fit together, when they form one; mean-field family: 0.2 times
+        each feature's range).
     lengthscale_starts : sequence of float or "multi", default=(1.0,)
         Structured family, ``lengthscale=None``: factors of the starting
         global lengthscales (the weighted median of the clients' pilot lengthscales,
@@ -892,7 +893,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         off. A client with fewer than 32 observations also gets
         ``log ell_l ~ N(log ell_pop, 1)`` on each local lengthscale,
         ``ell_pop`` the population's lengthscales (the pilots' weighted
-        median, the small clients counting with their pooled pilot): a
+        median, the small clients counting with their pooled pilot when
+        they form one; a given ``local_lengthscale`` is its own centre): a
         handful of points cannot tell which inputs its departure varies in,
         and a fit that switched inputs off (lengthscales at their upper
         bound) left its band far too narrow away from its points (30 clients

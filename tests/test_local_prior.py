@@ -293,6 +293,12 @@ def test_small_clients_local_lengthscales_take_the_population_as_their_prior():
     at_centre = client.log_prior(t, config)[0]
     t[ls.start] += fed.LOCAL_PRIOR_SD * 2.0  # one input two prior sd off
     assert at_centre - client.log_prior(t, config)[0] == pytest.approx(2.0, rel=1e-12)
+    # a given local lengthscale is its own centre (the start it was given,
+    # in the model's scaled units, as the restart of a switched-off part)
+    given = _fit(X, y, g, n_rounds=1, local_lengthscale=0.3).clients_[2]
+    np.testing.assert_allclose(given.prior_local["lengthscale_centre"],
+                               np.log(given.prior_local["restart"][0]), rtol=1e-12)
+    assert not np.allclose(given.prior_local["lengthscale_centre"], centre)
     # a client of 32 points or more has no such prior
     X2 = np.vstack([X, rng.uniform(0, 1, (40, 3))])
     g2 = np.r_[g, np.full(40, 6)]
