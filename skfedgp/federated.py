@@ -3811,8 +3811,8 @@ class StructuredClient:
         A client with fewer than :data:`PILOT_POOL_POINTS` observations on the
         clients' typical scale replaces the penalised-complexity prior of its
         local standard deviation and the prior of its local lengthscales
-        centred on the population's lengthscales by ``log ell_l ~ N(log ell_c, s^2)`` per
-        input and ``log sigma_l^2 ~ N(log sigma_c^2, s^2)``, ``s =``
+        centred on the population's lengthscales by ``log ell_l ~ N(log
+        ell_c, s^2)`` per input and ``log sigma_l^2 ~ N(log sigma_c^2, s^2)``, ``s =``
         :data:`LOCAL_PRIOR_SD`, ``(ell_c, sigma_c^2)`` the ``centre``
         (:class:`LocalKernelSummary`). Returns None (nothing sent).
         """
@@ -4286,8 +4286,8 @@ class StructuredClient:
         the population switched off has a centre far beyond the box, so the
         prior pushes the client's local part to switch it off too. The
         larger clients' local kernels, once they form a prior
-        (:meth:`set_local_prior`), replace both local priors. A client that learns its scale ``s_i`` on the shared parts
-        has, on its amplitude ``a_i = s_i sqrt(variance_g)``,
+        (:meth:`set_local_prior`), replace both local priors. A client that
+        learns its scale ``s_i`` on the shared parts has, on its amplitude ``a_i = s_i sqrt(variance_g)``,
         ``log a_i ~ N(log a_start, CLIENT_SCALE_PRIOR_SD^2)``, ``a_start`` its
         set-up value (a weak prior: the data decide); if its targets vary far
         less than the others', its noise centre ``s2_c`` is in its own units
