@@ -4287,7 +4287,8 @@ class StructuredClient:
         prior pushes the client's local part to switch it off too. The
         larger clients' local kernels, once they form a prior
         (:meth:`set_local_prior`), replace both local priors. A client that
-        learns its scale ``s_i`` on the shared parts has, on its amplitude ``a_i = s_i sqrt(variance_g)``,
+        learns its scale ``s_i`` on the shared parts has, on its amplitude
+        ``a_i = s_i sqrt(variance_g)``,
         ``log a_i ~ N(log a_start, CLIENT_SCALE_PRIOR_SD^2)``, ``a_start`` its
         set-up value (a weak prior: the data decide); if its targets vary far
         less than the others', its noise centre ``s2_c`` is in its own units

@@ -900,7 +900,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         bound) left its band far too narrow away from its points (30 clients
         x 10 points in 5 inputs: 13 % of held-out points beyond 3 std, now
         5 %; an exact GP with one-hot client columns 1.3 %). From round 2 a
-        client with fewer than 32 observations on the clients' typical scale (and no learned scale of its own) instead
+        client with fewer than 32 observations on the clients' typical scale
+        (and no learned scale of its own) instead
         takes a log-normal prior (sd 1) on its local lengthscales and
         variance centred on the larger clients' local kernels: their
         lengthscales and the mean size of their fitted departures, once at
