@@ -4998,6 +4998,26 @@ def _masked_mean(values, mask):
     return np.where(count > 0, masked, values.mean(axis=0))
 
 
+def _median_lengthscale(log_lengthscales, weights):
+    """Per-input weighted median of lengthscales given as logs (interpolated).
+
+    Parameters
+    ----------
+    log_lengthscales : array-like of shape (k, d)
+        One row of log lengthscales per source.
+    weights : array-like of shape (k,)
+        Its weight (number of observations).
+
+    Returns
+    -------
+    ndarray of shape (d,)
+        The lengthscales (not their logs).
+    """
+    log_ell = np.asarray(log_lengthscales, dtype=float)
+    return np.exp(np.array([_weighted_median(log_ell[:, j], weights, interpolate=True)
+                            for j in range(log_ell.shape[1])]))
+
+
 def _weighted_median(values, weights, interpolate=False):
     """Weighted median: the smallest value whose cumulative weight reaches half.
 
@@ -5562,27 +5582,24 @@ class _StructuredRun:
         # noise, which a white kernel of any split explains); no pool
         if x[d + 1] <= lo[d + 1] + np.log(10.0) or np.any(x[:d] <= lo[:d] + np.log(10.0)):
             return pop.noise_variance
-        # the other clients' pilots that did not interpolate (noise_identified)
-        others = [c for c, p in pilots.items()
-                  if p is not None and c in self.active and c not in members
-                  and noise_identified(p)]
-        own = [c for c in members if pilots.get(c) is not None]
-        # the pooled lengthscales stand for the pooled clients' own in the
-        # population's weighted median, as the pooled noise does below
         rest = [c for c, p in pilots.items()
                 if p is not None and c in self.active and c not in members]
-        w = [self.n_samples[c] for c in rest] + [sum(self.n_samples[c] for c in members)]
-        log_ell = np.array([np.log(pilots[c].lengthscale) for c in rest] + [x[:d]])
-        pop.lengthscale = np.exp(np.array([_weighted_median(log_ell[:, j], w, interpolate=True)
-                                           for j in range(d)]))
+        # the other clients' pilots that did not interpolate (noise_identified)
+        others = [c for c in rest if noise_identified(pilots[c])]
+        own = [c for c in members if pilots.get(c) is not None]
+        n_members = sum(self.n_samples[c] for c in members)
+        # the pooled lengthscales stand for the pooled clients' own in the
+        # population's weighted median, as the pooled noise does below
+        pop.lengthscale = _median_lengthscale(
+            [np.log(pilots[c].lengthscale) for c in rest] + [x[:d]],
+            [self.n_samples[c] for c in rest] + [n_members])
         pooled = float(np.exp(x[d + 1]))
         pop.noise_identified = True
         if own:
             pooled = max(pooled, _weighted_median([pilots[c].noise_variance for c in own],
                                                   [self.n_samples[c] for c in own]))
         centre = _weighted_median([pilots[c].noise_variance for c in others] + [pooled],
-                                  [self.n_samples[c] for c in others]
-                                  + [sum(self.n_samples[c] for c in members)])
+                                  [self.n_samples[c] for c in others] + [n_members])
         # the spread of the small clients' log noise variances around the
         # pooled optimum, from every client that joined the pool (an outlier
         # left out of the kernel fit too: it is evidence of spread): the
@@ -5709,10 +5726,8 @@ class _StructuredRun:
                            if getattr(p, "noise_variance_target", None) is not None]
 
             noise_pop, identified = population_noise(good, sizes, return_identified=True)
-            log_ell = np.array([np.log(p.lengthscale) for p in good])
             pop = _PopulationPilot(
-                np.exp(np.array([_weighted_median(log_ell[:, j], sizes, interpolate=True)
-                                 for j in range(log_ell.shape[1])])),
+                _median_lengthscale([np.log(p.lengthscale) for p in good], sizes),
                 _weighted_median([p.variance for p in good], sizes, interpolate=True),
                 # pilots that interpolated their points say nothing about the
                 # noise (population_noise)

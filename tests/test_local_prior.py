@@ -207,12 +207,9 @@ def test_partial_participation_reports_only_fitted_kernels(monkeypatch):
     assert set(reports) <= set(est.server_.local_fitted_)
 
 
-def test_log_prior_gradient_with_the_population_prior(case):
-    *_, est = case
-    client = est.clients_[3]
-    config = est.server_.config
-    theta = client.theta.copy()
-    value, grad = client.log_prior(theta, config)
+def _assert_log_prior_gradient(client, config, theta):
+    """The local hyperparameters' log-prior gradient against finite differences."""
+    _, grad = client.log_prior(theta, config)
     sl = [client.pack.slices[k] for k in ("lengthscale_l", "variance_l", "noise_variance")]
     idx = np.concatenate([np.arange(s.start, s.stop) for s in sl])
 
@@ -221,8 +218,16 @@ def test_log_prior_gradient_with_the_population_prior(case):
         t[idx] = sub
         return client.log_prior(t, config)[0]
 
-    num = approx_fprime(theta[idx], f, 1e-6)
-    np.testing.assert_allclose(grad[idx], num, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad[idx], approx_fprime(theta[idx], f, 1e-6),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_log_prior_gradient_with_the_population_prior(case):
+    *_, est = case
+    client = est.clients_[3]
+    config = est.server_.config
+    theta = client.theta.copy()
+    _assert_log_prior_gradient(client, config, theta)
     # the population prior replaced the exponential prior of sigma_l
     ell_c, var_c = client.prior_local["population"]
     t = theta.copy()
@@ -276,17 +281,7 @@ def test_small_clients_local_lengthscales_take_the_population_as_their_prior():
     centre = client.prior_local["lengthscale_centre"]
     np.testing.assert_allclose(centre, np.log(est.server_.population_pilot.lengthscale))
     theta = client.theta.copy()
-    value, grad = client.log_prior(theta, config)
-    sl = [client.pack.slices[k] for k in ("lengthscale_l", "variance_l", "noise_variance")]
-    idx = np.concatenate([np.arange(s.start, s.stop) for s in sl])
-
-    def f(sub):
-        t = theta.copy()
-        t[idx] = sub
-        return client.log_prior(t, config)[0]
-
-    np.testing.assert_allclose(grad[idx], approx_fprime(theta[idx], f, 1e-6),
-                               rtol=1e-5, atol=1e-6)
+    _assert_log_prior_gradient(client, config, theta)
     ls = client.pack.slices["lengthscale_l"]
     t = theta.copy()
     t[ls] = centre
