@@ -2928,8 +2928,48 @@ def warning_filters_kept():
             _filters_mutated()
 
 
+#: Pilot fits made within :func:`pilot_memo` (one call of ``fit``), by a key
+#: of the client's arrays and seed; None outside it.
+_PILOT_MEMO = None
+_PILOT_MEMO_LOCK = threading.Lock()
+_PILOT_MEMO_USERS = 0
+
+
+@contextlib.contextmanager
+def pilot_memo():
+    """Reuse pilot fits of the same client data within the block.
+
+    A call of :meth:`FederatedHierarchicalGPRegressor.fit` may train more
+    than one model on the same data (``restart_from_global``: the global-only
+    fit before or after the full one). Each run's set-up asks every client
+    for its pilot (:func:`pilot_fit`), a deterministic function of the
+    client's scaled inputs, standardised targets and seed; within this block
+    a client answers a repeated request from the first answer (a deployed
+    client would keep its pilot), so the exact-GP fits run once. The upload
+    is still sent and counted in ``communication_`` by every run. The memo
+    holds a digest of the arrays, never the arrays, and is dropped when the
+    outermost block ends. Pilots run in other processes (a process-based
+    joblib backend) do not share it and are simply fitted again.
+    """
+    global _PILOT_MEMO, _PILOT_MEMO_USERS
+    with _PILOT_MEMO_LOCK:
+        if _PILOT_MEMO_USERS == 0:
+            _PILOT_MEMO = {}
+        _PILOT_MEMO_USERS += 1
+    try:
+        yield
+    finally:
+        with _PILOT_MEMO_LOCK:
+            _PILOT_MEMO_USERS -= 1
+            if _PILOT_MEMO_USERS == 0:
+                _PILOT_MEMO = None
+
+
 def pilot_fit(X, y, random_state):
     """Quick exact GP on at most :data:`PILOT_MAX_POINTS` rows (scikit-learn).
+
+    Within :func:`pilot_memo` a repeated call with equal arrays and seed
+    returns a copy of the first call's result.
 
     Parameters
     ----------
@@ -2975,6 +3015,26 @@ def pilot_fit(X, y, random_state):
     :func:`resolution_floor` of the client's inputs (all its rows), where
     the likelihood is flat, is raised to it.
     """
+    memo = _PILOT_MEMO
+    if memo is None:
+        return _pilot_fit(X, y, random_state)
+    import hashlib
+
+    X = np.ascontiguousarray(X, dtype=float)
+    y = np.ascontiguousarray(y, dtype=float)
+    h = hashlib.blake2b(digest_size=32)
+    for a in (X, y):
+        h.update(repr(a.shape).encode())
+        h.update(a.tobytes())
+    key = (h.hexdigest(), repr(random_state))
+    if key not in memo:
+        # an error is not kept: a repeated request fits again and raises again
+        memo[key] = _pilot_fit(X, y, random_state)
+    return copy.deepcopy(memo[key])
+
+
+def _pilot_fit(X, y, random_state):
+    """:func:`pilot_fit` without the memo."""
     from sklearn.exceptions import ConvergenceWarning as _CW
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel

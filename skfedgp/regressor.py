@@ -64,6 +64,7 @@ from .federated import (
     check_same_model,
     learns_inducing,
     run_federated_training,
+    pilot_memo,
     run_structured_training,
     shared_scale,
     warm_start_state,
@@ -1654,19 +1655,20 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         # With a restart possible, the end-of-fit diagnostics wait until the
         # run to keep is known, and _fit keeps the validated data meanwhile
         self._restart_pending = restart
-        try:
-            self._fit(X, y, groups)
-        finally:
-            del self._restart_pending
-        self.client_column_ = self.client_column
-        # multi-output targets: set by _fit when the global-only fit came first
-        self.global_only_elbo_, self.restarted_from_global_ = self.__dict__.pop(
-            "_global_first", (None, None))
-        if restart:
-            data = self.__dict__.pop("_fit_data", None)
-            if data is not None and self.n_outputs_ == 1 and self.n_iter_ > 0:
-                self._restart_from_global(*data, mode)
-            self._issue_diagnostics()
+        with pilot_memo():  # the extra runs reuse the clients' pilots
+            try:
+                self._fit(X, y, groups)
+            finally:
+                del self._restart_pending
+            self.client_column_ = self.client_column
+            # multi-output targets: set by _fit when the global-only fit came first
+            self.global_only_elbo_, self.restarted_from_global_ = self.__dict__.pop(
+                "_global_first", (None, None))
+            if restart:
+                data = self.__dict__.pop("_fit_data", None)
+                if data is not None and self.n_outputs_ == 1 and self.n_iter_ > 0:
+                    self._restart_from_global(*data, mode)
+                self._issue_diagnostics()
         return self
 
     def _may_restart_from_global(self):

@@ -4,6 +4,7 @@ Several starting lengthscales, the best marginal likelihood kept, and the
 booking of their messages.
 """
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -264,3 +265,41 @@ def test_grid_floor_accepts_a_shorter_given_lengthscale_and_does_not_warn():
     for c in est.clients_.values():
         ell = c.local_values()["lengthscale_l"]
         assert np.all(ell >= c._resolution * (1 - 1e-9))
+
+
+def test_the_extra_run_of_a_fit_reuses_the_clients_pilots(monkeypatch):
+    """``restart_from_global`` trains a second model on the same data, whose
+    set-up asks every client for its pilot again: the exact GPs are fitted
+    once per client (scikit-learn's fit is the set-up's main cost in many
+    inputs), the second run still sends and books the uploads, and the fitted
+    model is the one where every pilot is fitted again."""
+    import skfedgp.regressor as reg
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (160, 2))
+    g = np.repeat(np.arange(4), 40)
+    y = np.sin(6 * X[:, 0]) + 0.3 * g * X[:, 1] + 0.1 * rng.normal(size=160)
+    calls = []
+    fitted = fed._pilot_fit
+
+    def counting(*args):
+        calls.append(1)
+        return fitted(*args)
+
+    monkeypatch.setattr(fed, "_pilot_fit", counting)
+    kw = dict(random_state=0, restart_from_global=True, n_rounds=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = FederatedHierarchicalGPRegressor(**kw).fit(X, y, g)
+        assert est.restarted_from_global_ is not None  # the second run was made
+        assert len(calls) == 4
+        assert fed._PILOT_MEMO is None  # nothing is left once fit returns
+        monkeypatch.setattr(reg, "pilot_memo", contextlib.nullcontext)
+        del calls[:]
+        ref = FederatedHierarchicalGPRegressor(**kw).fit(X, y, g)
+    # three runs: the full model, the global-only model, and the full model
+    # restarted from the latter's lengthscales
+    assert len(calls) == 12
+    assert est.elbo_history_ == ref.elbo_history_
+    assert est.communication_ == ref.communication_
+    np.testing.assert_array_equal(est.predict(X, g), ref.predict(X, g))
