@@ -102,6 +102,35 @@ def _listing(labels):
     return shown
 
 
+def check_bool(value, name):
+    """A flag parameter: True or False (NumPy's booleans too).
+
+    Parameters
+    ----------
+    value : object
+        The value given.
+    name : str
+        Parameter name for the message.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be True or False, got <value>"`` (a string such as
+        ``"False"`` would otherwise count as True).
+
+    Notes
+    -----
+    Package plumbing; no paper source.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_count(value, name, *, allow_none=False):
     """A count parameter: an integer ``>= 1`` (a bool is not one).
 

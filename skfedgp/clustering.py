@@ -15,8 +15,8 @@ from sklearn.cluster import SpectralClustering
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import (check_finite_scalar, keep_state_on_error, normalise_labels,
-                          unique_labels)
+from ._validation import (_object_array, check_finite_scalar, keep_state_on_error,
+                          normalise_labels, unique_labels)
 from .federated import default_sizes_quiet
 from .kernels import se_ard
 from .regressor import FederatedHierarchicalGPRegressor
@@ -300,7 +300,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         The fitted regressor used.
     clients_ : ndarray of shape (n_clients,)
         Client labels, sorted (labels of mixed types, e.g. ``0`` and
-        ``"b"``, in first-seen order, as an object array).
+        ``"b"``, in first-seen order, as an object array; tuple labels as
+        a 1-D object array of tuples).
     client_labels_ : ndarray of shape (n_clients,)
         Cluster of each client.
     labels_ : ndarray of shape (n_samples,)
@@ -411,7 +412,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         if h["Z_g"] is None:
             raise ValueError("operator='posterior' needs a regressor with a global block")
         Zg = h["Z_g"]
-        parts = reg.predict_components(Zg, [label] * Zg.shape[0])
+        parts = reg.predict_components(Zg, _object_array([label] * Zg.shape[0]))
         personal = [parts[c] for c in ("deviation", "local") if c in parts]
         if not personal:
             raise ValueError("operator='posterior' needs a deviation or local component")
@@ -470,7 +471,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         """
         lo, width, counts, centres = grid
         mu, var = self._personal(reg, label, centres)
-        resid = yi - reg.predict(Xi, [label] * Xi.shape[0])
+        resid = yi - reg.predict(Xi, _object_array([label] * Xi.shape[0]))
         cell = self._cell_index(Xi, lo, width, counts)
         K = centres.shape[0]
         n = np.bincount(cell, minlength=K)
@@ -483,7 +484,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
     @staticmethod
     def _personal(reg, label, T):
         """Posterior mean and variance of ``h_i = c_i + f_delta_i + f_i`` at ``T``."""
-        parts = reg.predict_components(T, [label] * T.shape[0])
+        parts = reg.predict_components(T, _object_array([label] * T.shape[0]))
         names = [c for c in ("offset", "deviation", "local") if c in parts]
         if not any(c in parts for c in ("offset", "deviation", "local")):
             raise ValueError("operator='personal' needs a regressor with a client "
@@ -574,9 +575,9 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         groups = normalise_labels(groups, "groups")  # dates as Timestamps, hashable
         uniq, inv = unique_labels(groups)  # mixed label types too
         n_str = sum(isinstance(u, str) for u in uniq)
-        if 0 < n_str < len(uniq):  # str and other labels: an object array, first-seen order
-            clients = np.empty(len(uniq), dtype=object)
-            clients[:] = uniq
+        if 0 < n_str < len(uniq) or any(isinstance(u, tuple) for u in uniq):
+            # str and other labels (first-seen order), or tuples: a 1-D object array
+            clients = _object_array(uniq)
         else:
             clients = np.asarray(uniq)
         if clients.shape[0] < max(2, self.n_clusters):
@@ -592,10 +593,11 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                                  "regressor was fitted on")
             y = np.asarray(y, dtype=np.float64)
             if y.ndim != 1 or y.shape[0] != X.shape[0]:
+                hint = (" (multi-output regressors are not supported by this operator; use "
+                        "operator='personal')" if y.ndim == 2 and y.shape[1] > 1 else "")
                 raise ValueError(
                     "operator='personal_residual' needs 1-D y with one target per row of X "
-                    f"({X.shape[0]}), got shape {y.shape} (multi-output regressors are not "
-                    "supported by this operator; use operator='personal')")
+                    f"({X.shape[0]}), got shape {y.shape}{hint}")
             if not np.all(np.isfinite(y)):
                 raise ValueError("operator='personal_residual' needs finite y (NaN or inf "
                                  "found)")
@@ -657,7 +659,11 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         W = np.exp(-rho / med) if self.affinity == "rbf" else 1.0 / (1.0 + rho / med)
         sc = SpectralClustering(n_clusters=self.n_clusters, affinity="precomputed",
                                 random_state=self.random_state)
-        client_labels = sc.fit_predict(W)
+        with warnings.catch_warnings():
+            # as many clusters as clients: the embedding asks ARPACK for every
+            # eigenvector and SciPy says it falls back to its dense solver
+            warnings.filterwarnings("ignore", message="k >= N", category=RuntimeWarning)
+            client_labels = sc.fit_predict(W)
 
         self.estimator_ = reg
         self.clients_ = clients

@@ -37,6 +37,7 @@ from ._structured import (
 )
 from ._validation import (
     ClientLabelWarning,
+    check_bool,
     check_groups,
     check_label_types,
     check_not_strings,
@@ -1413,7 +1414,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             local_steps=_int("local_steps", 0, default=20 if lbfgs else 80),
             learning_rate=_pos_float("learning_rate"),
             global_learning_rate=_pos_float("global_learning_rate"),
-            normalize_y=bool(self.normalize_y),
+            normalize_y=check_bool(self.normalize_y, "normalize_y"),
             variational_update=self._check_variational_update(),
             variational_family=family,
             optimizer=optimizer,

@@ -394,3 +394,17 @@ def test_shared_parts_off_warning_names_the_outcome():
     with warnings.catch_warnings():
         warnings.simplefilter("error", SharedPartsOffWarning)
         FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, groups=g)
+
+
+@pytest.mark.parametrize("value", ["False", "yes", 0, None])
+def test_flags_must_be_booleans(value):
+    """A string such as "False" must not count as True (it did, silently)."""
+    from skfedgp import AsyncDGPRegressor
+
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0, 5, (30, 1)), rng.normal(size=30)
+    with pytest.raises(ValueError, match="normalize_y must be True or False"):
+        FederatedHierarchicalGPRegressor(normalize_y=value, n_rounds=1).fit(X, y)
+    with pytest.raises(ValueError, match="optimize_hyperparameters must be True or False"):
+        AsyncDGPRegressor(n_experts=2, optimize_hyperparameters=value).fit(X, y)
+    FederatedHierarchicalGPRegressor(normalize_y=np.bool_(False), n_rounds=1).fit(X, y)

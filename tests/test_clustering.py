@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
@@ -571,3 +572,27 @@ def test_indistinguishable_clients_are_reported():
         warnings.filterwarnings("error", message=".*equally dissimilar")
         oc = OperatorClustering(2, random_state=0).fit(np.tile(x, 4)[:, None], y2, groups=g)
     assert adjusted_rand_score([0, 0, 1, 1], oc.client_labels_) == 1.0
+
+
+def test_tuple_client_labels_and_as_many_clusters_as_clients():
+    """Labels the regressor accepts (tuples in a 1-D object array) work with
+    every operator, and n_clusters equal to the number of clients needs no
+    SciPy warning about its dense eigensolver."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (80, 1))
+    g = np.repeat(np.arange(4), 20)
+    y = np.sin(X[:, 0]) + 0.3 * (g % 2) + 0.05 * rng.normal(size=80)
+    tl = np.empty(4, dtype=object)
+    tl[:] = [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=4,
+                                               n_rounds=3).fit(X, y, tl[g])
+    for operator in ("published", "personal", "personal_residual", "posterior"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            oc = OperatorClustering(4, reg, operator=operator, random_state=0).fit(X, y, tl[g])
+        assert list(oc.clients_) == list(tl)
+        assert sorted(oc.client_labels_) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"got shape \(79,\)$"):
+        OperatorClustering(2, reg, operator="personal_residual").fit(X, y[:-1], tl[g])
