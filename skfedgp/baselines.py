@@ -43,6 +43,7 @@ from sklearn.utils.validation import (
 from ._linalg import cholesky_inverse, single_threaded_blas
 from ._validation import (
     ClientLabelWarning,
+    _object_array,
     check_finite_scalar,
     check_groups,
     check_label_types,
@@ -831,7 +832,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             _check_cov_budget(n)  # before anything n x n is allocated
         if groups is None:
             if len(self.clients_) == 1:
-                groups = np.array([next(iter(self.clients_))] * n, dtype=object)
+                groups = _object_array([next(iter(self.clients_))] * n)
             else:
                 warnings.warn(
                     f"predict was called with groups=None on a PFedGPRegressor fitted with "

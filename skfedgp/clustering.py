@@ -659,10 +659,11 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         W = np.exp(-rho / med) if self.affinity == "rbf" else 1.0 / (1.0 + rho / med)
         sc = SpectralClustering(n_clusters=self.n_clusters, affinity="precomputed",
                                 random_state=self.random_state)
-        with warnings.catch_warnings():
-            # as many clusters as clients: the embedding asks ARPACK for every
-            # eigenvector and SciPy says it falls back to its dense solver
-            warnings.filterwarnings("ignore", message="k >= N", category=RuntimeWarning)
+        if self.n_clusters == len(clients):
+            # one client per cluster: nothing to embed (SciPy's eigensolver
+            # would warn that it needs every eigenvector)
+            client_labels = np.arange(len(clients))
+        else:
             client_labels = sc.fit_predict(W)
 
         self.estimator_ = reg

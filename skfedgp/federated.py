@@ -1924,21 +1924,23 @@ PILOT_POOL_MIN_TOTAL = 30
 #: clients whose noise draws were merely larger were left out.
 PILOT_POOL_OUTLIER_Z = 5.0
 #: The pooled pilot's noise variance counts only when the pool identifies it:
-#: the standard error of its log, ``1 / sqrt(sum_i I_i)`` over the pooled
-#: clients' expected Fisher informations ``I_i`` at the optimum
-#: (:func:`pool_evidence`), at most this (log units: known within a factor
-#: ``e``). The pool models the clients as independent draws, so only pairs
-#: of points within a client inform it; in several inputs a client's
-#: handful of points lies too far apart to tell noise from short-scale
-#: signal. 30 clients of 10 rows in 5 inputs, each with its own smooth
-#: departure (noise variance 0.0079 in standardised units): standard
-#: errors 2.0-6900, pooled noise 1e-6-0.003, and the clients' noise
+#: the conditional standard error of its log (given the pool's other
+#: hyperparameters), ``1 / sqrt(sum_i I_i)`` over the pooled clients'
+#: expected Fisher informations ``I_i`` at the optimum (:func:`pool_evidence`),
+#: at most this (log units: a factor ``e``; the marginal one, with the
+#: lengthscales and variance unknown too, is larger). The pool models the
+#: clients as independent draws, so only pairs of points within a client
+#: inform it; in several inputs a client's handful of points lies too far
+#: apart to tell noise from short-scale signal. 30 clients of 10 rows in 5
+#: inputs, each with its own smooth departure (noise variance 0.0079 in
+#: standardised units): 2.0, pooled noise 0.003, and the clients' noise
 #: hyperprior centred there left 5.3 % of held-out points beyond 3 std;
-#: without departures 0.49-0.64 (pooled noise within 1.7 times the
-#: truth), in 1-2 inputs 0.06-0.15. The pilots' weighted median
-#: (:func:`population_noise`) then stays, when it is identified itself
-#: (there 0.016: 1.3 % beyond 3 std, as an exact GP with one-hot client
-#: columns); else the pool's value is kept as before.
+#: without departures about 0.5-0.7, in 1-2 inputs 0.06-0.21. The
+#: weighted median of the pilots that did not interpolate
+#: (:func:`population_noise`, the pooled clients' own among them) then
+#: stays, when there are such pilots (there 0.016: 1.3 % beyond 3 std, as
+#: an exact GP with one-hot client columns); else the pool's value is
+#: kept as before.
 PILOT_POOL_MAX_NOISE_SE = 1.0
 
 
@@ -2965,7 +2967,8 @@ def pilot_memo():
     client would keep its pilot), so the exact-GP fits run once. The upload
     is still sent and counted in ``communication_`` by every run. The memo
     holds a digest of the arrays, never the arrays, and is dropped when the
-    outermost block ends. Pilots run in other processes (a process-based
+    last block that uses it ends (with fits overlapping in several threads,
+    when the last of them returns). Pilots run in other processes (a process-based
     joblib backend) do not share it and are simply fitted again.
     """
     global _PILOT_MEMO, _PILOT_MEMO_USERS
@@ -5675,13 +5678,19 @@ class _StructuredRun:
             at = exchange(x, joined)
         except _PoolFailed:
             at = {}
-        info = [at[c].noise_information for c in members if at.get(c) is not None]
-        if (getattr(pop, "noise_identified", False) and len(info) == len(members)
+        try:
+            # the members' replies at x (already held unless an outlier was
+            # left out): another client lost in the exchange above does not
+            # decide the check
+            info = [m.noise_information for m in member_replies(x, members).values()]
+        except _PoolFailed:
+            info = None
+        if (getattr(pop, "noise_identified", False) and info is not None
                 and not (np.sum(info) > 0
                          and np.sum(info) ** -0.5 <= PILOT_POOL_MAX_NOISE_SE)):
             # the pool does not identify the noise (PILOT_POOL_MAX_NOISE_SE)
-            # and the other pilots do: their value stays; the pool's
-            # lengthscales count (above)
+            # while the pilots that did not interpolate do: their weighted
+            # median stays; the pool's lengthscales count (above)
             return pop.noise_variance
         pooled = float(np.exp(x[d + 1]))
         pop.noise_identified = True

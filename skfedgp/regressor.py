@@ -9,6 +9,7 @@ leaves open are written down in ``docs/maths.md``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import os
@@ -37,6 +38,7 @@ from ._structured import (
 )
 from ._validation import (
     ClientLabelWarning,
+    _object_array,
     check_bool,
     check_groups,
     check_label_types,
@@ -1656,7 +1658,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         # With a restart possible, the end-of-fit diagnostics wait until the
         # run to keep is known, and _fit keeps the validated data meanwhile
         self._restart_pending = restart
-        with pilot_memo():  # the extra runs reuse the clients' pilots
+        # the extra runs of restart_from_global reuse the clients' pilots
+        with pilot_memo() if restart else contextlib.nullcontext():
             try:
                 self._fit(X, y, groups)
             finally:
@@ -2121,7 +2124,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         Xf, groups = self._validate_predict_X(X, groups, where)
         if groups is None:
             if len(self.clients_) == 1:
-                groups = np.array([next(iter(self.clients_))] * Xf.shape[0], dtype=object)
+                groups = _object_array([next(iter(self.clients_))] * Xf.shape[0])
             else:
                 warn_groups_missing(list(self.clients_), where, stacklevel=stacklevel)
                 groups = np.array([_Population] * Xf.shape[0], dtype=object)

@@ -407,4 +407,34 @@ def test_flags_must_be_booleans(value):
         FederatedHierarchicalGPRegressor(normalize_y=value, n_rounds=1).fit(X, y)
     with pytest.raises(ValueError, match="optimize_hyperparameters must be True or False"):
         AsyncDGPRegressor(n_experts=2, optimize_hyperparameters=value).fit(X, y)
-    FederatedHierarchicalGPRegressor(normalize_y=np.bool_(False), n_rounds=1).fit(X, y)
+
+
+def test_numpy_booleans_are_flags():
+    """What a parameter grid built with NumPy passes."""
+    from skfedgp import AsyncDGPRegressor
+
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0, 5, (30, 1)), rng.normal(size=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(normalize_y=np.bool_(False), n_rounds=1).fit(X, y)
+    assert est.get_params()["normalize_y"] is np.bool_(False)
+    AsyncDGPRegressor(n_experts=2, optimize_hyperparameters=np.bool_(False)).fit(X, y)
+
+
+def test_a_single_tuple_labelled_client_predicts_without_groups():
+    """One client labelled by a tuple: predict without groups uses it (the
+    label repeated per row had become a 2-D array: 'unhashable type')."""
+    from skfedgp import PFedGPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (40, 1))
+    g = np.empty(40, dtype=object)
+    g[:] = [("a", 1)] * 40
+    y = np.sin(X[:, 0]) + 0.05 * rng.normal(size=40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_rounds=2).fit(X, y, g)
+        base = PFedGPRegressor(n_rounds=1).fit(X, np.c_[y, -y], g)
+    assert_array_equal(est.predict(X[:3]), est.predict(X[:3], g[:3]))
+    assert_array_equal(base.predict(X[:3]), base.predict(X[:3], g[:3]))
