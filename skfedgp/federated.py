@@ -5673,15 +5673,9 @@ class _StructuredRun:
         pop.lengthscale = _median_lengthscale(
             [np.log(pilots[c].lengthscale) for c in rest] + [x[:d]],
             [self.n_samples[c] for c in rest] + [n_members])
-        joined = [c for c in small if first[c] is not None]
         try:
-            at = exchange(x, joined)
-        except _PoolFailed:
-            at = {}
-        try:
-            # the members' replies at x (already held unless an outlier was
-            # left out): another client lost in the exchange above does not
-            # decide the check
+            # the members' replies at x (held already, unless the optimum was
+            # never evaluated): no other client decides the check
             info = [m.noise_information for m in member_replies(x, members).values()]
         except _PoolFailed:
             info = None
@@ -5706,6 +5700,11 @@ class _StructuredRun:
         # hyperprior (noise_spread). Around the population's centre, which
         # the other pilots can move away from the pooled value, their
         # expected squared distance adds that offset: sqrt(tau^2 + offset^2)
+        joined = [c for c in small if first[c] is not None]
+        try:
+            at = exchange(x, joined)
+        except _PoolFailed:
+            at = {}
         if all(at.get(c) is not None for c in joined):
             tau = noise_spread([at[c].grad[d + 1] for c in joined],
                                [at[c].noise_information for c in joined],

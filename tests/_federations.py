@@ -48,6 +48,21 @@ def noise_spread_case(case, seed):
     return _benchmark("bench_noise_spread").make_case(case, seed)
 
 
+def small_clients_nd_case(seed, n_clients, n, d):
+    """One case of ``benchmarks/bench_small_clients_nd.py`` (its ``make_case``).
+
+    ``n_clients`` clients of ``n`` rows (and 20 held-out rows each) on
+    ``[0, 1]^d``: a shared random-Fourier function, each client's level and
+    its own smooth departure, noise sd 0.1; the tests use the benchmark's
+    generator itself.
+
+    Returns
+    -------
+    X, y, g, X_test, y_test, g_test : ndarray
+    """
+    return _benchmark("bench_small_clients_nd").make_case(seed, n_clients, n, d)
+
+
 def five_point_federation(seed=7, n_test=150):
     """Three 2-D clients of 80 points and one of 5 that departs most.
 

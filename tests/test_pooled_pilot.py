@@ -779,28 +779,6 @@ def test_the_pooled_lengthscales_stand_for_the_small_clients_own(seed, monkeypat
     assert np.sum(ell > 50.0) < np.sum(own_median > 50.0), (ell, own_median)
 
 
-def _departing_clients_nd(seed, n_clients=30, n=10, d=5, n_test=20):
-    """Clients of ``n`` rows on ``[0, 1]^d``: a shared random-Fourier function,
-    each client's level and its own smooth departure, noise sd 0.1
-    (``benchmarks/bench_small_clients_nd.py``'s cases)."""
-    rng = np.random.default_rng(seed)
-    W, b = 1.5 * rng.normal(size=(20, d)), rng.uniform(0, 2 * np.pi, 20)
-    a = rng.normal(size=20) / np.sqrt(10)
-    level = rng.normal(0, 0.3, n_clients)
-    Wd = 1.5 * rng.normal(size=(n_clients, 10, d))
-    bd = rng.uniform(0, 2 * np.pi, (n_clients, 10))
-    ad = 0.3 * rng.normal(size=(n_clients, 10)) / np.sqrt(5)
-
-    def draw(m):
-        X = rng.uniform(0, 1, (m * n_clients, d))
-        g = np.repeat(np.arange(n_clients), m)
-        f = (np.cos(X @ W.T + b) @ a + level[g]
-             + np.einsum("nk,nk->n", np.cos(np.einsum("nd,nkd->nk", X, Wd[g]) + bd[g]), ad[g]))
-        return X, f + 0.1 * rng.normal(size=len(g)), g
-
-    return (*draw(n), *draw(n_test))
-
-
 def test_an_unidentified_pooled_noise_leaves_the_pilots_value(monkeypatch):
     """30 clients of 10 rows in 5 inputs, each departing smoothly from the
     shared function. The pool sees only pairs of points within a client,
@@ -812,7 +790,9 @@ def test_an_unidentified_pooled_noise_leaves_the_pilots_value(monkeypatch):
     hyperprior held the clients' noise too low: 5.3 % of held-out points
     beyond 3 std, against 1.3 % for an exact GP with one-hot client columns;
     now 1.3 % too."""
-    X, y, g, Xt, yt, gt = _departing_clients_nd(6)
+    from _federations import small_clients_nd_case
+
+    X, y, g, Xt, yt, gt = small_clients_nd_case(6, 30, 10, 5)
     est = _setup(X, y, g)
     assert _centre(est) == pytest.approx(_centre(_without_pool(monkeypatch, X, y, g)),
                                          rel=1e-12)
