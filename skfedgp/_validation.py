@@ -478,8 +478,9 @@ def _column_position(X, column, n_columns):
         if not is_frame:
             raise ValueError(
                 f"client_column={column!r} is a column name, but X has no column names "
-                f"(it is a {type(X).__name__}, not a pandas DataFrame); pass the column's "
-                "integer position instead"
+                f"(it is a {type(X).__name__}, not a pandas DataFrame); pass X as a "
+                "DataFrame holding that column, or set client_column to the column's "
+                "integer position (for a fitted model: and fit again)"
             )
         # (scikit-learn has already rejected duplicate string column names)
         matches = np.flatnonzero(np.asarray(X.columns == column))

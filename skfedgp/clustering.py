@@ -287,6 +287,12 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         mu_i^T + diag(v_i)`` (``M x M``, the second moment of ``h_i(Z_g)``
         up to its off-diagonal posterior covariance), trace-normalised the
         same way.
+
+        ``"published"`` and ``"posterior"`` take scalar targets only: their
+        operators are built from one kernel variance per component, which a
+        multi-output (ILMM) regressor does not have (``ValueError`` before
+        any fit when ``y`` has several columns, or for a fitted
+        multi-output ``estimator``; use ``"personal"``).
     woodbury : bool, default=None
         Compute ``A_d_i`` and ``A_loc_i`` with the Woodbury form of
         :func:`projection_operator` (``O(n_i M^2)``). None means when
@@ -585,6 +591,14 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 f"{clients.shape[0]} client(s) cannot be split into n_clusters="
                 f"{self.n_clusters} clusters (need at least 2 clients and one per cluster)"
             )
+        if self.operator in ("published", "posterior") and y is not None:
+            # checked before any fit (a multi-output fit would run first otherwise)
+            shape = np.shape(y)
+            if len(shape) == 2 and shape[1] > 1:
+                raise ValueError(
+                    f"operator={self.operator!r} needs scalar targets (one kernel variance "
+                    f"per component), got y of shape {shape}; use operator='personal' for "
+                    "multi-output targets")
         if self.operator == "personal_residual":
             # checked before any fit (a multi-output fit would run first otherwise)
             if y is None:
@@ -613,6 +627,11 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                     "they cannot be clustered")
             raise ValueError(f"client(s) {unknown[:5]} are not clients of the fitted estimator")
 
+        if self.operator in ("published", "posterior") and getattr(reg, "n_outputs_", 1) != 1:
+            raise ValueError(
+                f"operator={self.operator!r} needs a regressor fitted on one target column "
+                f"(one kernel variance per component), got one with "
+                f"n_outputs_={reg.n_outputs_}; use operator='personal'")
         ops = {}
         if self.operator == "personal":
             pts = self._eval_points(X)

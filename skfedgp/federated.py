@@ -5739,6 +5739,13 @@ class _StructuredRun:
         # the live clients' fresh messages, the others' stored ones, in client order
         order = [c for c in self.active if c in self.messages or c in stats]
         msgs = [stats[c] if c in stats else self.messages[c] for c in order]
+        if not msgs:
+            # every client failed and none had a stored message (the first
+            # evaluation of a resumed or warm-started run): no q(v_g) exists
+            self.exclude(lost1)  # raises TrainingFailedError once no client is left
+            raise TrainingFailedError(
+                "no client message to form a model: every client failed in this "
+                f"evaluation and none had sent one before (last: {self._last_failure()})")
         post_s = combine([m.precision for m in msgs], [m.shift for m in msgs],
                          [m.constant for m in msgs], self.Mg)
         post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)

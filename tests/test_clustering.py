@@ -229,6 +229,28 @@ def test_personal_residual_refuses_multi_output_before_fitting():
         OperatorClustering(2, fitted, operator="personal_residual").fit(X, Y[:, 0], groups=g)
 
 
+@pytest.mark.parametrize("operator", ["published", "posterior"])
+def test_kernel_operators_refuse_multi_output_with_a_clear_error(operator):
+    """They read one kernel variance per component: a multi-output regressor
+    failed with a TypeError from float() after the whole fit."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (60, 1))
+    g = np.repeat(np.arange(3), 20)
+    Y = np.c_[np.sin(X[:, 0]), np.cos(X[:, 0])]
+    unfitted = FederatedHierarchicalGPRegressor(n_rounds=1)
+    with pytest.raises(ValueError, match=f"operator='{operator}' needs scalar targets"):
+        OperatorClustering(2, unfitted, operator=operator).fit(X, Y, groups=g)
+    assert not hasattr(unfitted, "clients_")  # refused before any fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = FederatedHierarchicalGPRegressor(n_rounds=1, n_inducing=5,
+                                                  n_inducing_local=3).fit(X, Y, g)
+    oc = OperatorClustering(2, fitted, operator=operator)
+    with pytest.raises(ValueError, match="n_outputs_=2; use operator='personal'"):
+        oc.fit(X, groups=g)
+    assert not hasattr(oc, "labels_")
+
+
 def test_default_separates_frequencies():
     """Two groups of clients, sin(x) and sin(3x) on the same input range, with
     the default regressor: the published operator (inputs and kernels only)

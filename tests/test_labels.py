@@ -122,7 +122,9 @@ def test_predict_checks_columns_against_fit(frame):
     with pytest.raises(ValueError, match="X has 4 features, but FederatedHierarchicalGPRegressor "
                                          "is expecting 3 features"):
         pos.predict(df[["station", "temp", "hum", "wind"]].to_numpy())
-    with pytest.raises(ValueError, match="'station' is a column name, but X has no column names"):
+    # the advice names what a fitted model can use: a DataFrame with the column
+    with pytest.raises(ValueError, match="'station' is a column name, but X has no column "
+                                         "names.*pass X as a DataFrame holding that column"):
         est.predict(X.to_numpy())
     with pytest.raises(ValueError, match="could not convert string to float"):
         est.predict(df[["temp", "station", "hum"]].set_axis(["station", "temp", "hum"], axis=1))

@@ -338,6 +338,28 @@ def test_no_model_raises_and_leaves_the_estimator_as_it_was(data):
     assert_array_equal(est.server_.theta_global, before)
 
 
+
+def test_a_warm_start_whose_clients_all_fail_raises_and_keeps_the_model(data):
+    """The first evaluation of a continued run has no stored message: every
+    client failing there must end in TrainingFailedError (it reached combine
+    with no message and raised an IndexError), and the fitted model stays."""
+    X, y, g = data
+    est = _fit(X, y, g, warm_start=True)
+    before = est.server_.theta_global.copy()
+    predicted = est.predict(X[:5], g[:5])
+
+    def hook(client_id, method, round_):
+        if round_ is not None and round_ >= 1:
+            raise RuntimeError("offline")
+
+    est.set_params(fault_hook=hook)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exclusions' own warnings
+        with pytest.raises(TrainingFailedError, match="no client is left"):
+            est.fit(X, y, g)
+    assert_array_equal(est.server_.theta_global, before)
+    assert_array_equal(est.predict(X[:5], g[:5]), predicted)
+
 # --------------------------------------------------------------------------
 # partial participation
 # --------------------------------------------------------------------------
