@@ -191,6 +191,52 @@ def test_high_dimensional_pilots_find_the_signal_and_keep_the_shared_part():
     assert rmse < 0.13, rmse
 
 
+def _fast_in_time(seed=1, n=120, d=6):
+    """Time (uniform on [0, 21]) with a rough GP-like signal (lengthscale 0.3)
+    beside 5 standard-normal inputs, one of which (column 2) has a smooth
+    effect; noise sd 0.3 (about 0.2 of the targets' spread). Standardised y."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    X[:, 0] = rng.uniform(0, 21, n)
+    w, b = rng.normal(0, 1 / 0.3, 300), rng.uniform(0, 2 * np.pi, 300)
+    f = np.sqrt(2 / 300) * np.cos(np.outer(X[:, 0], w) + b).sum(1) + 0.7 * np.tanh(X[:, 2])
+    y = f + 0.3 * rng.normal(size=n)
+    return X, (y - y.mean()) / y.std()
+
+
+def test_a_fast_input_among_slow_ones_is_found_from_its_own_lengthscale(monkeypatch):
+    """Every isotropic start ends with time smooth (lengthscale 34) and 0.69
+    of the variance called noise, 43 nats below the fit started from each
+    input's own lengthscale, which finds time's 0.3 (the Beijing stations'
+    case: hourly PM2.5 beside weather covariates)."""
+    X, y = _fast_in_time()
+    p = fed.pilot_fit(X, y, 0)
+    assert 0.2 < p.lengthscale[0] < 0.6 and p.noise_variance < 0.1, p
+    monkeypatch.setattr(fed, "PILOT_MARGINAL_START", False)
+    p = fed.pilot_fit(X, y, 0)
+    assert p.lengthscale[0] > 5 and p.noise_variance > 0.5, p
+
+
+def test_marginal_lengthscales():
+    """Each input's own lengthscale; an input that explains nothing alone (its
+    best one-input kernel is white noise at its values), or that is constant,
+    starts flat at PILOT_MAX_MARGINAL_START."""
+    X, y = _fast_in_time()
+    X[:, 4] = 3.0  # a constant column
+    Xs = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
+    ell = fed.marginal_lengthscales(Xs, y - y.mean())
+    assert ell.shape == (6,)
+    assert 0.02 < ell[0] < 0.1  # 0.3 of time's spread of about 6
+    assert ell[4] == fed.PILOT_MAX_MARGINAL_START
+    # inputs without effect, and column 2's monotone one: flat
+    np.testing.assert_array_equal(ell[1:], fed.PILOT_MAX_MARGINAL_START)
+    # alone, a column of noise interpolates its targets with a short kernel
+    # (white at its values), never counted as a fast input
+    col = Xs[:, [1]]
+    assert not fed.white_at_inputs(col, [1.0]) and fed.white_at_inputs(col, [1e-3])
+    assert np.all((ell >= fed.PILOT_MIN_START) & (ell <= fed.PILOT_MAX_MARGINAL_START))
+
+
 def test_resolution_floor():
     """A quarter of the smallest gap between distinct values, rounded down to
     a power of two (it gives away no input); 0 for a constant input; repeated
