@@ -338,7 +338,6 @@ def test_no_model_raises_and_leaves_the_estimator_as_it_was(data):
     assert_array_equal(est.server_.theta_global, before)
 
 
-
 def test_a_warm_start_whose_clients_all_fail_raises_and_keeps_the_model(data):
     """The first evaluation of a continued run has no stored message: every
     client failing there must end in TrainingFailedError (it reached combine
@@ -359,6 +358,7 @@ def test_a_warm_start_whose_clients_all_fail_raises_and_keeps_the_model(data):
             est.fit(X, y, g)
     assert_array_equal(est.server_.theta_global, before)
     assert_array_equal(est.predict(X[:5], g[:5]), predicted)
+
 
 # --------------------------------------------------------------------------
 # partial participation

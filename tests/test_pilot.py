@@ -228,12 +228,29 @@ def test_marginal_lengthscales():
     assert ell.shape == (6,)
     assert 0.02 < ell[0] < 0.1  # 0.3 of time's spread of about 6
     assert ell[4] == fed.PILOT_MAX_MARGINAL_START
-    # inputs without effect, and column 2's monotone one: flat
-    np.testing.assert_array_equal(ell[1:], fed.PILOT_MAX_MARGINAL_START)
+    # inputs without effect: flat (column 2's weak monotone effect is smooth
+    # or flat, about at the BIC margin)
+    np.testing.assert_array_equal(ell[[1, 3, 5]], fed.PILOT_MAX_MARGINAL_START)
+    assert ell[2] > 0.5
     # alone, a column of noise interpolates its targets with a short kernel
     # (white at its values), never counted as a fast input
     col = Xs[:, [1]]
     assert not fed.white_at_inputs(col, [1.0]) and fed.white_at_inputs(col, [1e-3])
+    # a binary column (isotropic starts 10, 1 and 1/3) is fitted from 10 and 1/3
+    from sklearn.gaussian_process import GaussianProcessRegressor
+
+    calls = []
+    fit = GaussianProcessRegressor.fit
+
+    def spy(self, X, y):
+        calls.append(float(self.kernel.k1.k2.length_scale))
+        return fit(self, X, y)
+
+    binary = (np.arange(120) % 2)[:, None] * 2.0 - 1.0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GaussianProcessRegressor, "fit", spy)
+        fed.marginal_lengthscales(binary, y - y.mean())
+    assert calls == [10.0, 1.0 / 3.0]
     assert np.all((ell >= fed.PILOT_MIN_START) & (ell <= fed.PILOT_MAX_MARGINAL_START))
 
 
