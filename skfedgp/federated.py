@@ -3065,12 +3065,32 @@ def pilot_fit(X, y, random_state):
     return copy.deepcopy(memo[key])
 
 
-def _pilot_fit(X, y, random_state):
-    """:func:`pilot_fit` without the memo."""
+def _pilot_gp(X, y, variance, lengthscale, noise_share, random_state=None):
+    """One pilot-style exact GP fitted from one start (scikit-learn).
+
+    Constant x ARD RBF + white noise on centred ``y``: the constant starts at
+    ``variance`` within ``[1e-6, 1e3]`` times it, the lengthscale(s) at
+    ``lengthscale`` (a float: isotropic; an array: ARD) within ``[1e-3, 1e3]`` (standardised units), the noise at
+    ``noise_share * variance`` within ``[1e-6, 10]`` times ``variance``.
+    L-BFGS-B's ``ConvergenceWarning`` is silenced; a failing fit raises
+    scikit-learn's ``LinAlgError`` or ``ValueError``.
+    """
     from sklearn.exceptions import ConvergenceWarning as _CW
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
+    v = variance
+    kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
+              * RBF(lengthscale, (1e-3, 1e3))
+              + WhiteKernel(noise_share * v, (1e-6 * v, 10.0 * v)))
+    gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
+    with _convergence_warnings_ignored(_CW):
+        gp.fit(X, y)
+    return gp
+
+
+def _pilot_fit(X, y, random_state):
+    """:func:`pilot_fit` without the memo."""
     n, d = X.shape
     if n < PILOT_MIN_POINTS or np.var(y) < 1e-12:
         return None
@@ -3099,17 +3119,11 @@ def _pilot_fit(X, y, random_state):
             starts.append(own)
     fits, error = [], None
     for start in starts:
-        kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
-                  * RBF(np.array(start, dtype=float), (1e-3, 1e3))
-                  + WhiteKernel(0.1 * v, (1e-6 * v, 10.0 * v)))
-        gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
         try:
-            with _convergence_warnings_ignored(_CW):
-                gp.fit(X, y - y.mean())
+            fits.append(_pilot_gp(X, y - y.mean(), v, np.array(start, dtype=float), 0.1,
+                                  random_state))
         except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
             error = exc
-            continue
-        fits.append(gp)
     if not fits:
         raise error
     # the largest log marginal likelihood; the first start on a tie, and a
@@ -3189,15 +3203,15 @@ def marginal_lengthscales(X, y):
     pilot_starts : the isotropic starts (and each column's two starts here).
     white_at_inputs : the white-kernel rule.
     """
-    from sklearn.exceptions import ConvergenceWarning as _CW
-    from sklearn.gaussian_process import GaussianProcessRegressor
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
-
     X_all = X
     if X.shape[0] > PILOT_MARGINAL_POINTS:  # evenly spaced rows, in the given order
         keep = np.round(np.linspace(0, X.shape[0] - 1, PILOT_MARGINAL_POINTS)).astype(int)
         X, y = X[keep], y[keep] - np.mean(y[keep])
     v = float(np.var(y))
+    n = X.shape[0]
+    # the input alone explains nothing when its fit is not clearly above
+    # white noise alone (BIC: log n for its variance and lengthscale)
+    noise_only = -0.5 * n * (np.log(2 * np.pi * v) + 1.0)
     out = np.full(X.shape[1], PILOT_MAX_MARGINAL_START)
     for j in range(X.shape[1]):
         col = X[:, [j]]
@@ -3206,22 +3220,14 @@ def marginal_lengthscales(X, y):
         best = None
         starts = pilot_starts(col)
         for start in sorted({float(starts.max()), float(starts.min())}, reverse=True):
-            kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v)) * RBF(start, (1e-3, 1e3))
-                      + WhiteKernel(0.5 * v, (1e-6 * v, 10.0 * v)))
-            gp = GaussianProcessRegressor(kernel, normalize_y=False)
             try:
-                with _convergence_warnings_ignored(_CW):
-                    gp.fit(col, y)
+                gp = _pilot_gp(col, y, v, start, 0.5)
             except (np.linalg.LinAlgError, ValueError):
                 continue
             lml = gp.log_marginal_likelihood_value_
             if np.isfinite(lml) and (best is None or lml > best[0]):
                 best = (lml, float(gp.kernel_.k1.k2.length_scale))
-        # the input alone explains nothing when its fit is not clearly above
-        # white noise alone (BIC: log n for its variance and lengthscale) or
-        # its kernel is white at the column's values (noise fitted as signal)
-        n = col.shape[0]
-        noise_only = -0.5 * n * (np.log(2 * np.pi * v) + 1.0)
+        # nor when its kernel is white at the column's values (noise as signal)
         if (best is not None and best[0] - noise_only > np.log(n)
                 and not white_at_inputs(X_all[:, [j]], [best[1]])):
             out[j] = min(max(best[1], PILOT_MIN_START), PILOT_MAX_MARGINAL_START)
