@@ -509,6 +509,45 @@ RESTART_KEEP_NATS = 1.0
 RESTART_REFERENCE_ROUNDS = 10
 
 
+def smoothest_latent_start(lengthscales):
+    """Starting global lengthscales of a multi-output full model: every latent
+    from the global-only fit's smoothest latent.
+
+    The global-only model has no client part, so it spends latents on what
+    the clients' own parts carry in the full model: cross-channel correlated
+    variation on their short scales (pFedHGP scenario A, 12 seeds: 5
+    global-only fits had a latent at 0.1-0.35 input units, against the
+    shared latents' 1.8 and 2.5). A full-model latent started there competes
+    with the local latents, loses its loadings within a few rounds and stays
+    switched off (a latent without loadings has no lengthscale gradient). Its
+    smoothest latent, the largest geometric mean lengthscale, is its best
+    estimate of the shared signal's scale; the latents, started equal, are
+    told apart by their initial loadings (principal axes of the outputs'
+    covariance) and separate during training. docs/maths.md, section 12.
+
+    Parameters
+    ----------
+    lengthscales : array-like of shape (R_g, d)
+        The global-only fit's per-latent lengthscales (positive; any units).
+
+    Returns
+    -------
+    ndarray of shape (R_g, d)
+        Every row the row with the largest ``sum(log(lengthscale))``.
+
+    Raises
+    ------
+    ValueError
+        If ``lengthscales`` is not a 2-D array of positive finite values.
+    """
+    ell = np.asarray(lengthscales, dtype=float)
+    if ell.ndim != 2 or ell.size == 0 or not np.all(np.isfinite(ell) & (ell > 0)):
+        raise ValueError("lengthscales must be a non-empty (R_g, d) array of positive "
+                         f"finite values, got {lengthscales!r}")
+    smooth = ell[int(np.argmax(np.sum(np.log(ell), axis=1)))]
+    return np.tile(smooth, (ell.shape[0], 1))
+
+
 def _is_fit_attribute(name):
     """Whether an instance attribute belongs to the fitted state."""
     return (name.endswith("_") and not name.startswith("__")) or name == "_population_local"
@@ -769,15 +808,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         10-90 % more time) and, when triggered, a second full fit (small fits
         measured 2-4 times slower in all). With multi-output ``y`` (same
         conditions otherwise), ``"auto"`` and True fit the global-only model
-        *first* and start the full model's global lengthscales, per latent,
-        from its (one full run, no second one): each client's pilot GPs fit
-        one output alone and their lengthscales follow whichever part varies
-        fastest, often the clients' own, and a full model started there lets
-        the clients' parts take the shared signal (the global loadings end
-        near zero). Measured on the paper's scenario A, seeds 0-11 (one fit
-        each): RMSE over the Oracle's 1.146 → 1.110 on average, 95 %
-        coverage 0.921 → 0.929, about 3 s more per fit (docs/maths.md,
-        section 12). False: the pilots' start. Beyond the paper (Yan 2026 sets the
+        *first* and start every global latent of the full model from its
+        smoothest latent's lengthscales (one full run, no second one): each
+        client's pilot GPs fit one output alone and their lengthscales
+        follow whichever part varies fastest, often the clients' own, and a
+        full model started there lets the clients' parts take the shared
+        signal (the global loadings end near zero); the global-only model's
+        shorter latents do the same (:func:`smoothest_latent_start`).
+        Measured on the paper's scenario A, seeds 0-11 (one fit each): RMSE
+        over the Oracle's 1.146 (pilots' start) → 1.110 (each latent from
+        its global-only latent) → 1.102 (the smoothest latent), 95 %
+        coverage 0.921 → 0.929 → 0.931, the global-only fit about 3 s more
+        per fit (docs/maths.md, section 12). False: the pilots' start. Beyond the paper (Yan 2026 sets the
         initial values by hand); restarts chosen by the bound as in Rasmussen
         and Williams, *Gaussian Processes for Machine Learning*, MIT Press,
         2006, section 5.4.
@@ -1761,8 +1803,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         :meth:`_may_restart_from_global` allows, the global-only model
         (``components=("global",)``, at most ``RESTART_REFERENCE_ROUNDS``
         rounds, every other setting the same) is fitted first, and the full
-        model's global lengthscales start from its per-latent lengthscales
-        (``server.global_start``) instead of the pilots'. The pilots fit each
+        model's global latents start from its smoothest latent's lengthscales
+        (:func:`smoothest_latent_start`; ``server.global_start``) instead of
+        the pilots'. The pilots fit each
         output of each client alone, so their lengthscales follow whichever
         part varies fastest (often the clients' own), and a full model started
         there lets the clients' parts take the shared signal (the global
@@ -1789,12 +1832,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                               failed=failed)
         if ref is None:
             return None
-        server.global_start = np.array(ref.server_.global_values()["lengthscale_g"],
-                                       dtype=float)
+        server.global_start = smoothest_latent_start(
+            ref.server_.global_values()["lengthscale_g"])
         if self.verbose > 0:
             print(f"[skfedgp] global-only fit ({ref.n_iter_} rounds): ELBO "
-                  f"{float(ref.elbo_history_[-1]):.6g}; the full model starts from its "
-                  "global lengthscales", flush=True)
+                  f"{float(ref.elbo_history_[-1]):.6g}; the full model's global latents "
+                  "start from its smoothest latent's lengthscales", flush=True)
         return ref
 
     def _extra_run(self, X, y, groups, what, fallback="the first run is kept", failed=None,

@@ -144,18 +144,19 @@ def _spy_global_first(monkeypatch):
 
 
 def test_multioutput_targets_start_from_the_global_only_fit(monkeypatch):
-    """Multi-output targets: the global-only model is fitted first and the full
-    model's global lengthscales start, per latent, from its; its traffic and
-    evaluations are counted; ``restart_from_global=False`` keeps the pilots'
-    start."""
+    """Multi-output targets: the global-only model is fitted first and every
+    global latent of the full model starts from its smoothest latent; its
+    traffic and evaluations are counted; ``restart_from_global=False`` keeps
+    the pilots' start."""
     X, y, g = make_hierarchical_regression(n_clients=3, n_samples=20, n_outputs=2,
                                            random_state=0)[:3]
     seen = _spy_global_first(monkeypatch)
     est = _fit(X, y, g, n_rounds=2)
     ref = seen["ref"]
     assert ref.components == ("global",) and ref.n_iter_ >= 1
-    np.testing.assert_allclose(seen["start"], ref.server_.global_values()["lengthscale_g"],
-                               rtol=1e-5)
+    ell = np.asarray(ref.server_.global_values()["lengthscale_g"])
+    smooth = ell[np.argmax(np.log(ell).sum(axis=1))]
+    np.testing.assert_allclose(seen["start"], np.tile(smooth, (ell.shape[0], 1)), rtol=1e-5)
     assert est.global_only_elbo_ == pytest.approx(float(ref.elbo_history_[-1]))
     assert est.restarted_from_global_ is True
     assert seen["booked"] == _traffic(ref)
@@ -351,3 +352,16 @@ def test_extra_runs_do_not_repeat_the_flat_client_warning():
     # both extra runs ran and completed
     assert est.global_only_elbo_ is not None and est.restarted_from_global_ is not None
     assert not any("restart_from_global:" in str(x.message) for x in w)
+
+
+def test_smoothest_latent_start():
+    """Every latent starts from the row with the largest geometric mean
+    lengthscale (not the per-input maximum, which would mix latents)."""
+    from skfedgp.regressor import smoothest_latent_start
+
+    ell = np.array([[1.7, 0.2], [0.1, 5.0], [0.5, 0.5]])
+    np.testing.assert_array_equal(smoothest_latent_start(ell), np.tile([0.1, 5.0], (3, 1)))
+    np.testing.assert_array_equal(smoothest_latent_start([[1.8], [0.099]]), [[1.8], [1.8]])
+    for bad in ([1.0, 2.0], [[1.0], [0.0]], [[np.nan]], np.zeros((0, 2))):
+        with pytest.raises(ValueError, match="positive finite"):
+            smoothest_latent_start(bad)
