@@ -1298,8 +1298,9 @@ class Server:
                 values["lengthscale_g"] = np.tile(ell0, (cfg.n_latent[0], 1))
                 start = self.__dict__.pop("global_start", None)
                 if start is not None:
-                    # the global-only fit's lengthscales (FederatedHierarchicalGPRegressor
-                    # with multi-output targets), per latent, inside the range
+                    # from the global-only fit (FederatedHierarchicalGPRegressor with
+                    # multi-output targets): one row per latent, all equal
+                    # (regressor.smoothest_latent_start), inside the range
                     lo, hi = self.lengthscale_range()
                     values["lengthscale_g"] = np.clip(
                         np.asarray(start, dtype=float).reshape(cfg.n_latent[0], d),

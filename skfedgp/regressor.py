@@ -509,7 +509,13 @@ RESTART_KEEP_NATS = 1.0
 RESTART_REFERENCE_ROUNDS = 10
 
 
-def smoothest_latent_start(lengthscales):
+#: :func:`smoothest_latent_start`: a latent of the global-only fit whose
+#: loadings carry less than this share of the largest latent's (squared
+#: column norms of ``B_g``) is switched off; its lengthscales say nothing.
+LIVE_LATENT_SHARE = 1e-2
+
+
+def smoothest_latent_start(lengthscales, loadings=None):
     """Starting global lengthscales of a multi-output full model: every latent
     from the global-only fit's smoothest latent.
 
@@ -520,31 +526,61 @@ def smoothest_latent_start(lengthscales):
     shared latents' 1.8 and 2.5). A full-model latent started there competes
     with the local latents, loses its loadings within a few rounds and stays
     switched off (a latent without loadings has no lengthscale gradient). Its
-    smoothest latent, the largest geometric mean lengthscale, is its best
-    estimate of the shared signal's scale; the latents, started equal, are
-    told apart by their initial loadings (principal axes of the outputs'
-    covariance) and separate during training. docs/maths.md, section 12.
+    smoothest latent, the largest ``sum_j log(min(ell_j, START_MAX_SPANS))``
+    among the latents with loadings (a switched-off input counts as
+    :data:`~skfedgp.federated.START_MAX_SPANS` spans, so a latent that
+    ignores an input does not win for that alone), is its best estimate of
+    the shared signal's scale; it is capped at that many spans per input
+    (:func:`~skfedgp.federated.start_lengthscale`, as the pilots' start is).
+    The latents, started equal, are told apart by their initial loadings
+    (principal axes of the outputs' covariance) and separate during
+    training. The deviation latents share the global latents' kernels
+    (``phi k_g``), so they start there too. docs/maths.md, section 12.
 
     Parameters
     ----------
     lengthscales : array-like of shape (R_g, d)
-        The global-only fit's per-latent lengthscales (positive; any units).
+        The global-only fit's per-latent lengthscales, in the model's units
+        (inputs scaled to the clients' joint unit box).
+    loadings : array-like of shape (Q, R_g), optional
+        Its loadings ``B_g``. Latents whose squared column norm is below
+        :data:`LIVE_LATENT_SHARE` times the largest are not chosen (all
+        are candidates when None, or when every column is zero).
 
     Returns
     -------
     ndarray of shape (R_g, d)
-        Every row the row with the largest ``sum(log(lengthscale))``.
+        Every row the chosen latent's lengthscales (the first on a tie),
+        capped at ``START_MAX_SPANS``.
 
     Raises
     ------
     ValueError
-        If ``lengthscales`` is not a 2-D array of positive finite values.
+        If ``lengthscales`` is not a non-empty 2-D array of positive finite
+        values, or ``loadings`` has not ``R_g`` finite columns.
+
+    See Also
+    --------
+    skfedgp.federated.start_lengthscale : the cap applied to the pilots' start.
     """
+    from .federated import START_MAX_SPANS, start_lengthscale
+
     ell = np.asarray(lengthscales, dtype=float)
     if ell.ndim != 2 or ell.size == 0 or not np.all(np.isfinite(ell) & (ell > 0)):
         raise ValueError("lengthscales must be a non-empty (R_g, d) array of positive "
                          f"finite values, got {lengthscales!r}")
-    smooth = ell[int(np.argmax(np.sum(np.log(ell), axis=1)))]
+    live = np.ones(ell.shape[0], dtype=bool)
+    if loadings is not None:
+        B = np.asarray(loadings, dtype=float)
+        if B.ndim != 2 or B.shape[1] != ell.shape[0] or not np.all(np.isfinite(B)):
+            raise ValueError(f"loadings must be a finite (Q, {ell.shape[0]}) array, got "
+                             f"shape {B.shape}")
+        share = np.sum(B**2, axis=0)
+        if share.max() > 0:
+            live = share >= LIVE_LATENT_SHARE * share.max()
+    score = np.sum(np.log(np.minimum(ell, START_MAX_SPANS)), axis=1)
+    score[~live] = -np.inf
+    smooth = start_lengthscale(ell[int(np.argmax(score))], np.ones(ell.shape[1]))
     return np.tile(smooth, (ell.shape[0], 1))
 
 
@@ -1834,8 +1870,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                               failed=failed)
         if ref is None:
             return None
-        server.global_start = smoothest_latent_start(
-            ref.server_.global_values()["lengthscale_g"])
+        values = ref.server_.global_values()
+        try:
+            server.global_start = smoothest_latent_start(values["lengthscale_g"],
+                                                         values.get("B_g"))
+        except ValueError as exc:
+            failed.append(f"restart_from_global: the global-only fit gave no usable start "
+                          f"({exc}); the full model starts from the pilots' lengthscales")
+            ref._gave_start = False  # booked, but the full run did not start from it
+            return ref
         if self.verbose > 0:
             print(f"[skfedgp] global-only fit ({ref.n_iter_} rounds): ELBO "
                   f"{float(ref.elbo_history_[-1]):.6g}; the full model's global latents "
@@ -1952,7 +1995,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 warnings.warn(message, UserWarning, stacklevel=4)
             if ref is not None:
                 self._book_extra_runs([ref])
-                self._global_first = (float(ref.elbo_history_[-1]), True)
+                self._global_first = (float(ref.elbo_history_[-1]),
+                                      getattr(ref, "_gave_start", True))
             return out
         check_participation(self.client_fraction, self.min_clients, self.max_retries)
         if (self.client_fraction != 1.0 or self.fault_hook is not None or self.warm_start

@@ -8,8 +8,9 @@ final objective is kept. Properties: on many inputs of which a few matter
 GP and far better than the first run; every extra run's traffic and
 evaluations are counted; the constructor parameters are left as given; the
 option is refused by name when malformed and skipped where it does not apply.
-With multi-output targets the global-only fit comes first and the full model
-starts from its lengthscales (one full run).
+With multi-output targets the global-only fit comes first and every latent
+of the full model starts from its smoothest latent's lengthscales (one full
+run).
 """
 
 import warnings
@@ -155,8 +156,13 @@ def test_multioutput_targets_start_from_the_global_only_fit(monkeypatch):
     ref = seen["ref"]
     assert ref.components == ("global",) and ref.n_iter_ >= 1
     ell = np.asarray(ref.server_.global_values()["lengthscale_g"])
-    smooth = ell[np.argmax(np.log(ell).sum(axis=1))]
-    np.testing.assert_allclose(seen["start"], np.tile(smooth, (ell.shape[0], 1)), rtol=1e-5)
+    assert np.ptp(ell, axis=0).max() > 1e-3  # the global-only latents differ
+    # every latent starts from one global-only latent: the smoothest
+    start = np.asarray(seen["start"])
+    np.testing.assert_allclose(start, np.tile(start[0], (ell.shape[0], 1)), rtol=1e-12)
+    k = int(np.argmin(np.abs(np.log(ell / start[0])).sum(axis=1)))
+    np.testing.assert_allclose(start[0], ell[k], rtol=1e-5)
+    assert np.log(ell[k]).sum() == np.log(ell).sum(axis=1).max()
     assert est.global_only_elbo_ == pytest.approx(float(ref.elbo_history_[-1]))
     assert est.restarted_from_global_ is True
     assert seen["booked"] == _traffic(ref)
@@ -355,13 +361,29 @@ def test_extra_runs_do_not_repeat_the_flat_client_warning():
 
 
 def test_smoothest_latent_start():
-    """Every latent starts from the row with the largest geometric mean
-    lengthscale (not the per-input maximum, which would mix latents)."""
+    """Every latent starts from the latent with the largest geometric mean
+    lengthscale among those with loadings (not the per-input maximum, which
+    would mix latents); a switched-off input counts as START_MAX_SPANS and
+    the start is capped there; ties go to the first latent."""
+    from skfedgp.federated import START_MAX_SPANS
     from skfedgp.regressor import smoothest_latent_start
 
-    ell = np.array([[1.7, 0.2], [0.1, 5.0], [0.5, 0.5]])
-    np.testing.assert_array_equal(smoothest_latent_start(ell), np.tile([0.1, 5.0], (3, 1)))
-    np.testing.assert_array_equal(smoothest_latent_start([[1.8], [0.099]]), [[1.8], [1.8]])
+    ell = np.array([[0.17, 0.02], [0.01, 0.5], [0.05, 0.05]])
+    np.testing.assert_array_equal(smoothest_latent_start(ell), np.tile([0.01, 0.5], (3, 1)))
+    np.testing.assert_array_equal(smoothest_latent_start([[0.18], [0.0099]]), [[0.18], [0.18]])
+    np.testing.assert_array_equal(smoothest_latent_start([[0.3], [0.3]]), [[0.3], [0.3]])
+    # a latent without loadings is not chosen, however smooth
+    B = np.array([[1.0, 0.0, 1e-3], [0.5, 0.0, 0.0]])
+    np.testing.assert_array_equal(smoothest_latent_start(ell, B), np.tile([0.17, 0.02], (3, 1)))
+    np.testing.assert_array_equal(smoothest_latent_start(ell, np.zeros((2, 3))),
+                                  np.tile([0.01, 0.5], (3, 1)))
+    # an input switched off (1e3 spans) neither wins alone nor stays switched off
+    off = np.array([[0.3, 1e3], [2.0, 2.0]])
+    np.testing.assert_array_equal(smoothest_latent_start(off), [[2.0, 2.0], [2.0, 2.0]])
+    np.testing.assert_array_equal(smoothest_latent_start([[1e3, 1e3], [0.1, 0.1]]),
+                                  [[START_MAX_SPANS, START_MAX_SPANS]] * 2)
     for bad in ([1.0, 2.0], [[1.0], [0.0]], [[np.nan]], np.zeros((0, 2))):
         with pytest.raises(ValueError, match="positive finite"):
             smoothest_latent_start(bad)
+    with pytest.raises(ValueError, match="loadings"):
+        smoothest_latent_start(ell, np.ones((2, 2)))
