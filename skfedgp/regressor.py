@@ -57,6 +57,7 @@ from ._validation import (
 from .federated import (
     _default_lengthscale,
     LOG_BOUNDS,
+    START_MAX_SPANS,
     Client,
     ModelConfig,
     Server,
@@ -70,6 +71,7 @@ from .federated import (
     pilot_memo,
     run_structured_training,
     shared_scale,
+    start_lengthscale,
     warm_start_state,
 )
 from .kernels import se_ard
@@ -563,8 +565,6 @@ def smoothest_latent_start(lengthscales, loadings=None):
     --------
     skfedgp.federated.start_lengthscale : the cap applied to the pilots' start.
     """
-    from .federated import START_MAX_SPANS, start_lengthscale
-
     ell = np.asarray(lengthscales, dtype=float)
     if ell.ndim != 2 or ell.size == 0 or not np.all(np.isfinite(ell) & (ell > 0)):
         raise ValueError("lengthscales must be a non-empty (R_g, d) array of positive "
@@ -1871,14 +1871,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if ref is None:
             return None
         values = ref.server_.global_values()
-        try:
-            server.global_start = smoothest_latent_start(values["lengthscale_g"],
-                                                         values.get("B_g"))
-        except ValueError as exc:
-            failed.append(f"restart_from_global: the global-only fit gave no usable start "
-                          f"({exc}); the full model starts from the pilots' lengthscales")
-            ref._gave_start = False  # booked, but the full run did not start from it
-            return ref
+        server.global_start = smoothest_latent_start(values["lengthscale_g"], values["B_g"])
         if self.verbose > 0:
             print(f"[skfedgp] global-only fit ({ref.n_iter_} rounds): ELBO "
                   f"{float(ref.elbo_history_[-1]):.6g}; the full model's global latents "
@@ -1995,8 +1988,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 warnings.warn(message, UserWarning, stacklevel=4)
             if ref is not None:
                 self._book_extra_runs([ref])
-                self._global_first = (float(ref.elbo_history_[-1]),
-                                      getattr(ref, "_gave_start", True))
+                self._global_first = (float(ref.elbo_history_[-1]), True)
             return out
         check_participation(self.client_fraction, self.min_clients, self.max_retries)
         if (self.client_fraction != 1.0 or self.fault_hook is not None or self.warm_start
