@@ -15,7 +15,9 @@ Kinds (issue "one client must not harm the others"):
   or -1e4, spread 1e-4 or 1e-2), or of 20 rows of the same function at
   1e5 + 1e3 f or at 1e-4 f (another unit);
 * input range: a client "D" of 15 points of the same function on a unit
-  box far from the others (at 50, 1e3, 1e4, 1e5, -1e5).
+  box far from the others (at 50, 1e3, 1e4, 1e5, -1e5); or a client "W" of
+  30 points of the same function stretched over a box 10, 100 or 1000
+  times wider, which holds A's and B's inputs in a sliver of it.
 
 Usage::
 
@@ -83,6 +85,12 @@ def cases(kind, d, f):
             XD = rng.uniform(where, where + 1, size=(15, d))
             out[f"D: 15 rows on [{where:g}, {where:g} + 1]^{d}"] = (
                 XD, f(XD - where) + 0.05 * rng.normal(size=15), "D")
+        for width in (10.0, 100.0, 1000.0):
+            # the same function stretched over a box `width` times wider,
+            # which holds A's and B's inputs in a sliver of it
+            U = rng.uniform(size=(30, d))
+            out[f"W: 30 rows of f(x / {width:g}) on [0, {width:g}]^{d}"] = (
+                width * U, f(U) + 0.05 * rng.normal(size=30), "W")
     return out
 
 

@@ -1375,7 +1375,10 @@ class Server:
         filter to find the points needed (clients far apart: 2 clients in
         ``[0, 1]^2`` and one at ``[1e4, 1e4 + 1]^2`` cover 4e-8 of it), the
         points are drawn from the union itself instead
-        (:func:`union_design`).
+        (:func:`union_design`). A client's small box that such a design
+        would leave unresolved (inside a far wider union) gets points
+        reserved for it, in every other place of the sequence
+        (:func:`reserved_design`, :func:`interleave_design`).
 
         Returns
         -------
@@ -1388,6 +1391,7 @@ class Server:
         d = self.d
         lo = np.array([(b[0] - self.x_offset) / self.x_scale for b in self.client_boxes])
         hi = np.array([(b[1] - self.x_offset) / self.x_scale for b in self.client_boxes])
+        box_lo, box_hi = lo, hi
         pad = 0.5 * np.asarray(ell)
         lo, hi = lo - pad, hi + pad
         sob = qmc.Sobol(d, scramble=True, seed=self.random_state)
@@ -1406,6 +1410,9 @@ class Server:
             # a vanishing union: draw from it directly
             lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
             pts, frac = union_design(lo, hi, max(at_least, AUTO_MAX_INDUCING), self.random_state)
+        reserved = reserved_design(box_lo, box_hi, ell, frac, self.random_state)
+        if reserved.shape[0]:
+            pts = interleave_design(reserved, pts)
         return pts, frac
 
     def lengthscale_range(self):
@@ -3514,6 +3521,101 @@ def union_design(lo, hi, n, random_state):
         pts.append(x[u[:, d + 1] < 1.0 / count])
     volume = 0.0 if flat else float(vol.sum() * np.mean(np.concatenate(inv_count)))
     return np.vstack(pts)[:n], volume
+
+
+def reserved_design(lo, hi, lengthscale, fraction, random_state, budget=None):
+    """Inducing points reserved for clients whose small boxes a uniform design would miss.
+
+    A design uniform over the union of the clients' boxes puts points in a
+    client's box in proportion to its volume. A client whose inputs fill a
+    small box inside a much wider union (another client's inputs spread
+    100 times wider, say) then gets none or one, although a few would
+    resolve its whole box at the lengthscales; the global part cannot fit
+    it, the sparse bound's trace term charges its whole prior variance to
+    its noise, and its local part is switched off in the first round. A box
+    is *starved* when it needs few points (``need_b = prod_d (1 +
+    AUTO_PER_LENGTHSCALE * w_bd / ell_d)``, with ``w_bd`` its width, at most
+    an equal share ``budget / n_boxes`` of the design), yet a uniform
+    design of ``budget`` points puts fewer than half of them in it (its
+    padded volume over the union's, ``fraction``). Each starved box gets
+    ``ceil(need_b)`` scrambled Sobol points in its box padded by half a
+    lengthscale (clipped to the unit box); the others' placement is left
+    to the uniform design. Uses only the boxes (server side, no data).
+
+    Parameters
+    ----------
+    lo, hi : ndarray of shape (n_boxes, d)
+        The clients' boxes (scaled units, not padded).
+    lengthscale : ndarray of shape (d,) or float
+        Starting lengthscales (scaled units).
+    fraction : float
+        Share of the unit box the padded union covers.
+    random_state : int or None
+        Seed of the Sobol sequences.
+    budget : int, optional
+        Size of the uniform design judged (default :data:`AUTO_SHARE_FLOOR`).
+
+    Returns
+    -------
+    ndarray of shape (k, d)
+        The reserved points, boxes taken in turn (``k = 0`` when no box is
+        starved).
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (one bounding box); docs/maths.md, section 11,
+    "Inducing points".
+    """
+    lo, hi = np.atleast_2d(np.asarray(lo, float)), np.atleast_2d(np.asarray(hi, float))
+    n_boxes, d = lo.shape
+    budget = AUTO_SHARE_FLOOR if budget is None else int(budget)
+    if n_boxes < 2 or budget <= 0:
+        return np.zeros((0, d))
+    ell = np.broadcast_to(np.asarray(lengthscale, float), (d,))
+    need = np.prod(1.0 + AUTO_PER_LENGTHSCALE * np.maximum(hi - lo, 0.0) / ell, axis=1)
+    plo, phi_ = np.clip(lo - 0.5 * ell, 0.0, 1.0), np.clip(hi + 0.5 * ell, 0.0, 1.0)
+    expected = budget * np.prod(phi_ - plo, axis=1) / max(float(fraction), 1e-300)
+    starved = (need <= budget / n_boxes) & (expected < 0.5 * need)
+    if not starved.any():
+        return np.zeros((0, d))
+    per_box = []
+    for b in np.flatnonzero(starved):
+        k = int(np.ceil(need[b]))
+        seed = None if random_state is None else np.random.SeedSequence(
+            [int(random_state) % 2**32, int(b)])
+        sob = qmc.Sobol(d, scramble=True, seed=np.random.default_rng(seed))
+        per_box.append(plo[b] + _sobol_next(sob, k) * (phi_[b] - plo[b]))
+    # boxes in turn, so that any prefix is shared among them
+    out = [box[i] for i in range(max(len(p) for p in per_box)) for box in per_box
+           if i < len(box)]
+    return np.asarray(out).reshape(-1, d)
+
+
+def interleave_design(reserved, uniform):
+    """Reserved points in every other place of the design, then the uniform points.
+
+    Any prefix of ``M`` points holds at most ``ceil(M / 2)`` reserved ones,
+    so a small given ``n_inducing`` still spreads over the union.
+
+    Parameters
+    ----------
+    reserved : ndarray of shape (k, d)
+    uniform : ndarray of shape (m, d)
+
+    Returns
+    -------
+    ndarray of shape (k + m, d)
+    """
+    k, m = reserved.shape[0], uniform.shape[0]
+    out, i, j = [], 0, 0
+    while i < k or j < m:
+        if i < k and (len(out) % 2 == 0 or j >= m):
+            out.append(reserved[i])
+            i += 1
+        else:
+            out.append(uniform[j])
+            j += 1
+    return np.asarray(out).reshape(k + m, reserved.shape[1])
 
 
 def auto_inducing(lengthscale, ranges, *, per_lengthscale, minimum, maximum, fraction=1.0):

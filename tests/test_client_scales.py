@@ -598,3 +598,67 @@ def test_client_in_a_far_smaller_unit_is_fitted_in_its_own_units(n_rows):
         assert rmse[1e-4] <= 1.3 * rmse[1.0], (seed, rmse)
         if n_rows >= 20:
             assert beyond[1e-4] <= 0.03, (seed, beyond)
+
+
+def test_a_client_spread_far_wider_leaves_the_others_resolved():
+    """Three clients of ``sin(7x) + x^2`` on ``[0, 1]`` beside a fourth whose
+    inputs are 100 times wider (the same curve stretched over ``[0, 100]``).
+
+    The uniform design over the union gave the three clients' sliver no
+    inducing point at the starting lengthscale; the trace term put their
+    whole signal into their noise in the first round and switched their
+    local parts off (RMSE 0.63 against 0.018 without the fourth client, and
+    0.040 for an exact GP on each client's rows). Their boxes now get
+    reserved points (``federated.reserved_design``): 0.034 on random test inputs."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    rng = np.random.default_rng(0)
+    f = lambda x: np.sin(7 * x) + x**2  # noqa: E731
+    U, Y = np.empty((4, 35)), np.empty((4, 35))
+    for c in range(4):
+        U[c] = rng.uniform(0, 1, 35)
+        Y[c] = f(U[c]) + 0.1 * rng.standard_normal(35)
+    X = np.r_[U[:3].ravel(), 100 * U[3]][:, None]
+    g = np.repeat([0, 1, 2, 3], 35)
+    xt = np.linspace(0, 1, 50)
+    gt = np.repeat([0, 1, 2], 50)
+    Xt = np.tile(xt, 3)[:, None]
+    est = _fit(X, Y.ravel(), g)
+    m, s = est.predict(Xt, gt, return_std=True)
+    err = m - f(Xt[:, 0])
+    exact = np.empty_like(m)
+    for c in range(3):
+        gp = GaussianProcessRegressor(ConstantKernel() * RBF() + WhiteKernel(1e-2),
+                                      normalize_y=True, n_restarts_optimizer=2, random_state=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gp.fit(U[c][:, None], Y[c])
+        exact[gt == c] = gp.predict(xt[:, None])
+    r_exact = np.sqrt(np.mean((exact - f(Xt[:, 0])) ** 2))
+    assert np.sqrt(np.mean(err**2)) <= 1.2 * r_exact
+    assert np.mean(np.abs(err) > 3 * s) <= 0.02
+
+
+def test_reserved_design_serves_small_boxes_a_uniform_design_misses():
+    from skfedgp.federated import interleave_design, reserved_design
+
+    lo = np.array([[0.0], [0.0], [0.0]])
+    hi = np.array([[0.01], [0.01], [1.0]])
+    ell = np.array([0.003])
+    pts = reserved_design(lo, hi, ell, 1.0, 0)
+    need = int(np.ceil(1 + 2.5 * 0.01 / 0.003))
+    assert pts.shape == (2 * need, 1)
+    assert np.all((pts >= 0.0) & (pts <= 0.01 + 0.5 * 0.003))
+    # the same boxes at a lengthscale the uniform design resolves: nothing reserved
+    assert reserved_design(lo, hi, np.array([0.2]), 1.0, 0).shape == (0, 1)
+    # equal boxes: nothing reserved; a box too big to resolve is never reserved for
+    assert reserved_design(np.zeros((3, 2)), np.ones((3, 2)), 0.01, 1.0, 0).shape == (0, 2)
+    assert reserved_design(lo, hi, np.array([1e-5]), 1.0, 0).shape == (0, 1)
+    # any prefix holds at most half reserved points
+    uniform = np.linspace(0, 1, 40)[:, None]
+    merged = interleave_design(pts, uniform)
+    assert merged.shape[0] == pts.shape[0] + 40
+    for M in (1, 5, 10, 21):
+        assert np.isin(merged[:M, 0], pts[:, 0]).sum() <= -(-M // 2)
+    assert np.array_equal(np.sort(merged[:, 0]), np.sort(np.r_[pts[:, 0], uniform[:, 0]]))
