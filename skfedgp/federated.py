@@ -3523,7 +3523,7 @@ def union_design(lo, hi, n, random_state):
     return np.vstack(pts)[:n], volume
 
 
-def reserved_design(lo, hi, lengthscale, fraction, random_state, budget=None):
+def reserved_design(lo, hi, lengthscale, fraction, random_state):
     """Inducing points reserved for clients whose small boxes a uniform design would miss.
 
     A design uniform over the union of the clients' boxes puts points in a
@@ -3535,9 +3535,10 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state, budget=None):
     its noise, and its local part is switched off in the first round. A box
     is *starved* when it needs few points (``need_b = prod_d (1 +
     AUTO_PER_LENGTHSCALE * w_bd / ell_d)``, with ``w_bd`` its width, at most
-    an equal share ``budget / n_boxes`` of the design), yet a uniform
-    design of ``budget`` points puts fewer than half of them in it (its
-    padded volume over the union's, ``fraction``). Each starved box gets
+    an equal share ``AUTO_SHARE_FLOOR / n_boxes`` of a design of
+    :data:`AUTO_SHARE_FLOOR` points), yet a uniform design of that size
+    puts fewer than half of them in it (its padded volume over the
+    union's, ``fraction``). Each starved box gets
     ``ceil(need_b)`` scrambled Sobol points in its box padded by half a
     lengthscale (clipped to the unit box); the others' placement is left
     to the uniform design. Uses only the boxes (server side, no data).
@@ -3552,8 +3553,6 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state, budget=None):
         Share of the unit box the padded union covers.
     random_state : int or None
         Seed of the Sobol sequences.
-    budget : int, optional
-        Size of the uniform design judged (default :data:`AUTO_SHARE_FLOOR`).
 
     Returns
     -------
@@ -3568,8 +3567,8 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state, budget=None):
     """
     lo, hi = np.atleast_2d(np.asarray(lo, float)), np.atleast_2d(np.asarray(hi, float))
     n_boxes, d = lo.shape
-    budget = AUTO_SHARE_FLOOR if budget is None else int(budget)
-    if n_boxes < 2 or budget <= 0:
+    budget = AUTO_SHARE_FLOOR
+    if n_boxes < 2:
         return np.zeros((0, d))
     ell = np.broadcast_to(np.asarray(lengthscale, float), (d,))
     need = np.prod(1.0 + AUTO_PER_LENGTHSCALE * np.maximum(hi - lo, 0.0) / ell, axis=1)
