@@ -1112,6 +1112,10 @@ class Server:
         # the clients' own (within-client) standard deviations
         stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
                 if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
+        # every client's targets constant (each of two or more rows): there is
+        # no function to fit, only levels (the fit's warnings say so)
+        self.flat_clients = all(s.n_samples >= 2 and s.y_centred_sumsq <= tiny * s.n_samples
+                                for s in summaries)
         if self.config.variational_family == "structured":
             # every client has its own learned constant mean, so the scale is
             # the median of the clients' own standard deviations: a client on
@@ -3533,15 +3537,18 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     resolve its whole box at the lengthscales; the global part cannot fit
     it, the sparse bound's trace term charges its whole prior variance to
     its noise, and its local part is switched off in the first round. A box
-    is *starved* when it needs few points (``need_b = prod_d (1 +
-    AUTO_PER_LENGTHSCALE * w_bd / ell_d)``, with ``w_bd`` its width, at most
-    an equal share ``AUTO_SHARE_FLOOR / n_boxes`` of a design of
-    :data:`AUTO_SHARE_FLOOR` points), yet a uniform design of that size
-    puts fewer than half of them in it (its padded volume over the
-    union's, ``fraction``). Each starved box gets
-    ``ceil(need_b)`` scrambled Sobol points in its box padded by half a
-    lengthscale (clipped to the unit box); the others' placement is left
-    to the uniform design. Uses only the boxes (server side, no data).
+    The boxes are first merged into regions (:func:`_design_regions`:
+    clients on one box, or on overlapping boxes whose union is still
+    resolvable, count once). A region is *starved* when a design of
+    :data:`AUTO_SHARE_FLOOR` points could resolve it (``need_b = prod_d (1
+    + AUTO_PER_LENGTHSCALE * w_bd / ell_d) <= AUTO_SHARE_FLOOR``, ``w_bd``
+    its width) yet a uniform design of that size puts fewer than half of
+    them in it (its padded volume over the union's, ``fraction``). Starved
+    regions, the cheapest first while their points add up to at most
+    :data:`AUTO_SHARE_FLOOR`, get ``ceil(need_b)`` scrambled Sobol points
+    each in the region padded by half a lengthscale (clipped to the unit
+    box); the others' placement is left to the uniform design. Uses only
+    the boxes (server side, no data).
 
     Parameters
     ----------
@@ -3557,8 +3564,8 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     Returns
     -------
     ndarray of shape (k, d)
-        The reserved points, boxes taken in turn (``k = 0`` when no box is
-        starved).
+        The reserved points, regions taken in turn (``k = 0`` when no
+        region is starved).
 
     Notes
     -----
@@ -3566,19 +3573,23 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     "Inducing points".
     """
     lo, hi = np.atleast_2d(np.asarray(lo, float)), np.atleast_2d(np.asarray(hi, float))
-    n_boxes, d = lo.shape
+    d = lo.shape[1]
     budget = AUTO_SHARE_FLOOR
-    if n_boxes < 2:
-        return np.zeros((0, d))
     ell = np.broadcast_to(np.asarray(lengthscale, float), (d,))
-    need = np.prod(1.0 + AUTO_PER_LENGTHSCALE * np.maximum(hi - lo, 0.0) / ell, axis=1)
+    lo, hi, need = _design_regions(lo, hi, ell, budget)
+    if lo.shape[0] < 2:
+        return np.zeros((0, d))
     plo, phi_ = np.clip(lo - 0.5 * ell, 0.0, 1.0), np.clip(hi + 0.5 * ell, 0.0, 1.0)
     expected = budget * np.prod(phi_ - plo, axis=1) / max(float(fraction), 1e-300)
-    starved = (need <= budget / n_boxes) & (expected < 0.5 * need)
-    if not starved.any():
+    starved = (need <= budget) & (expected < 0.5 * need)
+    # the cheapest regions first, while their points fit in one design
+    order = [b for b in np.argsort(need, kind="stable") if starved[b]]
+    kept = np.cumsum([np.ceil(need[b]) for b in order]) <= budget
+    order = [b for b, k in zip(order, kept) if k]
+    if not order:
         return np.zeros((0, d))
     per_box = []
-    for b in np.flatnonzero(starved):
+    for b in sorted(order):
         k = int(np.ceil(need[b]))
         seed = None if random_state is None else np.random.SeedSequence(
             [int(random_state) % 2**32, int(b)])
@@ -3588,6 +3599,46 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     out = [box[i] for i in range(max(len(p) for p in per_box)) for box in per_box
            if i < len(box)]
     return np.asarray(out).reshape(-1, d)
+
+
+def _design_regions(lo, hi, ell, budget):
+    """Merge clients' boxes into regions where one box costs no more points than two.
+
+    Two boxes are merged into their bounding box while some pair's bounding
+    box needs at most as many inducing points as the two apart (``need =
+    prod_d (1 + AUTO_PER_LENGTHSCALE * w_d / ell_d)``) and at most
+    ``budget``: clients sharing a region (equal or overlapping boxes) count
+    once, clients far apart stay apart, and a small box inside one too wide
+    to resolve keeps its own region.
+
+    Parameters
+    ----------
+    lo, hi : ndarray of shape (n_boxes, d)
+    ell : ndarray of shape (d,)
+    budget : float
+
+    Returns
+    -------
+    lo, hi : ndarray of shape (n_regions, d)
+    need : ndarray of shape (n_regions,)
+    """
+    def cost(a, b):
+        return np.prod(1.0 + AUTO_PER_LENGTHSCALE * np.maximum(b - a, 0.0) / ell, axis=-1)
+
+    lo, hi = lo.copy(), hi.copy()
+    while lo.shape[0] > 1:
+        need = cost(lo, hi)
+        mlo = np.minimum(lo[:, None, :], lo[None, :, :])
+        mhi = np.maximum(hi[:, None, :], hi[None, :, :])
+        merged = cost(mlo, mhi)
+        gain = np.where(merged <= budget, need[:, None] + need[None, :] - merged, -np.inf)
+        np.fill_diagonal(gain, -np.inf)
+        i, j = np.unravel_index(np.argmax(gain), gain.shape)
+        if gain[i, j] < 0.0:
+            break
+        lo[i], hi[i] = mlo[i, j], mhi[i, j]
+        lo, hi = np.delete(lo, j, axis=0), np.delete(hi, j, axis=0)
+    return lo, hi, cost(lo, hi)
 
 
 def interleave_design(reserved, uniform):

@@ -640,6 +640,28 @@ def test_a_client_spread_far_wider_leaves_the_others_resolved():
     assert np.mean(np.abs(err) > 3 * s) <= 0.02
 
 
+def test_clients_sharing_a_small_box_inside_a_far_wider_one_get_inducing_points_2d():
+    """Clients A and B on ``[0, 1]^2`` beside a client W of the same function
+    stretched over ``[0, 100]^2``. A's and B's boxes, judged one by one against
+    an equal share of the design, got no reserved point and no point of the
+    uniform design (the shared parts then switched off, A's RMSE 2.5 times its
+    value without W); merged into one region they get enough to resolve it
+    (``benchmarks/bench_one_client_harm.py``: 1.25 times)."""
+    rng = np.random.default_rng(12)
+    f = lambda X: np.sin(4 * X[:, 0]) * np.cos(3 * X[:, 1])  # noqa: E731
+    X = np.r_[rng.uniform(size=(80, 2)), 100 * rng.uniform(size=(30, 2))]
+    y = np.r_[f(X[:80]), f(X[80:] / 100)] + 0.05 * rng.normal(size=110)
+    g = np.repeat(["A", "B", "W"], [40, 40, 30])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1).fit(X, y, g)
+    srv = est.server_
+    Z = srv.global_pack.unpack(srv.theta_global)["Z_g"] * srv.x_scale + srv.x_offset
+    ell = 0.4  # about the pilots' lengthscale, in A's units
+    in_a = np.all((Z > -ell) & (Z < 1 + ell), axis=1)
+    assert in_a.sum() >= min(30, est.n_inducing_ // 2 - 2)
+
+
 def test_reserved_design_serves_small_boxes_a_uniform_design_misses():
     from skfedgp.federated import interleave_design, reserved_design
 
@@ -648,8 +670,19 @@ def test_reserved_design_serves_small_boxes_a_uniform_design_misses():
     ell = np.array([0.003])
     pts = reserved_design(lo, hi, ell, 1.0, 0)
     need = int(np.ceil(1 + 2.5 * 0.01 / 0.003))
-    assert pts.shape == (2 * need, 1)
+    # two clients on one small box count once
+    assert pts.shape == (need, 1)
     assert np.all((pts >= 0.0) & (pts <= 0.01 + 0.5 * 0.003))
+    # two small boxes apart (merged they would need more): each gets its own points
+    lo2, hi2 = np.array([[0.0], [0.5], [0.0]]), np.array([[0.01], [0.51], [1.0]])
+    pts2 = reserved_design(lo2, hi2, ell, 1.0, 0)
+    assert pts2.shape == (2 * need, 1)
+    assert np.sum(pts2[:, 0] < 0.25) == need
+    # overlapping boxes whose union is still small: one region over the union
+    lo3, hi3 = np.array([[0.0], [0.005], [0.0]]), np.array([[0.01], [0.015], [1.0]])
+    pts3 = reserved_design(lo3, hi3, ell, 1.0, 0)
+    assert pts3.shape == (int(np.ceil(1 + 2.5 * 0.015 / 0.003)), 1)
+    assert pts3.max() > 0.01 and pts3.min() < 0.005
     # the same boxes at a lengthscale the uniform design resolves: nothing reserved
     assert reserved_design(lo, hi, np.array([0.2]), 1.0, 0).shape == (0, 1)
     # equal boxes: nothing reserved; a box too big to resolve is never reserved for
