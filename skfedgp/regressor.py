@@ -38,6 +38,7 @@ from ._structured import (
 )
 from ._validation import (
     ClientLabelWarning,
+    _listing,
     _object_array,
     check_bool,
     check_groups,
@@ -222,6 +223,13 @@ def _warn_shared_off(est, G):
         return
     var_g = float(np.max(G["variance_g"]))
     if var_g > SHARED_OFF_VARIANCE:
+        return
+    if getattr(est.server_, "flat_clients", False):
+        warnings.warn(
+            f"every client's targets are constant (no spread within any of the "
+            f"{len(est.clients_)} clients): there is no function to fit, so the global part "
+            f"was switched off (variance_g = {var_g:.3g}) and each client is predicted by its "
+            "own constant level", SharedPartsOffWarning, stacklevel=4)
         return
     dev = ""
     if "deviation" in comps and "phi" in G:
@@ -1940,6 +1948,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if groups is None:
             groups = np.zeros(Xf.shape[0], dtype=int)
         check_label_types(groups, label_source(self.client_column))
+        if self.warm_start and getattr(self, "clients_", None):
+            # a continuation keeps the fitted clients whose labels come again
+            # and drops the others: '0' after 0 would silently drop them all
+            fitted = list(self.clients_)
+            check_label_types(
+                _object_array(fitted + list(unique_labels(groups)[0])),
+                f"{label_source(self.client_column)} with warm_start=True, together with "
+                f"the fitted clients' labels ({_listing(fitted)}),")
         if getattr(self, "_restart_pending", False):
             # for restart_from_global's extra runs; fit drops it at once
             self._fit_data = (Xf, y, groups)

@@ -396,6 +396,27 @@ def test_shared_parts_off_warning_names_the_outcome():
         FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, groups=g)
 
 
+@pytest.mark.parametrize("levels", [(3.0, 3.0, 3.0), (3.0, -1.0, 250.0)])
+def test_constant_targets_are_reported_as_constant_not_as_unrelated_clients(levels):
+    """Every client's targets constant: the warning says so (not "check units"),
+    and each client is predicted at its own level."""
+    from skfedgp import SharedPartsOffWarning
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (60, 1))
+    g = np.repeat([0, 1, 2], 20)
+    y = np.repeat(levels, 20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, groups=g)
+    texts = [str(w.message) for w in caught if issubclass(w.category, SharedPartsOffWarning)]
+    assert len(texts) == 1 and "targets are constant" in texts[0]
+    assert "units" not in texts[0]
+    mean, std = est.predict(X, groups=g, return_std=True)
+    assert np.all(np.isfinite(std))
+    assert np.all(np.abs(mean - y) <= 1e-3 * (1 + np.abs(y)))
+
+
 @pytest.mark.parametrize("value", ["False", "yes", 0, None])
 def test_flags_must_be_booleans(value):
     """A string such as "False" must not count as True (it did, silently)."""

@@ -874,3 +874,17 @@ def test_a_warm_start_applies_new_learning_rates(data):
     assert all(c._adam.learning_rate == 1e-3 for c in est.clients_.values())
     assert seen[-1].adam.learning_rate == 1e-4
     assert seen[-1].adam.t > 1  # the moments continued
+
+
+def test_warm_start_refuses_labels_that_only_look_like_the_fitted_clients(data):
+    """A continuation with '0', '1', ... after 0, 1, ... would drop every fitted
+    client and start new ones: it is refused as a fresh fit refuses such a mix,
+    and the fitted model stays."""
+    X, y, g = data
+    g = np.unique(g, return_inverse=True)[1]  # 0, 1, ... as ints
+    est = _fit(X, y, g, warm_start=True)
+    before = est.server_.theta_global.copy()
+    with pytest.raises(ValueError, match="warm_start=True.*look alike.*0 .int. vs '0' .str."):
+        est.fit(X, y, g.astype(str))
+    assert_array_equal(est.server_.theta_global, before)
+    assert list(est.clients_) == list(range(5))
