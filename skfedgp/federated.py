@@ -1112,10 +1112,7 @@ class Server:
         # the clients' own (within-client) standard deviations
         stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
                 if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
-        # every client's targets constant (each of two or more rows): there is
-        # no function to fit, only levels (the fit's warnings say so)
-        self.flat_clients = all(s.n_samples >= 2 and s.y_centred_sumsq <= tiny * s.n_samples
-                                for s in summaries)
+        self.flat_clients = flat_targets(summaries)
         if self.config.variational_family == "structured":
             # every client has its own learned constant mean, so the scale is
             # the median of the clients' own standard deviations: a client on
@@ -3527,6 +3524,33 @@ def union_design(lo, hi, n, random_state):
     return np.vstack(pts)[:n], volume
 
 
+def flat_targets(summaries):
+    """Whether every client's (1-D) targets are constant, from the set-up summaries.
+
+    True when each client has at least two rows and no spread beyond
+    round-off (``1e-24`` of the pooled targets' magnitude, as
+    :meth:`Server.standardise` measures it): there is no function to fit,
+    only the clients' levels (:class:`~skfedgp.SharedPartsOffWarning` says
+    so). False for multi-output targets.
+
+    Parameters
+    ----------
+    summaries : sequence of ClientSummary
+
+    Returns
+    -------
+    bool
+    """
+    if not summaries or any(s.y_count is not None for s in summaries):
+        return False
+    n = sum(s.n_samples for s in summaries)
+    mean = sum(s.y_sum for s in summaries) / n
+    m2 = sum(s.y_centred_sumsq + s.n_samples * (s.y_sum / s.n_samples - mean) ** 2
+             for s in summaries)
+    tiny = 1e-24 * max(mean**2, m2 / n)
+    return all(s.n_samples >= 2 and s.y_centred_sumsq <= tiny * s.n_samples for s in summaries)
+
+
 def reserved_design(lo, hi, lengthscale, fraction, random_state):
     """Inducing points reserved for clients whose small boxes a uniform design would miss.
 
@@ -3536,19 +3560,23 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     100 times wider, say) then gets none or one, although a few would
     resolve its whole box at the lengthscales; the global part cannot fit
     it, the sparse bound's trace term charges its whole prior variance to
-    its noise, and its local part is switched off in the first round. A box
+    its noise, and its local part is switched off in the first round.
+
     The boxes are first merged into regions (:func:`_design_regions`:
     clients on one box, or on overlapping boxes whose union is still
     resolvable, count once). A region is *starved* when a design of
     :data:`AUTO_SHARE_FLOOR` points could resolve it (``need_b = prod_d (1
     + AUTO_PER_LENGTHSCALE * w_bd / ell_d) <= AUTO_SHARE_FLOOR``, ``w_bd``
     its width) yet a uniform design of that size puts fewer than half of
-    them in it (its padded volume over the union's, ``fraction``). Starved
-    regions, the cheapest first while their points add up to at most
-    :data:`AUTO_SHARE_FLOOR`, get ``ceil(need_b)`` scrambled Sobol points
-    each in the region padded by half a lengthscale (clipped to the unit
-    box); the others' placement is left to the uniform design. Uses only
-    the boxes (server side, no data).
+    them in it (its padded volume over the union's, ``fraction``). A
+    starved region is served when ``ceil(need_b)`` times the number of
+    starved regions needing no more is at most :data:`AUTO_SHARE_FLOOR` (an
+    equal share of one design among them; many small starved regions, as
+    clients scattered in small boxes over a wide box, get none, whatever
+    the clients' order); each served region gets ``ceil(need_b)``
+    scrambled Sobol points in the region padded by half a lengthscale
+    (clipped to the unit box); the others' placement is left to the
+    uniform design. Uses only the boxes (server side, no data).
 
     Parameters
     ----------
@@ -3576,20 +3604,31 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     d = lo.shape[1]
     budget = AUTO_SHARE_FLOOR
     ell = np.broadcast_to(np.asarray(lengthscale, float), (d,))
+
+    def expected(lo, hi):
+        # points a uniform design of `budget` points puts in each padded box
+        plo, phi_ = np.clip(lo - 0.5 * ell, 0.0, 1.0), np.clip(hi + 0.5 * ell, 0.0, 1.0)
+        return budget * np.prod(phi_ - plo, axis=1) / max(float(fraction), 1e-300), plo, phi_
+
+    # a region's padded box holds its boxes' padded boxes, and a starved one
+    # gets fewer than budget / 2 uniform points: if every box gets more, no
+    # region can be starved (clients sharing one box, the usual case)
+    if lo.shape[0] < 2 or np.all(expected(lo, hi)[0] >= 0.5 * budget):
+        return np.zeros((0, d))
     lo, hi, need = _design_regions(lo, hi, ell, budget)
     if lo.shape[0] < 2:
         return np.zeros((0, d))
-    plo, phi_ = np.clip(lo - 0.5 * ell, 0.0, 1.0), np.clip(hi + 0.5 * ell, 0.0, 1.0)
-    expected = budget * np.prod(phi_ - plo, axis=1) / max(float(fraction), 1e-300)
-    starved = (need <= budget) & (expected < 0.5 * need)
-    # the cheapest regions first, while their points fit in one design
-    order = [b for b in np.argsort(need, kind="stable") if starved[b]]
-    kept = np.cumsum([np.ceil(need[b]) for b in order]) <= budget
-    order = [b for b, k in zip(order, kept) if k]
-    if not order:
+    exp_, plo, phi_ = expected(lo, hi)
+    starved = np.flatnonzero((need <= budget) & (exp_ < 0.5 * need))
+    # an equal share of one design among the starved regions that need at
+    # most as much: a region is served if it and every starved region
+    # needing no more fit in the design (the same for any client order)
+    k = np.ceil(need[starved])
+    served = starved[k * (k[None, :] <= k[:, None]).sum(axis=1) <= budget]
+    if not served.size:
         return np.zeros((0, d))
     per_box = []
-    for b in sorted(order):
+    for b in served:
         k = int(np.ceil(need[b]))
         seed = None if random_state is None else np.random.SeedSequence(
             [int(random_state) % 2**32, int(b)])
@@ -3625,20 +3664,33 @@ def _design_regions(lo, hi, ell, budget):
     def cost(a, b):
         return np.prod(1.0 + AUTO_PER_LENGTHSCALE * np.maximum(b - a, 0.0) / ell, axis=-1)
 
-    lo, hi = lo.copy(), hi.copy()
-    while lo.shape[0] > 1:
-        need = cost(lo, hi)
-        mlo = np.minimum(lo[:, None, :], lo[None, :, :])
-        mhi = np.maximum(hi[:, None, :], hi[None, :, :])
+    def gains(k):
+        # gain of merging region k with each region (-inf: not allowed)
+        mlo, mhi = np.minimum(lo[k], lo), np.maximum(hi[k], hi)
         merged = cost(mlo, mhi)
-        gain = np.where(merged <= budget, need[:, None] + need[None, :] - merged, -np.inf)
-        np.fill_diagonal(gain, -np.inf)
-        i, j = np.unravel_index(np.argmax(gain), gain.shape)
-        if gain[i, j] < 0.0:
+        g = np.where(alive & (merged <= budget), need[k] + need - merged, -np.inf)
+        g[k] = -np.inf
+        return g
+
+    # equal boxes first (clients on one box): one region each
+    boxes = np.unique(np.concatenate([lo, hi], axis=1), axis=0)
+    d = lo.shape[1]
+    lo, hi = boxes[:, :d].copy(), boxes[:, d:].copy()
+    n = lo.shape[0]
+    alive = np.ones(n, dtype=bool)
+    need = cost(lo, hi)
+    G = np.stack([gains(k) for k in range(n)]) if n > 1 else np.full((n, n), -np.inf)
+    # greedy: the best pair while it gains; only the merged region's gains change
+    while n > 1:
+        i, j = np.unravel_index(np.argmax(G), G.shape)
+        if not G[i, j] >= 0.0:
             break
-        lo[i], hi[i] = mlo[i, j], mhi[i, j]
-        lo, hi = np.delete(lo, j, axis=0), np.delete(hi, j, axis=0)
-    return lo, hi, cost(lo, hi)
+        lo[i], hi[i] = np.minimum(lo[i], lo[j]), np.maximum(hi[i], hi[j])
+        need[i] = cost(lo[i], hi[i])
+        alive[j] = False
+        G[j, :] = G[:, j] = -np.inf
+        G[i, :] = G[:, i] = gains(i)
+    return lo[alive], hi[alive], need[alive]
 
 
 def interleave_design(reserved, uniform):
@@ -6162,6 +6214,7 @@ class _StructuredRun:
         self.Mg = 0 if "global" not in cfg.components else (
             M * cfg.n_latent[0] if cfg.n_outputs else M)
         summaries, n_calls = self.setup_all("summary", ())
+        server.flat_clients = flat_targets(list(summaries.values()))
         # the server needs the clients' counts again; the standardisation is kept
         self.counter["up"] += int(sum(message_nbytes(s) for s in summaries.values()))
         self.counter["msgs"] += len(summaries)

@@ -212,7 +212,9 @@ class SharedPartsOffWarning(UserWarning):
     for clients with nothing in common; for clients that should share a
     function it usually means inputs or targets in different units, or a
     client whose data the shared function cannot explain. Compare with a
-    pooled model or ``components=("local",)`` by a held-out score.
+    pooled model or ``components=("local",)`` by a held-out score. When
+    every client's targets are constant, the message says so instead: there
+    is no function to fit, and each client is predicted at its own level.
     """
 
 
@@ -1123,7 +1125,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         vector (every client first sends fresh statistics, as the data may
         have changed) and runs up to ``n_rounds`` more rounds; the histories
         continue. A client not in the fitted model is initialised as in a
-        first fit; a fitted client missing from the data is dropped. The
+        first fit; a fitted client missing from the data is dropped. Labels
+        that only look like fitted ones (``'0'`` after ``0``, ``True`` after
+        ``1``) raise ``ValueError``, as such a mix does in a first fit. The
         target standardisation and input scaling of the first fit are kept.
         The settings that define the model's vectors (``components``,
         ``n_inducing``, ``n_inducing_local``, ``variational_family``, the
@@ -1721,7 +1725,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             When two or more clients took part and the global variance ended
             within ten times its lower bound: the clients share no function
             (expected for unrelated clients; otherwise often inputs or
-            targets in different units).
+            targets in different units; or every client's targets are
+            constant, which the message then says).
         SparseApproximationWarning
             When training converged and ``trace_term_`` exceeds 0.03 nats
             per observation and 5 nats in all: the sparse bound is loose and
@@ -1948,7 +1953,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if groups is None:
             groups = np.zeros(Xf.shape[0], dtype=int)
         check_label_types(groups, label_source(self.client_column))
-        if self.warm_start and getattr(self, "clients_", None):
+        if self.warm_start and self.resume_from is None and getattr(self, "clients_", None):
             # a continuation keeps the fitted clients whose labels come again
             # and drops the others: '0' after 0 would silently drop them all
             fitted = list(self.clients_)

@@ -415,6 +415,13 @@ def test_constant_targets_are_reported_as_constant_not_as_unrelated_clients(leve
     mean, std = est.predict(X, groups=g, return_std=True)
     assert np.all(np.isfinite(std))
     assert np.all(np.abs(mean - y) <= 1e-3 * (1 + np.abs(y)))
+    # a warm start rebuilds the server from the fitted state: same message
+    est.set_params(warm_start=True, n_rounds=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est.fit(X, y, groups=g)
+    texts = [str(w.message) for w in caught if issubclass(w.category, SharedPartsOffWarning)]
+    assert len(texts) == 1 and "targets are constant" in texts[0]
 
 
 @pytest.mark.parametrize("value", ["False", "yes", 0, None])

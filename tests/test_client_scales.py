@@ -688,6 +688,18 @@ def test_reserved_design_serves_small_boxes_a_uniform_design_misses():
     # equal boxes: nothing reserved; a box too big to resolve is never reserved for
     assert reserved_design(np.zeros((3, 2)), np.ones((3, 2)), 0.01, 1.0, 0).shape == (0, 2)
     assert reserved_design(lo, hi, np.array([1e-5]), 1.0, 0).shape == (0, 1)
+    # many small boxes scattered over a wide one: an equal share of one design
+    # is below what each needs, so none gets points (whatever the clients' order)
+    rng = np.random.default_rng(1)
+    lo4 = rng.uniform(size=(150, 2)) * 0.998
+    assert reserved_design(lo4, lo4 + 0.002, np.full(2, 0.01), 0.02, 0).shape == (0, 2)
+    # the served regions and their points do not depend on the clients' order
+    lo5 = np.r_[lo2, [[0.8], [0.8]]]
+    hi5 = np.r_[hi2, [[0.805], [0.805]]]
+    perm = np.array([4, 2, 0, 3, 1])
+    a, b = reserved_design(lo5, hi5, ell, 1.0, 0), reserved_design(lo5[perm], hi5[perm], ell, 1.0, 0)
+    assert a.shape[0] > 2 * need
+    assert np.array_equal(np.sort(a[:, 0]), np.sort(b[:, 0]))
     # any prefix holds at most half reserved points
     uniform = np.linspace(0, 1, 40)[:, None]
     merged = interleave_design(pts, uniform)

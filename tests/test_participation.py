@@ -888,3 +888,19 @@ def test_warm_start_refuses_labels_that_only_look_like_the_fitted_clients(data):
         est.fit(X, y, g.astype(str))
     assert_array_equal(est.server_.theta_global, before)
     assert list(est.clients_) == list(range(5))
+
+
+def test_resume_from_ignores_the_fitted_clients_labels_under_warm_start():
+    """resume_from continues the saved run, not the fitted model, so the fitted
+    clients' labels (ints) do not make the saved run's labels (str) a mix."""
+    X, y, g = _data(sizes=(30, 30, 30))
+    gi = np.unique(g, return_inverse=True)[1]
+    g = gi.astype(str)
+    states = []
+    _fit(X, y, g, n_rounds=2, checkpoint=lambda r, st: states.append(st))
+    est = _fit(X, y, gi, n_rounds=2, warm_start=True)
+    est.set_params(resume_from=states[-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y, g)
+    assert list(est.clients_) == ["0", "1", "2"]
