@@ -3569,11 +3569,12 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     + AUTO_PER_LENGTHSCALE * w_bd / ell_d) <= AUTO_SHARE_FLOOR``, ``w_bd``
     its width) yet a uniform design of that size puts fewer than half of
     them in it (its padded volume over the union's, ``fraction``). A
-    starved region is served when ``ceil(need_b)`` times the number of
-    starved regions needing no more is at most :data:`AUTO_SHARE_FLOOR` (an
-    equal share of one design among them; many small starved regions, as
-    clients scattered in small boxes over a wide box, get none, whatever
-    the clients' order); each served region gets ``ceil(need_b)``
+    starved region is served when its ``ceil(need_b)`` points and those of
+    every starved region needing no more add up to at most
+    :data:`AUTO_SHARE_FLOOR` (cheapest first, ties decided together, so the
+    same whatever the clients' order; many small starved regions, as
+    clients scattered in small boxes over a wide box, get none); each
+    served region gets ``ceil(need_b)``
     scrambled Sobol points in the region padded by half a lengthscale
     (clipped to the unit box); the others' placement is left to the
     uniform design. Uses only the boxes (server side, no data).
@@ -3620,11 +3621,11 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
         return np.zeros((0, d))
     exp_, plo, phi_ = expected(lo, hi)
     starved = np.flatnonzero((need <= budget) & (exp_ < 0.5 * need))
-    # an equal share of one design among the starved regions that need at
-    # most as much: a region is served if it and every starved region
-    # needing no more fit in the design (the same for any client order)
+    # cheapest first: a region is served if its points and those of every
+    # starved region needing no more fit in one design together (ties
+    # decided together, so the same for any client order)
     k = np.ceil(need[starved])
-    served = starved[k * (k[None, :] <= k[:, None]).sum(axis=1) <= budget]
+    served = starved[(k[None, :] * (k[None, :] <= k[:, None])).sum(axis=1) <= budget]
     if not served.size:
         return np.zeros((0, d))
     per_box = []

@@ -693,6 +693,15 @@ def test_reserved_design_serves_small_boxes_a_uniform_design_misses():
     rng = np.random.default_rng(1)
     lo4 = rng.uniform(size=(150, 2)) * 0.998
     assert reserved_design(lo4, lo4 + 0.002, np.full(2, 0.01), 0.02, 0).shape == (0, 2)
+    # a client of one point elsewhere does not take a larger region's points away
+    ell6 = np.full(2, 0.05)
+    lo6, hi6 = np.array([[0.0, 0.0], [0.4, 0.4]]), np.array([[1.0, 1.0], [0.5, 0.5]])
+    alone = reserved_design(lo6, hi6, ell6, 1.0, 0)
+    assert alone.shape[0] == 36
+    lo7, hi7 = np.r_[lo6, [[0.9, 0.1]]], np.r_[hi6, [[0.9, 0.1]]]
+    both = reserved_design(lo7, hi7, ell6, 1.0, 0)
+    assert both.shape[0] == 37
+    assert np.sum(np.all((both >= 0.375) & (both <= 0.525), axis=1)) == 36
     # the served regions and their points do not depend on the clients' order
     lo5 = np.r_[lo2, [[0.8], [0.8]]]
     hi5 = np.r_[hi2, [[0.805], [0.805]]]
