@@ -1101,14 +1101,7 @@ class Server:
         """
         if any(s.y_count is not None for s in summaries):
             return self._standardise_multioutput(summaries)
-        n = sum(s.n_samples for s in summaries)
-        mean = sum(s.y_sum for s in summaries) / n
-        # pooled variance = within-client + between-client parts (Chan et al.)
-        within = sum(s.y_centred_sumsq for s in summaries)
-        m2 = within + sum(s.n_samples * (s.y_sum / s.n_samples - mean) ** 2 for s in summaries)
-        # "no spread" relative to the data's own magnitude (level or spread), so
-        # targets on any scale (1e-12 as well as 1e12) are standardised
-        tiny = 1e-24 * max(mean**2, m2 / n)
+        n, mean, m2, tiny = _pooled_target_moments(summaries)
         # the clients' own (within-client) standard deviations
         stds = [np.sqrt(s.y_centred_sumsq / s.n_samples) for s in summaries
                 if s.n_samples >= 2 and s.y_centred_sumsq > tiny * s.n_samples]
@@ -3524,6 +3517,31 @@ def union_design(lo, hi, n, random_state):
     return np.vstack(pts)[:n], volume
 
 
+def _pooled_target_moments(summaries):
+    """Pooled count, mean, sum of squared deviations and "no spread" threshold of 1-D targets.
+
+    The pooled sum of squares is the within-client plus the between-client
+    part (Chan, Golub and LeVeque, *The American Statistician* 37, 1983);
+    the threshold, ``1e-24`` of the data's own magnitude (level or spread),
+    lets targets on any scale (1e-12 as well as 1e12) be standardised.
+
+    Parameters
+    ----------
+    summaries : sequence of ClientSummary
+        With 1-D targets.
+
+    Returns
+    -------
+    n : int
+    mean, m2, tiny : float
+    """
+    n = sum(s.n_samples for s in summaries)
+    mean = sum(s.y_sum for s in summaries) / n
+    within = sum(s.y_centred_sumsq for s in summaries)
+    m2 = within + sum(s.n_samples * (s.y_sum / s.n_samples - mean) ** 2 for s in summaries)
+    return n, mean, m2, 1e-24 * max(mean**2, m2 / n)
+
+
 def flat_targets(summaries):
     """Whether every client's (1-D) targets are constant, from the set-up summaries.
 
@@ -3543,11 +3561,7 @@ def flat_targets(summaries):
     """
     if not summaries or any(s.y_count is not None for s in summaries):
         return False
-    n = sum(s.n_samples for s in summaries)
-    mean = sum(s.y_sum for s in summaries) / n
-    m2 = sum(s.y_centred_sumsq + s.n_samples * (s.y_sum / s.n_samples - mean) ** 2
-             for s in summaries)
-    tiny = 1e-24 * max(mean**2, m2 / n)
+    tiny = _pooled_target_moments(summaries)[3]
     return all(s.n_samples >= 2 and s.y_centred_sumsq <= tiny * s.n_samples for s in summaries)
 
 
@@ -3624,8 +3638,9 @@ def reserved_design(lo, hi, lengthscale, fraction, random_state):
     # cheapest first: a region is served if its points and those of every
     # starved region needing no more fit in one design together (ties
     # decided together, so the same for any client order)
-    k = np.ceil(need[starved])
-    served = starved[(k[None, :] * (k[None, :] <= k[:, None])).sum(axis=1) <= budget]
+    count = np.ceil(need[starved])
+    served = starved[(count[None, :] * (count[None, :] <= count[:, None])).sum(axis=1)
+                     <= budget]
     if not served.size:
         return np.zeros((0, d))
     per_box = []

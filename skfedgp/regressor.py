@@ -1953,18 +1953,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if groups is None:
             groups = np.zeros(Xf.shape[0], dtype=int)
         check_label_types(groups, label_source(self.client_column))
+        if getattr(self, "_restart_pending", False):
+            # for restart_from_global's extra runs; fit drops it at once
+            self._fit_data = (Xf, y, groups)
+        labels, inv = unique_labels(groups)
         if self.warm_start and self.resume_from is None and getattr(self, "clients_", None):
             # a continuation keeps the fitted clients whose labels come again
             # and drops the others: '0' after 0 would silently drop them all
             fitted = list(self.clients_)
             check_label_types(
-                _object_array(fitted + list(unique_labels(groups)[0])),
+                _object_array(fitted + list(labels)),
                 f"{label_source(self.client_column)} with warm_start=True, together with "
                 f"the fitted clients' labels ({_listing(fitted)}),")
-        if getattr(self, "_restart_pending", False):
-            # for restart_from_global's extra runs; fit drops it at once
-            self._fit_data = (Xf, y, groups)
-        labels, inv = unique_labels(groups)
         counts = np.bincount(inv, minlength=len(labels))
         small = [(lab, c) for lab, c in zip(labels, counts) if c < MIN_SAMPLES_PER_CLIENT]
         if small:
