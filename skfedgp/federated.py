@@ -1780,6 +1780,11 @@ CLIENT_SCALE_PRIOR_SD = 3.0
 #: to the population has at most this chance on either side for a client of
 #: its size on the population's scale (:func:`learns_client_scale`).
 CLIENT_SCALE_CHANCE = 1e-3
+#: ``client_scale="auto"``: a client also learns its scale when its own pilot's
+#: lengthscales are more than this many times the population's (or less than
+#: its inverse; geometric mean over the inputs) and its own data reject the
+#: population's lengthscales (:func:`lengthscale_mismatch`).
+CLIENT_LENGTHSCALE_RATIO = 5.0
 #: Penalised-complexity prior of a client's local standard deviation: rate
 #: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
 #: larger of the pilots' median signal std and the client's own target std.
@@ -2736,8 +2741,105 @@ def shared_scale(local, global_values):
     return float(a) / float(np.sqrt(global_values["variance_g"]))
 
 
+def lengthscale_mismatch(X, y, own, population_lengthscale):
+    """Whether a client's own data reject the population's lengthscales.
+
+    The shared parts have the population's kernel; a client whose function
+    varies on a far longer (or shorter) input scale than the others' (its
+    inputs spread over a box many times wider, in other units) cannot use
+    them at its own scale ``s_i = 1``: at the population's short lengthscale
+    the shared prior is white noise at its inputs, and without its own scale
+    the client explained its targets as noise, with the shared parts left on
+    for the others (one of three clients, 30 rows of the others' function
+    stretched over a box 100 times wider in 2-D: RMSE 0.42 against its own
+    exact GP's 0.03) or pulled the shared lengthscale to its own (the
+    others' RMSE up to 1.5 times their value without it).
+
+    Only the inputs along which the client's rows vary count (``d`` of
+    them). The population's lengthscales are rejected when the pilot's are
+    more than :data:`CLIENT_LENGTHSCALE_RATIO` times theirs either way
+    (geometric mean over those inputs) and the client's own data say so:
+    two exact GPs (constant x ARD RBF + white noise, scikit-learn, on at
+    most :data:`PILOT_MAX_POINTS` evenly spaced rows, inputs standardised
+    per feature as in :func:`pilot_fit`), one started at the pilot's
+    lengthscales with every hyperparameter free and one with the
+    lengthscales held at the population's, differ in log marginal
+    likelihood by more than half the ``1 - CLIENT_SCALE_CHANCE`` quantile
+    of ``chi2(d)`` (a likelihood-ratio test of the ``d`` lengthscales; a
+    handful of rows cannot pass it by chance). With two clients the
+    population's values are the median of both pilots, so both can be
+    flagged; each then learns its scale.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        The client's scaled inputs.
+    y : ndarray of shape (n,)
+        Its standardised targets.
+    own : PilotSummary
+        The client's own pilot (scaled units).
+    population_lengthscale : ndarray of shape (d,)
+        The population's lengthscales (scaled units).
+
+    Returns
+    -------
+    bool
+
+    Notes
+    -----
+    Beyond the pFedHGP paper; docs/maths.md, section 10, "The scale of the
+    shared parts". The test: S. S. Wilks, "The large-sample distribution of
+    the likelihood ratio for testing composite hypotheses", *Annals of
+    Mathematical Statistics* 9(1), 1938.
+    """
+    from scipy.stats import chi2
+    from sklearn.exceptions import ConvergenceWarning as _CW
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    ell_own = np.asarray(own.lengthscale, dtype=float).ravel()
+    ell_pop = np.asarray(population_lengthscale, dtype=float).ravel()
+    X = np.asarray(X, dtype=float)
+    if ell_own.shape != ell_pop.shape or ell_own.shape[0] != X.shape[1]:
+        return False
+    # only the inputs the client varies in: along a constant one its
+    # lengthscale says nothing
+    cols = np.ptp(X, axis=0) > 0
+    ell_own, ell_pop, X = ell_own[cols], ell_pop[cols], X[:, cols]
+    if not cols.any() or not (np.all(ell_own > 0) and np.all(ell_pop > 0)):
+        return False
+    ratio = float(np.exp(np.mean(np.log(ell_own / ell_pop))))
+    if 1.0 / CLIENT_LENGTHSCALE_RATIO <= ratio <= CLIENT_LENGTHSCALE_RATIO:
+        return False
+    n, d = X.shape
+    if n < PILOT_MIN_POINTS or np.var(y) < 1e-12:
+        return False
+    if n > PILOT_MAX_POINTS:
+        keep = np.round(np.linspace(0, n - 1, PILOT_MAX_POINTS)).astype(int)
+        X, y = X[keep], y[keep]
+    spread = X.std(axis=0)
+    Xs = (X - X.mean(axis=0)) / spread
+    yc = y - y.mean()
+    v = float(np.var(yc))
+    noise_share = float(np.clip(own.noise_variance / max(own.variance, 1e-12), 1e-6, 10.0))
+    fits = []
+    for ell, bounds in ((ell_own / spread, (1e-3, 1e3)), (ell_pop / spread, "fixed")):
+        kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
+                  * RBF(np.clip(ell, 1e-3, 1e3), bounds)
+                  + WhiteKernel(noise_share * v, (1e-6 * v, 10.0 * v)))
+        gp = GaussianProcessRegressor(kernel, normalize_y=False)
+        try:
+            with _convergence_warnings_ignored(_CW):
+                gp.fit(Xs, yc)
+        except (np.linalg.LinAlgError, ValueError):
+            return False
+        fits.append(float(gp.log_marginal_likelihood_value_))
+    gain = fits[0] - fits[1]
+    return bool(np.isfinite(gain) and gain > 0.5 * chi2.ppf(1.0 - CLIENT_SCALE_CHANCE, d))
+
+
 def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise=None,
-                        population_noise=None):
+                        population_noise=None, other_input_scale=False):
     """Whether a client learns its scale ``s_i`` on the shared parts.
 
     Parameters
@@ -2757,12 +2859,18 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
         The population's noise variance (standardised units): the pilots'
         weighted median with the small clients pooled
         (:meth:`_StructuredRun._pooled_noise`).
+    other_input_scale : bool, default=False
+        Whether the client's own data reject the population's lengthscales
+        (:func:`lengthscale_mismatch`).
 
     Returns
     -------
     bool
-        With ``"auto"``: True when the client is clearly *in another unit*
-        (or a nearly flat, noise-free series), which needs two things.
+        With ``"auto"``: True when ``other_input_scale`` (the client's
+        inputs are on another scale: the shared parts at the population's
+        lengthscales cannot describe it at ``s_i = 1``), or when the client
+        is clearly *in another unit* (or a nearly flat, noise-free series),
+        which needs two things.
 
         1. Its spread is clearly another scale: ``ratio != 1`` and, since the
            variance of a few rows is itself uncertain, ``ratio`` outside the
@@ -2800,7 +2908,7 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
     if mode is False or not ("global" in config.components
                              or "deviation" in config.components):
         return False
-    if mode is True:
+    if mode is True or other_input_scale:
         return True
     if ratio == 1.0 or n_samples < 2:
         return False
@@ -3104,8 +3212,10 @@ def _pilot_fit(X, y, random_state):
     # the client's own inputs standardised per feature, so the starting
     # lengthscale is relative to where its data are (a client whose inputs
     # fill a sliver of the joint box still starts at a sensible value)
-    spread = X.std(axis=0)
-    spread = np.where(spread > 0, spread, 1.0)
+    # a constant column (std a round-off 1e-16, not 0) is left unscaled: its
+    # lengthscale is not identified and stays at its start, where divided by
+    # that std it was reported as about 0 and pulled the population's to 0
+    spread = np.where(np.ptp(X, axis=0) > 0, X.std(axis=0), 1.0)
     X = (X - X.mean(axis=0)) / spread
     v = float(np.var(y))
     # below PILOT_MULTI_START_POINTS the rough optimum mostly interpolates a
@@ -4385,9 +4495,15 @@ class StructuredClient:
         pooled_client = not own_centre and not replicate_centre and self._poolable()
         pooled_centre = pooled_client and getattr(population, "noise_pooled", None) is not None
         s_ratio = client_scale_ratio(own_var)
+        # a client whose own pilot found signal on an input scale the
+        # population's lengthscales clearly do not fit (lengthscale_mismatch)
+        mismatch = (getattr(config, "client_scale", False) == "auto"
+                    and ("global" in config.components or "deviation" in config.components)
+                    and starts_own and own.variance > own.noise_variance
+                    and lengthscale_mismatch(self._Xs, self._y, own, population.lengthscale))
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
-            pilot_noise, population.noise_variance)
+            pilot_noise, population.noise_variance, other_input_scale=mismatch)
         if own_centre:
             centre = own.noise_variance
         elif replicate_centre:
@@ -4454,6 +4570,16 @@ class StructuredClient:
                 self._Xs, M_local, values["lengthscale_l"], values["variance_l"],
                 values["noise_variance"], config.jitter, random_state,
                 grow=config.n_inducing_local == "auto")
+        if mismatch and "local" in config.components and config.local_lengthscale is None:
+            # its data rejected the population's lengthscales (and its local
+            # kernel started from its own pilot: mismatch needs that): where
+            # _restart_local also starts from, should the first phase switch
+            # the local part off, and the centre of its local lengthscale
+            # prior (a client of few rows), its own starting lengthscales
+            self.prior_local["own_start"] = (
+                np.asarray(values["lengthscale_l"], dtype=float).copy(),
+                float(values["variance_l"]))
+            self.prior_local["lengthscale_centre"] = np.log(self.prior_local["own_start"][0])
         if learn_scale:
             # the client's scale on the shared parts starts at, and its prior is
             # centred on, the square root of its spread over the clients'
@@ -4895,12 +5021,25 @@ class StructuredClient:
         fixed) is higher, so the bound never goes down. ``fun(theta)`` is
         the phase's objective (to minimise) and gradient, ``lbfgs(start)``
         one of its L-BFGS-B runs, ``bounds`` their bounds.
+
+        A client whose own data rejected the population's lengthscales
+        (:func:`lengthscale_mismatch`; it learns its scale on the shared
+        parts and started its local kernel from its own pilot) also runs once
+        from that start (at the scale the phase reached;
+        ``prior_local["own_start"]``), and the better accepted end is kept. Its first phase starts at scale 1,
+        where the shared parts' trace term at its inputs can switch the
+        local part off before the scale has fallen; the population's start
+        does not help a client whose inputs are on another scale
+        (:func:`lengthscale_mismatch`).
         """
         if not self._local_switched_off():
             return
         ell, var = self.prior_local["restart"]
-        self._try_local_start(fun, lbfgs, bounds, np.log(ell), np.log(var),
-                              accept=lambda t: not self._local_switched_off(t))
+        on = lambda t: not self._local_switched_off(t)  # noqa: E731
+        self._try_local_start(fun, lbfgs, bounds, np.log(ell), np.log(var), accept=on)
+        own = self.prior_local.get("own_start")
+        if own is not None:
+            self._try_local_start(fun, lbfgs, bounds, np.log(own[0]), np.log(own[1]), accept=on)
 
     def _try_local_start(self, fun, lbfgs, bounds, log_lengthscale, log_variance,
                          accept=None):
@@ -5104,7 +5243,10 @@ class ClientState:
         local standard deviation, and ``"log_amplitude_centre"`` for a client
         that learns its scale (:meth:`StructuredClient.log_prior`);
         ``"restart"``, the local lengthscales and variance a switched-off
-        local part restarts from (:meth:`StructuredClient._restart_local`).
+        local part restarts from (:meth:`StructuredClient._restart_local`),
+        and for a client whose data rejected the population's lengthscales
+        (:func:`lengthscale_mismatch`), ``"own_start"``, its own starting
+        local kernel (a second restart).
     learn_local_inducing : bool or None
         The client's decision for its local inducing inputs under
         ``learn_inducing="auto"`` (None: not recorded; then learned).

@@ -1017,7 +1017,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         within-client standard deviation, squared) either way, beyond what
         chance gives a client of their number of rows, and whose noise is
         not the population's either (another unit, not a flat or steep
-        stretch of the same function; ``federated.learns_client_scale``);
+        stretch of the same function; ``federated.learns_client_scale``),
+        and the clients whose own data reject the population's
+        lengthscales, their pilot's being more than 5 times longer or
+        shorter (inputs on another scale: the others' function stretched
+        over a far wider box; ``federated.lengthscale_mismatch``, a
+        likelihood-ratio test on the client's own rows, whose local kernel
+        then also keeps its own lengthscales' prior and restart);
         the others keep ``s_i = 1``. True: every client. A learned ``s_i`` starts at the
         square root of that ratio (1 for a client within it) and is
         parametrised by the client's amplitude ``s_i sqrt(variance_g)``

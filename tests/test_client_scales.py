@@ -716,3 +716,91 @@ def test_reserved_design_serves_small_boxes_a_uniform_design_misses():
     for M in (1, 5, 10, 21):
         assert np.isin(merged[:M, 0], pts[:, 0]).sum() <= -(-M // 2)
     assert np.array_equal(np.sort(merged[:, 0]), np.sort(np.r_[pts[:, 0], uniform[:, 0]]))
+
+
+@pytest.mark.parametrize("width", [10.0, 1000.0])
+def test_a_client_on_a_far_wider_input_scale_learns_its_own_scale(ab, reference, width):
+    """Beside A and B (``sin 6x`` on ``[0, 1]``), a client W of 30 rows of
+    the same curve stretched over ``[0, width]``: in the shared coordinates a
+    far smoother function. Without a scale of its own W either pulled the
+    shared lengthscale to its own (A's RMSE 1.25 and 1.50 times its value
+    without W) or was fitted as noise (W's RMSE 0.73 at 1000 times). Its own
+    data reject the population's lengthscales
+    (``federated.lengthscale_mismatch``), so it learns its scale on the
+    shared parts and keeps its own local kernel; A is unharmed and W is
+    fitted as well as an exact GP on its rows alone."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    X, y, g = ab
+    rng = np.random.default_rng(7)
+    U = rng.uniform(size=30)
+    yW = np.sin(6 * U) + 0.05 * rng.normal(size=30)
+    est = _fit(np.r_[X, width * U[:, None]], np.r_[y, yW], np.r_[g, ["W"] * 30])
+    assert _rmse_A(est) <= 1.2 * reference
+    assert est.client_scales_["W"] < 0.5
+    assert est.client_scales_["A"] == est.client_scales_["B"] == 1.0
+    ut = np.linspace(0.02, 0.98, 40)
+    m, s = est.predict(width * ut[:, None], ["W"] * 40, return_std=True)
+    gp = GaussianProcessRegressor(ConstantKernel() * RBF() + WhiteKernel(1e-2),
+                                  normalize_y=True, n_restarts_optimizer=2, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gp.fit(width * U[:, None], yW)
+    r_exact = np.sqrt(np.mean((gp.predict(width * ut[:, None]) - np.sin(6 * ut)) ** 2))
+    err = m - np.sin(6 * ut)
+    assert np.sqrt(np.mean(err**2)) <= 1.5 * r_exact + 0.01
+    assert np.mean(np.abs(err) > 3 * s) <= 0.05
+
+
+def test_lengthscale_mismatch_needs_a_far_scale_and_evidence():
+    """The test behind ``client_scale="auto"`` for a client on another input
+    scale: the pilot's lengthscales far from the population's *and* its
+    data rejecting the population's (likelihood ratio)."""
+    from skfedgp.federated import PilotSummary, lengthscale_mismatch, pilot_fit
+
+    rng = np.random.default_rng(3)
+    U = rng.uniform(size=(40, 1))
+    y = np.sin(6 * U[:, 0]) + 0.05 * rng.normal(size=40)
+    y = (y - y.mean()) / y.std()
+    pop = np.array([0.3])
+    own = pilot_fit(100 * U, y, 0)
+    assert own.lengthscale[0] > 10
+    assert lengthscale_mismatch(100 * U, y, own, pop)
+    # the population's scale: no test needed, no mismatch
+    assert not lengthscale_mismatch(U, y, pilot_fit(U, y, 0), pop)
+    # far apart but no evidence: pure noise (the pilot's long lengthscale
+    # fits nothing the population's cannot)
+    z = rng.normal(size=40)
+    flat = PilotSummary(lengthscale=np.array([30.0]), variance=0.05, noise_variance=1.0,
+                        residual_dof=None)
+    assert not lengthscale_mismatch(100 * U, z, flat, pop)
+
+
+def test_a_client_constant_in_one_input_does_not_zero_the_shared_lengthscale():
+    """The largest client holds one input fixed (a station whose covariate
+    never changes). Its pilot divided that column by its round-off standard
+    deviation (1e-16, not 0) and reported a lengthscale of about 0 there;
+    as the largest client it set the population's lengthscale, and the
+    others' RMSE was 0.53 against 0.02 without it. The column is now left
+    unscaled in the pilot (its lengthscale is not identified)."""
+    from skfedgp.federated import pilot_fit
+
+    rng = np.random.default_rng(4)
+    f = lambda X: np.sin(6 * X[:, 0]) + np.cos(4 * X[:, 1])  # noqa: E731
+    XAB = rng.uniform(size=(160, 2))
+    yAB = f(XAB) + 0.05 * rng.normal(size=160)
+    r = np.random.default_rng(5)
+    XC = np.c_[r.uniform(size=120), np.full(120, 0.37)]
+    yC = f(XC) + 0.05 * r.normal(size=120)
+    own = pilot_fit(XC, (yC - yC.mean()) / yC.std(), 0)
+    assert own.lengthscale[1] > 0.1
+    gAB = np.repeat(["A", "B"], 80)
+    Xt = r.uniform(size=(200, 2))
+
+    def rmse_a(est):
+        return float(np.sqrt(np.mean((est.predict(Xt, ["A"] * 200) - f(Xt)) ** 2)))
+
+    alone = rmse_a(_fit(XAB, yAB, gAB))
+    est = _fit(np.r_[XAB, XC], np.r_[yAB, yC], np.r_[gAB, ["C"] * 120])
+    assert rmse_a(est) <= 1.2 * alone
