@@ -5026,11 +5026,11 @@ class StructuredClient:
         (:func:`lengthscale_mismatch`; it learns its scale on the shared
         parts and started its local kernel from its own pilot) also runs once
         from that start (at the scale the phase reached;
-        ``prior_local["own_start"]``), and the better accepted end is kept. Its first phase starts at scale 1,
-        where the shared parts' trace term at its inputs can switch the
-        local part off before the scale has fallen; the population's start
-        does not help a client whose inputs are on another scale
-        (:func:`lengthscale_mismatch`).
+        ``prior_local["own_start"]``), and the better accepted end is kept.
+        Its first phase starts at scale 1, where the shared parts' trace
+        term at its inputs can switch the local part off before the scale
+        has fallen; the population's start does not help a client whose
+        inputs are on another scale.
         """
         if not self._local_switched_off():
             return
