@@ -2759,9 +2759,9 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
     them). The population's lengthscales are rejected when the pilot's are
     more than :data:`CLIENT_LENGTHSCALE_RATIO` times theirs either way
     (geometric mean over those inputs) and the client's own data say so:
-    two exact GPs (constant x ARD RBF + white noise, scikit-learn, on at
-    most :data:`PILOT_MAX_POINTS` evenly spaced rows, inputs standardised
-    per feature as in :func:`pilot_fit`), one started at the pilot's
+    two exact GPs (constant x ARD RBF + white noise, scikit-learn, as in
+    :func:`pilot_fit`, on at most :data:`PILOT_MAX_POINTS` evenly spaced
+    rows, inputs standardised per feature), one started at the pilot's
     lengthscales with every hyperparameter free and one with the
     lengthscales held at the population's, differ in log marginal
     likelihood by more than half the ``1 - CLIENT_SCALE_CHANCE`` quantile
@@ -2793,9 +2793,6 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
     Mathematical Statistics* 9(1), 1938.
     """
     from scipy.stats import chi2
-    from sklearn.exceptions import ConvergenceWarning as _CW
-    from sklearn.gaussian_process import GaussianProcessRegressor
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
     ell_own = np.asarray(own.lengthscale, dtype=float).ravel()
     ell_pop = np.asarray(population_lengthscale, dtype=float).ravel()
@@ -2824,13 +2821,9 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
     noise_share = float(np.clip(own.noise_variance / max(own.variance, 1e-12), 1e-6, 10.0))
     fits = []
     for ell, bounds in ((ell_own / spread, (1e-3, 1e3)), (ell_pop / spread, "fixed")):
-        kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
-                  * RBF(np.clip(ell, 1e-3, 1e3), bounds)
-                  + WhiteKernel(noise_share * v, (1e-6 * v, 10.0 * v)))
-        gp = GaussianProcessRegressor(kernel, normalize_y=False)
         try:
-            with _convergence_warnings_ignored(_CW):
-                gp.fit(Xs, yc)
+            gp = _pilot_gp(Xs, yc, v, np.clip(ell, 1e-3, 1e3), noise_share,
+                           lengthscale_bounds=bounds)
         except (np.linalg.LinAlgError, ValueError):
             return False
         fits.append(float(gp.log_marginal_likelihood_value_))
@@ -3175,12 +3168,14 @@ def pilot_fit(X, y, random_state):
     return copy.deepcopy(memo[key])
 
 
-def _pilot_gp(X, y, variance, lengthscale, noise_share, random_state=None):
+def _pilot_gp(X, y, variance, lengthscale, noise_share, random_state=None,
+              lengthscale_bounds=(1e-3, 1e3)):
     """One pilot-style exact GP fitted from one start (scikit-learn).
 
     Constant x ARD RBF + white noise on centred ``y``: the constant starts at
     ``variance`` within ``[1e-6, 1e3]`` times it, the lengthscale(s) at
-    ``lengthscale`` (a float: isotropic; an array: ARD) within ``[1e-3, 1e3]`` (standardised units), the noise at
+    ``lengthscale`` (a float: isotropic; an array: ARD) within
+    ``lengthscale_bounds`` (standardised units; ``"fixed"`` holds them), the noise at
     ``noise_share * variance`` within ``[1e-6, 10]`` times ``variance``.
     L-BFGS-B's ``ConvergenceWarning`` is silenced; a failing fit raises
     scikit-learn's ``LinAlgError`` or ``ValueError``.
@@ -3191,7 +3186,7 @@ def _pilot_gp(X, y, variance, lengthscale, noise_share, random_state=None):
 
     v = variance
     kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
-              * RBF(lengthscale, (1e-3, 1e3))
+              * RBF(lengthscale, lengthscale_bounds)
               + WhiteKernel(noise_share * v, (1e-6 * v, 10.0 * v)))
     gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
     with _convergence_warnings_ignored(_CW):
