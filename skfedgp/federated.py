@@ -2035,8 +2035,9 @@ def pure_error_variance(X, y):
 class PilotSummary:
     """Set-up upload: hyperparameters of a client's quick exact GP.
 
-    A client fits an exact GP (scikit-learn's ``GaussianProcessRegressor``
-    with an ARD RBF kernel, a constant and a white-noise term) on at most
+    A client fits an exact GP (an ARD squared-exponential kernel times a
+    constant, plus white noise; maximum marginal likelihood as scikit-learn's
+    ``GaussianProcessRegressor`` does it, :func:`_pilot_gp`) on at most
     :data:`PILOT_MAX_POINTS` of its own observations and reports only the
     fitted hyperparameters, ``d + 2`` numbers whatever ``n_i``; the server
     takes medians.
@@ -2826,7 +2827,7 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
                            lengthscale_bounds=bounds)
         except (np.linalg.LinAlgError, ValueError):
             return False
-        fits.append(float(gp.log_marginal_likelihood_value_))
+        fits.append(float(gp.log_marginal_likelihood))
     gain = fits[0] - fits[1]
     return bool(np.isfinite(gain) and gain > 0.5 * chi2.ppf(1.0 - CLIENT_SCALE_CHANCE, d))
 
@@ -2975,55 +2976,11 @@ def clip_to_bounds(theta, bounds):
     return np.clip(theta, lo, hi)
 
 
-_IGNORE_LOCK = threading.Lock()
-_IGNORE_USERS = {}  # warning category -> [number of active users, its filter entry]
-
-
 def _filters_mutated():
     """Tell the warnings machinery that ``warnings.filters`` changed in place."""
     mutated = getattr(warnings, "_filters_mutated", None)  # CPython 3.10-3.13
     if mutated is not None:
         mutated()
-
-
-@contextlib.contextmanager
-def _convergence_warnings_ignored(category):
-    """Ignore ``category`` while the block runs, safely when clients run in threads.
-
-    :class:`warnings.catch_warnings` saves the whole filter list on entry and
-    puts it back on exit, which is not thread-safe: with two overlapping
-    blocks in two threads (pilot fits of clients set up in a thread pool),
-    the one that leaves last puts back a list that holds the other's
-    ``"ignore"`` filter, installed for good, and the fit's own
-    :class:`~sklearn.exceptions.ConvergenceWarning` (and the user's) would
-    then never be shown. Here one filter is inserted by the first block to
-    enter and removed (that entry only, found by identity) when the last
-    one leaves. While any block runs, ``category`` is ignored in the whole
-    process. Package plumbing; no paper source.
-    """
-    with _IGNORE_LOCK:
-        users = _IGNORE_USERS.setdefault(category, [0, None])
-        if users[0] == 0:
-            # inserted by hand, not with simplefilter: that would move (and
-            # the exit then remove) a user's equal filter
-            users[1] = ("ignore", None, category, None, 0)
-            warnings.filters.insert(0, users[1])
-            _filters_mutated()
-        users[0] += 1
-    try:
-        yield
-    finally:
-        with _IGNORE_LOCK:
-            users[0] -= 1
-            if users[0] == 0:
-                entry, users[1] = users[1], None
-                # this entry only, wherever it is now; gone when a user's
-                # catch_warnings exit has restored the list meanwhile
-                for k, f in enumerate(warnings.filters):
-                    if f is entry:
-                        del warnings.filters[k]
-                        _filters_mutated()
-                        break
 
 
 @contextlib.contextmanager
@@ -3099,7 +3056,7 @@ def pilot_memo():
 
 
 def pilot_fit(X, y, random_state):
-    """Quick exact GP on at most :data:`PILOT_MAX_POINTS` rows (scikit-learn).
+    """Quick exact GP on at most :data:`PILOT_MAX_POINTS` rows (:func:`_pilot_gp`).
 
     Within :func:`pilot_memo` a repeated call with equal arrays and seed
     returns a copy of the first call's result.
@@ -3168,30 +3125,145 @@ def pilot_fit(X, y, random_state):
     return copy.deepcopy(memo[key])
 
 
-def _pilot_gp(X, y, variance, lengthscale, noise_share, random_state=None,
-              lengthscale_bounds=(1e-3, 1e3)):
-    """One pilot-style exact GP fitted from one start (scikit-learn).
+#: Jitter added to the diagonal of a pilot's covariance, as scikit-learn's
+#: ``GaussianProcessRegressor(alpha=1e-10)`` does.
+PILOT_JITTER = 1e-10
 
-    Constant x ARD RBF + white noise on centred ``y``: the constant starts at
+
+@dataclass
+class PilotGP:
+    """One exact GP fitted by :func:`_pilot_gp` (a client's private result).
+
+    Attributes
+    ----------
+    log_marginal_likelihood : float
+        At the returned hyperparameters (nats; ``-inf`` where the covariance
+        was not positive definite).
+    variance : float
+    lengthscale : float or ndarray of shape (d,)
+        A float for an isotropic start, else one per input (standardised units).
+    noise_variance : float
+    L : ndarray of shape (n, n)
+        Lower Cholesky factor of ``K + (noise_variance + PILOT_JITTER) I``.
+    """
+
+    log_marginal_likelihood: float
+    variance: float
+    lengthscale: object
+    noise_variance: float
+    L: np.ndarray
+
+
+def _pilot_objective(theta, X, y, iso, fixed_lengthscale):
+    """Negative log marginal likelihood of a pilot GP and its gradient.
+
+    ``theta`` is ``log`` of (variance, lengthscale(s), noise variance); the
+    lengthscales are left out when ``fixed_lengthscale`` is given. A
+    covariance that is not positive definite gives ``(inf, 0)``, as
+    scikit-learn's objective does.
+    """
+    from scipy.linalg import LinAlgError, cho_solve, cholesky
+
+    from .kernels import se_ard, se_ard_grad_sym
+
+    n, d = X.shape
+    variance = float(np.exp(theta[0]))
+    if fixed_lengthscale is not None:
+        ell = fixed_lengthscale
+    elif iso:
+        ell = np.full(d, np.exp(theta[1]))
+    else:
+        ell = np.exp(theta[1:1 + d])
+    s2 = float(np.exp(theta[-1]))
+    Kf = se_ard(X, X, ell, variance)
+    K = Kf.copy()
+    K[np.diag_indices(n)] += s2 + PILOT_JITTER
+    try:
+        L = cholesky(K, lower=True, check_finite=False)
+    except LinAlgError:
+        return np.inf, np.zeros_like(theta)
+    a = cho_solve((L, True), y, check_finite=False)
+    lml = (-0.5 * float(y @ a) - float(np.sum(np.log(np.diag(L))))
+           - 0.5 * n * np.log(2.0 * np.pi))
+    # d lml / dK = (a a' - K^-1) / 2
+    Kbar = 0.5 * (np.outer(a, a) - cho_solve((L, True), np.eye(n), check_finite=False))
+    _, dl, dv = se_ard_grad_sym(X, Kf, Kbar, ell, variance)
+    grad = [dv * variance]
+    if fixed_lengthscale is None:
+        grad.extend([float(np.sum(dl * ell))] if iso else list(dl * ell))
+    grad.append(float(np.trace(Kbar)) * s2)
+    return -lml, -np.asarray(grad, dtype=float)
+
+
+def _pilot_gp(X, y, variance, lengthscale, noise_share, lengthscale_bounds=(1e-3, 1e3)):
+    """One pilot-style exact GP fitted from one start.
+
+    Constant x SE-ARD + white noise on centred ``y``: the variance starts at
     ``variance`` within ``[1e-6, 1e3]`` times it, the lengthscale(s) at
     ``lengthscale`` (a float: isotropic; an array: ARD) within
-    ``lengthscale_bounds`` (standardised units; ``"fixed"`` holds them), the noise at
-    ``noise_share * variance`` within ``[1e-6, 10]`` times ``variance``.
-    L-BFGS-B's ``ConvergenceWarning`` is silenced; a failing fit raises
-    scikit-learn's ``LinAlgError`` or ``ValueError``.
-    """
-    from sklearn.exceptions import ConvergenceWarning as _CW
-    from sklearn.gaussian_process import GaussianProcessRegressor
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+    ``lengthscale_bounds`` (standardised units; ``"fixed"`` holds them), the
+    noise variance at ``noise_share * variance`` within ``[1e-6, 10]`` times
+    ``variance``. The log marginal likelihood (with :data:`PILOT_JITTER` on
+    the diagonal) is maximised by L-BFGS-B over the logs of the free
+    hyperparameters with analytic gradients, from the start clipped to the
+    bounds: the objective, parameters, bounds and optimizer of scikit-learn's
+    ``GaussianProcessRegressor(ConstantKernel * RBF + WhiteKernel)`` with
+    its defaults, whose optima it reproduces, at a fraction of the cost (its
+    kernel gradients are built in Python; the package's SE-ARD kernel and
+    its contraction are compiled).
 
-    v = variance
-    kernel = (ConstantKernel(v, (1e-6 * v, 1e3 * v))
-              * RBF(lengthscale, lengthscale_bounds)
-              + WhiteKernel(noise_share * v, (1e-6 * v, 10.0 * v)))
-    gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
-    with _convergence_warnings_ignored(_CW):
-        gp.fit(X, y)
-    return gp
+    Returns
+    -------
+    PilotGP
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        When the covariance at the optimum is not positive definite.
+    ValueError
+        On non-finite values.
+    """
+    from scipy.linalg import cholesky
+    from scipy.optimize import minimize
+
+    X = np.asarray(X, dtype=float)
+    y = np.asarray(y, dtype=float).ravel()
+    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+        raise ValueError("pilot GP: inputs or targets contain NaN or inf")
+    n, d = X.shape
+    v = float(variance)
+    ell0 = np.asarray(lengthscale, dtype=float)
+    iso = ell0.ndim == 0
+    fixed = None
+    if isinstance(lengthscale_bounds, str):
+        if lengthscale_bounds != "fixed":
+            raise ValueError(f"lengthscale_bounds: {lengthscale_bounds!r}")
+        fixed = np.broadcast_to(ell0, (d,)).astype(float)
+    var_bounds = (np.log(1e-6 * v), np.log(1e3 * v))
+    noise_bounds = (np.log(1e-6 * v), np.log(10.0 * v))
+    theta0, bounds = [np.log(v)], [var_bounds]
+    if fixed is None:
+        k = 1 if iso else d
+        theta0.extend(np.log(np.broadcast_to(ell0, (k,))))
+        bounds.extend([tuple(np.log(lengthscale_bounds))] * k)
+    theta0.append(np.log(noise_share * v))
+    bounds.append(noise_bounds)
+    res = minimize(_pilot_objective, np.asarray(theta0, dtype=float), args=(X, y, iso, fixed),
+                   method="L-BFGS-B", jac=True, bounds=np.asarray(bounds))
+    theta = res.x
+    if fixed is not None:
+        ell = fixed
+    elif iso:
+        ell = float(np.exp(theta[1]))
+    else:
+        ell = np.exp(theta[1:1 + d])
+    var, s2 = float(np.exp(theta[0])), float(np.exp(theta[-1]))
+    from .kernels import se_ard
+
+    K = se_ard(X, X, np.broadcast_to(ell, (d,)).astype(float), var)
+    K[np.diag_indices(n)] += s2 + PILOT_JITTER
+    L = cholesky(K, lower=True, check_finite=False)  # LinAlgError when not PD
+    return PilotGP(-float(res.fun), var, ell, s2, L)
 
 
 def _pilot_fit(X, y, random_state):
@@ -3227,29 +3299,26 @@ def _pilot_fit(X, y, random_state):
     fits, error = [], None
     for start in starts:
         try:
-            fits.append(_pilot_gp(X, y - y.mean(), v, np.array(start, dtype=float), 0.1,
-                                  random_state))
+            fits.append(_pilot_gp(X, y - y.mean(), v, np.array(start, dtype=float), 0.1))
         except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
             error = exc
     if not fits:
         raise error
     # the largest log marginal likelihood; the first start on a tie, and a
     # non-finite value only when every start has one
-    best = max(fits, key=lambda gp: (np.isfinite(gp.log_marginal_likelihood_value_),
-                                     np.nan_to_num(gp.log_marginal_likelihood_value_,
-                                                   nan=-np.inf)))
-    k = best.kernel_
-    noise = float(k.k2.noise_level)
+    best = max(fits, key=lambda gp: (np.isfinite(gp.log_marginal_likelihood),
+                                     np.nan_to_num(gp.log_marginal_likelihood, nan=-np.inf)))
+    noise = best.noise_variance
     # residual degrees of freedom n - tr(K C^-1) = (s2 + alpha) tr(C^-1), with
-    # C = K + (s2 + alpha) I, whose Cholesky factor is L_ (alpha: scikit-learn's
+    # C = K + (s2 + alpha) I, whose Cholesky factor is L (alpha: the pilot's
     # jitter, which matters only for a noise variance near 1e-10)
-    L_inv = solve_triangular(best.L_, np.eye(best.L_.shape[0]), lower=True)
-    residual_dof = (noise + float(np.max(best.alpha))) * float(np.sum(L_inv**2))
+    L_inv = solve_triangular(best.L, np.eye(best.L.shape[0]), lower=True)
+    residual_dof = (noise + PILOT_JITTER) * float(np.sum(L_inv**2))
     # below the inputs' resolution the likelihood is flat (resolution_floor)
     return PilotSummary(
-        lengthscale=np.maximum(spread * np.atleast_1d(np.asarray(k.k1.k2.length_scale, dtype=float)),
+        lengthscale=np.maximum(spread * np.atleast_1d(np.asarray(best.lengthscale, dtype=float)),
                                resolution),
-        variance=float(k.k1.k1.constant_value),
+        variance=best.variance,
         noise_variance=noise,
         residual_dof=residual_dof if np.isfinite(residual_dof) else None,
     )
@@ -3259,7 +3328,7 @@ def marginal_lengthscales(X, y):
     """Each input's lengthscale when the targets are fitted on that input alone.
 
     For every column ``j`` of ``X`` a one-input exact GP (constant x RBF +
-    white noise, scikit-learn's ``GaussianProcessRegressor``) is fitted to
+    white noise, :func:`_pilot_gp`) is fitted to
     ``y`` (at most :data:`PILOT_MARGINAL_POINTS` rows, evenly spaced in the
     given order, re-centred) from the coarsest and the finest of the starts
     :func:`pilot_starts` gives for that column, and the lengthscale of the
@@ -3331,9 +3400,9 @@ def marginal_lengthscales(X, y):
                 gp = _pilot_gp(col, y, v, start, 0.5)
             except (np.linalg.LinAlgError, ValueError):
                 continue
-            lml = gp.log_marginal_likelihood_value_
+            lml = gp.log_marginal_likelihood
             if np.isfinite(lml) and (best is None or lml > best[0]):
-                best = (lml, float(gp.kernel_.k1.k2.length_scale))
+                best = (lml, float(gp.lengthscale))
         # nor when its kernel is white at the column's values (noise as signal)
         if (best is not None and best[0] - noise_only > np.log(n)
                 and not white_at_inputs(X_all[:, [j]], [best[1]])):

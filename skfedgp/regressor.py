@@ -695,8 +695,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     ELBO. The paper's mean-field family and Adam (its Algorithm 1) remain
     available (``variational_family="mean_field", optimizer="adam"``).
 
-    **Data-derived defaults.** Each client fits a quick exact GP
-    (scikit-learn's ``GaussianProcessRegressor``) on at most 256 of its own
+    **Data-derived defaults.** Each client fits a quick exact GP (the
+    objective and optimizer of scikit-learn's ``GaussianProcessRegressor``,
+    with compiled kernel gradients) on at most 256 of its own
     points and reports only the fitted hyperparameters; the server takes
     medians for the initial global kernel, each client starts its local
     kernel and noise from its own pilot where that pilot is usable (else

@@ -232,14 +232,16 @@ def test_bad_hyperparameters(data, params, match):
 
 
 def _coincident_client_data():
-    """Client "a" spread over [0, 10]; client "b" squeezed into a 1e-10 interval.
+    """Client "a" spread over [0, 10]; client "b" squeezed into a 1e-12 interval.
 
     Client b's local inducing points (a design over its own box) are then
     numerically identical for any sensible lengthscale, so its local ``K_zz`` is
-    numerically the rank-one matrix ``var * 11^T``.
+    numerically the rank-one matrix ``var * 11^T``. (With a 1e-10 interval
+    the pilot found a lengthscale of 1.5e-13, below the spread, and whether
+    the factorisation failed turned on round-off.)
     """
     rng = np.random.default_rng(1)
-    X = np.vstack([rng.uniform(0.0, 10.0, (30, 1)), 5.0 + 1e-10 * rng.uniform(size=(30, 1))])
+    X = np.vstack([rng.uniform(0.0, 10.0, (30, 1)), 5.0 + 1e-12 * rng.uniform(size=(30, 1))])
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=60)
     return X, y, np.repeat(["a", "b"], 30)
 

@@ -265,52 +265,6 @@ def _multioutput_data(n_clients=3, n=20, seed=0, n_missing=6):
     return X, y, groups
 
 
-def test_flower_multioutput_training_matches_estimator_fit():
-    """Multi-output (ILMM) targets with missing entries: the nodes report
-    Q=2 in the hello exchange and the Flower simulation trains the model
-    fit trains."""
-    from skfedgp import FederatedHierarchicalGPRegressor
-
-    pytest.importorskip("ray", reason="Flower's simulation runtime needs Ray "
-                        "(pip install \"flwr[simulation]\")")
-    X, y, groups = _multioutput_data(n_clients=3, n=20, seed=1)
-    names = np.array([f"site-{g}" for g in groups], dtype=object)
-    # one training run, as the Flower server runs (fit's multi-output start
-    # from a global-only fit is restart_from_global, a fit-only option)
-    params = dict(random_state=0, n_rounds=2, n_inducing=6, restart_from_global=False)
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
-        est = FederatedHierarchicalGPRegressor(**params).fit(X, y, names)
-    assert est.n_outputs_ == 2
-
-    server_app = fl.make_server_app(min_nodes=3, timeout=300, **params)
-    _simulate_app(server_app, fl.make_client_app(_loader(X, y, groups)), 3)
-    res = server_app.result_
-    assert res is not None, "the ServerApp did not finish"
-    assert res["n_outputs"] == 2 and res["config"].n_outputs == 2
-    assert res["config"] == est.server_.config
-    assert res["client_ids"] == sorted(est.clients_)
-    assert res["global_pack"].spec == est.server_.global_pack.spec
-    assert "B_g" in res["global_values"]
-    np.testing.assert_allclose(res["theta_global"], est.server_.theta_global,
-                               rtol=1e-8, atol=1e-12)
-    np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-8)
-    np.testing.assert_allclose(res["objective_history"], est.objective_history_, rtol=1e-8)
-    np.testing.assert_allclose(res["y_offset"], est.y_offset_, rtol=1e-12)
-    np.testing.assert_allclose(res["y_scale"], est.y_scale_, rtol=1e-12)
-    assert np.shape(res["y_scale"]) == (2,)
-    for k, v in res["population"].items():  # the coregionalisation dicts went over too
-        if isinstance(v, dict):
-            assert v.keys() == est._population_local[k].keys(), k
-            for kk in v:
-                np.testing.assert_allclose(v[kk], est._population_local[k][kk], rtol=1e-8)
-        else:
-            np.testing.assert_allclose(v, est._population_local[k], rtol=1e-8)
-
-    _assert_payload_matches_communication(res, est)
-
-
 # --------------------------------------------------------------------------
 # the transport and the ClientApp without a Flower runtime (fast)
 # --------------------------------------------------------------------------
@@ -417,6 +371,21 @@ def test_transport_in_process_multioutput_gives_the_estimator_fit(task_identity)
     assert res["config"].n_outputs == 2 and res["config"].n_latent == (2, 1, 1)
     np.testing.assert_allclose(res["theta_global"], est.server_.theta_global, rtol=1e-10)
     np.testing.assert_allclose(res["elbo_history"], est.elbo_history_, rtol=1e-10)
+    np.testing.assert_allclose(res["objective_history"], est.objective_history_, rtol=1e-10)
+    assert res["config"] == est.server_.config
+    assert res["global_pack"].spec == est.server_.global_pack.spec
+    assert "B_g" in res["global_values"]
+    np.testing.assert_allclose(res["y_offset"], est.y_offset_, rtol=1e-12)
+    np.testing.assert_allclose(res["y_scale"], est.y_scale_, rtol=1e-12)
+    assert np.shape(res["y_scale"]) == (2,)
+    for k, v in res["population"].items():  # the coregionalisation dicts went over too
+        if isinstance(v, dict):
+            assert v.keys() == est._population_local[k].keys(), k
+            for kk in v:
+                np.testing.assert_allclose(v[kk], est._population_local[k][kk], rtol=1e-8)
+        else:
+            np.testing.assert_allclose(v, est._population_local[k], rtol=1e-8)
+    _assert_payload_matches_communication(res, est)
     # parameters fit refuses with multi-output targets are refused here too
     e, config, n_rounds = fl._check_server_params(dict(params, variance=1.0))
     transport = fl.FlowerTransport(

@@ -51,17 +51,15 @@ def test_pilot_keeps_the_best_start_in_any_order(monkeypatch):
 
 def test_a_failing_start_is_skipped(monkeypatch):
     """One start whose fit raises is skipped; all failing raises."""
-    from sklearn.gaussian_process import GaussianProcessRegressor
-
     X, y, span = _rough_series(3)
-    real_fit = GaussianProcessRegressor.fit
+    real_fit = fed._pilot_gp
 
-    def fit(self, X, y):
-        if self.kernel.k1.k2.length_scale[0] == 1.0:  # the coarse start
+    def fit(X, y, variance, lengthscale, *args, **kwargs):
+        if np.ravel(lengthscale)[0] == 1.0:  # the coarse start
             raise np.linalg.LinAlgError("injected")
-        return real_fit(self, X, y)
+        return real_fit(X, y, variance, lengthscale, *args, **kwargs)
 
-    monkeypatch.setattr(GaussianProcessRegressor, "fit", fit)
+    monkeypatch.setattr(fed, "_pilot_gp", fit)
     assert 0.3 < fed.pilot_fit(X, y, 0).lengthscale[0] * span < 1.5
     monkeypatch.setattr(fed, "pilot_starts", lambda X: np.array([1.0]))
     with pytest.raises(np.linalg.LinAlgError, match="injected"):
@@ -237,18 +235,16 @@ def test_marginal_lengthscales():
     col = Xs[:, [1]]
     assert not fed.white_at_inputs(col, [1.0]) and fed.white_at_inputs(col, [1e-3])
     # a binary column (isotropic starts 10, 1 and 1/3) is fitted from 10 and 1/3
-    from sklearn.gaussian_process import GaussianProcessRegressor
-
     calls = []
-    fit = GaussianProcessRegressor.fit
+    fit = fed._pilot_gp
 
-    def spy(self, X, y):
-        calls.append(float(self.kernel.k1.k2.length_scale))
-        return fit(self, X, y)
+    def spy(X, y, variance, lengthscale, *args, **kwargs):
+        calls.append(float(lengthscale))
+        return fit(X, y, variance, lengthscale, *args, **kwargs)
 
     binary = (np.arange(120) % 2)[:, None] * 2.0 - 1.0
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(GaussianProcessRegressor, "fit", spy)
+        mp.setattr(fed, "_pilot_gp", spy)
         fed.marginal_lengthscales(binary, y - y.mean())
     assert calls == [10.0, 1.0 / 3.0]
     assert np.all((ell >= fed.PILOT_MIN_START) & (ell <= fed.PILOT_MAX_MARGINAL_START))
@@ -366,3 +362,66 @@ def test_the_extra_run_of_a_fit_reuses_the_clients_pilots(monkeypatch):
     assert est.elbo_history_ == ref.elbo_history_
     assert est.communication_ == ref.communication_
     np.testing.assert_array_equal(est.predict(X, g), ref.predict(X, g))
+
+
+def _sklearn_pilot(X, y, v, ell, noise_share, bounds=(1e-3, 1e3)):
+    """The same fit with scikit-learn's GaussianProcessRegressor (the reference)."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    k = (ConstantKernel(v, (1e-6 * v, 1e3 * v)) * RBF(ell, bounds)
+         + WhiteKernel(noise_share * v, (1e-6 * v, 10.0 * v)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return GaussianProcessRegressor(k).fit(X, y)
+
+
+@pytest.mark.parametrize("n, d, start, bounds", [
+    (120, 1, 0.3, (1e-3, 1e3)),          # isotropic, one input
+    (150, 3, "ard", (1e-3, 1e3)),        # ARD from a vector start
+    (150, 3, 1.5, (1e-3, 1e3)),          # isotropic in three inputs
+    (60, 2, "ard", "fixed"),             # lengthscales held
+])
+def test_pilot_gp_reproduces_scikit_learns_fit(n, d, start, bounds):
+    """Same objective, bounds and optimizer as scikit-learn's
+    GaussianProcessRegressor(ConstantKernel * RBF + WhiteKernel): the same
+    optimum (log marginal likelihood and hyperparameters)."""
+    rng = np.random.default_rng(n + d)
+    X = rng.normal(size=(n, d))
+    y = np.sin(2 * X[:, 0]) + 0.3 * X[:, -1] + 0.1 * rng.normal(size=n)
+    y -= y.mean()
+    v = float(np.var(y))
+    ell = np.linspace(0.5, 2.0, d) if start == "ard" else start
+    ours = fed._pilot_gp(X, y, v, ell, 0.1, lengthscale_bounds=bounds)
+    ref = _sklearn_pilot(X, y, v, ell, 0.1, bounds)
+    assert ours.log_marginal_likelihood == pytest.approx(ref.log_marginal_likelihood_value_,
+                                                         abs=1e-5)
+    k = ref.kernel_
+    np.testing.assert_allclose(ours.lengthscale, k.k1.k2.length_scale, rtol=1e-3)
+    assert np.ndim(ours.lengthscale) == np.ndim(k.k1.k2.length_scale)
+    assert ours.variance == pytest.approx(k.k1.k1.constant_value, rel=1e-3)
+    assert ours.noise_variance == pytest.approx(k.k2.noise_level, rel=1e-3)
+    np.testing.assert_allclose(ours.L, ref.L_, atol=1e-8)
+
+
+@pytest.mark.parametrize("iso, fixed", [(False, False), (True, False), (False, True)])
+def test_pilot_objective_gradient_matches_finite_differences(iso, fixed):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(30, 3))
+    y = np.cos(X[:, 0]) + 0.2 * rng.normal(size=30)
+    ell = np.array([0.7, 1.3, 2.0])
+    theta = [np.log(0.8)] + ([] if fixed else ([np.log(0.9)] if iso else list(np.log(ell))))
+    theta = np.array(theta + [np.log(0.05)])
+    args = (X, y, iso, ell if fixed else None)
+    _, g = fed._pilot_objective(theta, *args)
+    h = 1e-6
+    fd = [(fed._pilot_objective(theta + h * e, *args)[0]
+           - fed._pilot_objective(theta - h * e, *args)[0]) / (2 * h) for e in np.eye(theta.size)]
+    np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-7)
+
+
+def test_pilot_gp_rejects_non_finite_values():
+    X = np.zeros((5, 1))
+    X[2] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        fed._pilot_gp(X, np.arange(5.0), 1.0, 1.0, 0.1)

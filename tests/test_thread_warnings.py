@@ -1,10 +1,13 @@
 """Warnings and threads: a fit leaves the process's warning filters as it found them.
 
 Clients set up in a thread pool (``n_jobs=2``) used to wrap their pilot fits
-in :class:`warnings.catch_warnings`, whose save-and-restore is not
+(then scikit-learn's ``GaussianProcessRegressor``) in
+:class:`warnings.catch_warnings`, whose save-and-restore is not
 thread-safe: overlapping blocks left an ``"ignore"`` filter for
 scikit-learn's ``ConvergenceWarning`` installed for good, so the fit's own
-convergence warning (and every later one in the process) was lost.
+convergence warning (and every later one in the process) was lost. The
+pilots now raise no warning; scikit-learn's validation in the threads
+still uses such blocks (``warning_filters_kept``).
 """
 
 import warnings
@@ -15,7 +18,7 @@ from scipy.stats import qmc
 from sklearn.exceptions import ConvergenceWarning
 
 from skfedgp import FederatedHierarchicalGPRegressor
-from skfedgp.federated import _convergence_warnings_ignored, _sobol_next
+from skfedgp.federated import _sobol_next
 
 
 def _data(n_clients=12, n_per=20, seed=0):
@@ -48,31 +51,6 @@ def test_fit_without_an_outer_block_leaves_no_filter():
     X, y, g = _data()
     before = list(warnings.filters)
     FederatedHierarchicalGPRegressor(n_rounds=2, n_jobs=2, random_state=0).fit(X, y, g)
-    assert list(warnings.filters) == before
-
-
-def test_ignored_block_is_reference_counted():
-    before = list(warnings.filters)
-    with _convergence_warnings_ignored(ConvergenceWarning):
-        with _convergence_warnings_ignored(ConvergenceWarning):
-            assert warnings.filters[0][:3:2] == ("ignore", ConvergenceWarning)
-        # the outer block is still active: the filter stays, and works
-        assert warnings.filters[0][:3:2] == ("ignore", ConvergenceWarning)
-        with warnings.catch_warnings(record=True) as rec:
-            warnings.warn("x", ConvergenceWarning)
-        assert not rec
-    assert list(warnings.filters) == before
-
-
-def test_ignored_block_cleans_up_after_an_exception_and_a_nested_user_block():
-    before = list(warnings.filters)
-    with pytest.raises(RuntimeError):
-        with _convergence_warnings_ignored(ConvergenceWarning):
-            raise RuntimeError("inside")
-    assert list(warnings.filters) == before
-    with _convergence_warnings_ignored(ConvergenceWarning):
-        with warnings.catch_warnings():  # a user block that starts and ends inside
-            warnings.simplefilter("error", UserWarning)
     assert list(warnings.filters) == before
 
 
@@ -111,15 +89,3 @@ def test_warning_filters_kept_restores_a_leftover():
     with warning_filters_kept():
         warnings.simplefilter("error", RuntimeWarning)  # a leftover, as from check_array
     assert list(warnings.filters) == before
-
-
-def test_a_users_equal_filter_survives():
-    """A user who already ignores ConvergenceWarning keeps that filter, in place."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        before = list(warnings.filters)
-        with _convergence_warnings_ignored(ConvergenceWarning):
-            pass
-        assert list(warnings.filters) == before
-        warnings.warn("still ignored", ConvergenceWarning)  # would raise if the filter were lost
