@@ -30,6 +30,7 @@ from .baselines import PFedGPRegressor
 from .classifier import MaxEvidenceClassifier
 from .clustering import OperatorClustering
 from .regressor import (
+    ClientFittedAsNoiseWarning,
     ClientLabelWarning,
     FederatedHierarchicalGPRegressor,
     SharedPartsOffWarning,
@@ -45,6 +46,7 @@ __all__ = [
     "AsyncDGPRegressor",
     "PFedGPRegressor",
     "CholeskyError",
+    "ClientFittedAsNoiseWarning",
     "ClientLabelWarning",
     "SharedPartsOffWarning",
     "SparseApproximationWarning",

@@ -4541,6 +4541,13 @@ class StructuredClient:
         # (a pilot white at the client's inputs counts as none: starts_own)
         own_centre = starts_own and own_noise_centre(self.n_samples, d)
         pilot_noise = own.noise_variance if starts_own else None
+        # the noise variance of an exact GP on the client's own rows, where
+        # it is reliable and found signal: the end of fit compares the
+        # model's noise with it (regressor.ClientFittedAsNoiseWarning); a
+        # hyperparameter, not data
+        self.pilot_noise = (float(own.noise_variance)
+                            if own_centre and noise_identified(own)
+                            and own.variance > own.noise_variance else None)
         replicate_var, replicate_dof = ((np.nan, 0) if own_centre
                                         else pure_error_variance(self._Xs, self._y))
         # a client too small for that whose rows repeat inputs: the spread

@@ -193,6 +193,72 @@ def _warn_diagnostics(est, converged, n_rounds):
             + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
             ConvergenceWarning, stacklevel=3)
     _warn_shared_off(est, G)
+    _warn_fitted_as_noise(est)
+
+
+#: :class:`ClientFittedAsNoiseWarning` when a client's fitted noise variance
+#: exceeds that of an exact GP on its own rows by more than this factor ...
+NOISE_ABOVE_OWN_RATIO = 10.0
+#: ... and is at least this share of the client's own target variance.
+NOISE_SHARE_REPORTED = 0.1
+
+
+class ClientFittedAsNoiseWarning(UserWarning):
+    """The model calls far more of a client's data noise than the client's own exact GP does.
+
+    Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (structured
+    family, 1-D ``y``) when a client's fitted noise variance is at least
+    :data:`NOISE_SHARE_REPORTED` of its own target variance and exceeds, by
+    more than :data:`NOISE_ABOVE_OWN_RATIO` times, the noise variance of the
+    exact GP the client fitted on its own rows at set-up (its pilot, the
+    maximum of the marginal likelihood over several starts), where that
+    pilot is reliable (at least ``10 (d + 2)`` rows, the rule of
+    :func:`skfedgp.federated.own_noise_centre`; its noise identified) and
+    found more signal than noise. The model then explains little of that
+    client's data beyond noise, and its predictions are little better
+    than its mean, with a wide band: a fitted model, not an error, but
+    usually not the one wanted. Typical causes: the client's inputs in other
+    units or on another scale than the others' (an input in per cent beside
+    fractions, a time in seconds beside days), which the global inducing
+    design and the shared lengthscales cannot follow; a function far
+    rougher than the other clients' with too few local inducing points
+    (``n_inducing_local``). Compare with an exact GP on that client's rows
+    by a held-out score, rescale its inputs, or raise ``n_inducing_local``.
+    Beyond the pFedHGP paper (the package's diagnostics).
+    """
+
+
+def _warn_fitted_as_noise(est):
+    """:class:`ClientFittedAsNoiseWarning` for the clients whose noise ended far above their pilot's."""
+    if getattr(est, "n_outputs_", 1) != 1:
+        return
+    found = []
+    for lab, c in est.clients_.items():
+        own = getattr(c, "pilot_noise", None)
+        if own is None or not own > 0:
+            continue
+        s2 = np.asarray(c.local_values().get("noise_variance", np.nan), dtype=float)
+        if s2.size != 1:
+            continue
+        s2 = float(s2)
+        var = max(float(c.own_variance), 1e-300)
+        if (np.isfinite(s2) and s2 > NOISE_ABOVE_OWN_RATIO * own
+                and s2 >= NOISE_SHARE_REPORTED * var):
+            found.append((lab, s2 / own, s2 / var, own / var))
+    if not found:
+        return
+    found.sort(key=lambda t: -t[1])
+    listed = "; ".join(
+        f"client {lab!r}: {r:.3g} times ({a:.3g} of its targets' variance against {b:.3g})"
+        for lab, r, a, b in found[:5]) + (" ..." if len(found) > 5 else "")
+    warnings.warn(
+        f"{len(found)} client(s) fitted mostly as noise: the model's noise variance is far "
+        f"above that of an exact GP on the client's own rows ({listed}). The model "
+        "explains little of these clients' data beyond noise. Check that their inputs are in "
+        "the same units and ranges as the other clients' (e.g. per cent against fractions, "
+        "seconds against days), or raise n_inducing_local for a function rougher than the "
+        "others'; compare with an exact GP on those clients' rows by a held-out score",
+        ClientFittedAsNoiseWarning, stacklevel=4)
 
 
 #: The global variance (in units of the standardised targets' variance) at
