@@ -101,7 +101,7 @@ def best_interleaved(funcs, repeats, gap=GAP):
 
 
 def _one_thread(f):
-    from skfedgp._linalg import single_threaded_blas
+    from skfedgp._parallel import single_threaded_blas
 
     with single_threaded_blas():
         return f()

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from skfedgp import _ilmm  # noqa: E402
-from skfedgp._linalg import single_threaded_blas  # noqa: E402
+from skfedgp._parallel import single_threaded_blas  # noqa: E402
 from skfedgp._structured import client_backward, client_forward, feature_blocks  # noqa: E402
 
 COMPONENTS = ("global", "deviation", "local")

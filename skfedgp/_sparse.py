@@ -36,19 +36,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._linalg import (
-    CHUNK_ROWS,
     DEFAULT_JITTER,
     cholesky_backward,
     jittered_cholesky,
     nonnegative_variance,
-    map_row_groups,
     nb_gemv_acc,
     nb_gram_acc,
+    solve_lower,
+)
+from ._parallel import (
+    CHUNK_ROWS,
+    map_row_groups,
     parallel_map,
     row_chunks,
     row_groups,
     single_threaded_blas,
-    solve_lower,
     workers_for,
 )
 from .kernels import (
@@ -276,8 +278,8 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, kernel_grad=Non
     Implementation: everything that does not involve the data (``K_zz``,
     its Cholesky factor, ``P = L^{-T} (Sigma - gamma I) L^{-1}``) is computed
     first; then one fused pass streams the rows in chunks of
-    :data:`skfedgp._linalg.CHUNK_ROWS`, in parallel over the fixed row
-    groups of :func:`skfedgp._linalg.map_row_groups`.  Per chunk: the kernel
+    :data:`skfedgp._parallel.CHUNK_ROWS`, in parallel over the fixed row
+    groups of :func:`skfedgp._parallel.map_row_groups`.  Per chunk: the kernel
     rows ``K_b`` of every block, the residual ``r = y - sum_b K_b L_b^{-T} a_b``,
     and per block ``K_b^T K_b`` (BLAS syrk), ``K_b^T r``, ``K_b P_b`` (BLAS
     gemm) and the kernel-gradient contraction with
@@ -285,7 +287,7 @@ def client_term(X, y, blocks, noise_variance, *, need_grad=True, kernel_grad=Non
     stored).  No ``n x M`` array exists at any time (memory
     ``O(chunk x M)`` per thread), and the per-group sums are added in group
     order, so the result is bitwise identical for any thread count.  All BLAS
-    work here runs single-threaded (:func:`skfedgp._linalg.single_threaded_blas`):
+    work here runs single-threaded (:func:`skfedgp._parallel.single_threaded_blas`):
     one compute thread per core, no competing BLAS thread pools; the BLAS
     and LAPACK calls of the pass and of the ``M x M`` work are made from
     ``nogil`` Numba code (SciPy's f2py wrappers hold the GIL), and the

@@ -62,13 +62,13 @@ from ._linalg import (
     DEFAULT_JITTER,
     CholeskyError,
     nonnegative_variance,
-    single_threaded_blas,
     cholesky_backward,
     cholesky_inverse,
     all_finite,
     jittered_cholesky,
     solve_lower,
 )
+from ._parallel import single_threaded_blas
 from .kernels import se_ard, se_ard_grad, se_ard_grad_sym, se_grad_small, se_small
 
 __all__ = [

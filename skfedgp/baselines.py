@@ -40,7 +40,8 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from ._linalg import cholesky_inverse, single_threaded_blas
+from ._linalg import cholesky_inverse
+from ._parallel import single_threaded_blas
 from ._validation import (
     ClientLabelWarning,
     _object_array,

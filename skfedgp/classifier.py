@@ -19,7 +19,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._linalg import CholeskyError, single_threaded_blas
+from ._linalg import CholeskyError
+from ._parallel import single_threaded_blas
 from ._validation import keep_state_on_error
 from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning

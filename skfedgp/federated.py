@@ -61,8 +61,8 @@ from ._hierarchy import (
     optimal_local_factors,
     server_objective,
 )
-from ._linalg import (DEFAULT_JITTER, cholesky_inverse, jittered_cholesky, single_threaded_blas,
-                      solve_lower)
+from ._linalg import DEFAULT_JITTER, cholesky_inverse, jittered_cholesky, solve_lower
+from ._parallel import single_threaded_blas
 from .optim import Adam
 
 __all__ = [

@@ -28,8 +28,8 @@ where :math:`\\bar K = \\partial F / \\partial K` is supplied by the caller:
   of centred inputs; gradient through ``A^T X`` with ``A = K * Kbar`` (one
   chunk-sized temporary, never an ``n x M x d`` array).
 
-Both run over the fixed row partition of :func:`skfedgp._linalg.row_groups`
-through :func:`skfedgp._linalg.map_row_groups` (one thread per core, serial
+Both run over the fixed row partition of :func:`skfedgp._parallel.row_groups`
+through :func:`skfedgp._parallel.map_row_groups` (one thread per core, serial
 ``nogil`` Numba code and single-threaded BLAS inside; see that module for
 why), so their results do not depend on the thread count.
 ``benchmarks/bench_elbo.py`` measures both back ends; :data:`DEFAULT_BACKEND`
@@ -49,15 +49,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._linalg import (
-    map_row_groups,
-    nb_gemv_acc,
-    nb_gram_acc,
-    nb_matmul_into,
-    row_chunks,
-    row_groups,
-    workers_for,
-)
+from ._linalg import nb_gemv_acc, nb_gram_acc, nb_matmul_into
+from ._parallel import map_row_groups, row_chunks, row_groups, workers_for
 
 __all__ = [
     "se_ard",

@@ -28,7 +28,8 @@ from sklearn.utils.validation import (
 )
 
 from ._hierarchy import COMPONENTS, predict_client
-from ._linalg import nonnegative_variance, single_threaded_blas
+from ._linalg import nonnegative_variance
+from ._parallel import single_threaded_blas
 from ._structured import (
     feature_blocks,
     layout_map,
