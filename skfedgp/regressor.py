@@ -215,10 +215,10 @@ class ClientFittedAsNoiseWarning(UserWarning):
     maximum of the marginal likelihood over several starts), where that
     pilot is reliable (at least ``10 (d + 2)`` rows, the rule of
     :func:`skfedgp.federated.own_noise_centre`; its noise identified) and
-    found more signal than noise. The model then explains little of that
-    client's data beyond noise, and its predictions are little better
-    than its mean, with a wide band: a fitted model, not an error, but
-    usually not the one wanted. Typical causes: the client's inputs in other
+    found more signal than noise. The model then calls noise much of what
+    the client's own exact GP explains, and predicts that client with a
+    larger error and a wider band than the client would get alone: a fitted
+    model, not an error, but usually not the one wanted. Typical causes: the client's inputs in other
     units or on another scale than the others' (an input in per cent beside
     fractions, a time in seconds beside days), which the global inducing
     design and the shared lengthscales cannot follow; a function far
@@ -253,9 +253,10 @@ def _warn_fitted_as_noise(est):
         f"client {lab!r}: {r:.3g} times ({a:.3g} of its targets' variance against {b:.3g})"
         for lab, r, a, b in found[:5]) + (" ..." if len(found) > 5 else "")
     warnings.warn(
-        f"{len(found)} client(s) fitted mostly as noise: the model's noise variance is far "
-        f"above that of an exact GP on the client's own rows ({listed}). The model "
-        "explains little of these clients' data beyond noise. Check that their inputs are in "
+        f"{len(found)} client(s) with much of their data fitted as noise: the model's noise "
+        f"variance is at least {NOISE_SHARE_REPORTED:g} of the client's target variance and "
+        f"more than {NOISE_ABOVE_OWN_RATIO:g} times that of an exact GP on the client's own "
+        f"rows ({listed}). Check that their inputs are in "
         "the same units and ranges as the other clients' (e.g. per cent against fractions, "
         "seconds against days), or raise n_inducing_local for a function rougher than the "
         "others'; compare with an exact GP on those clients' rows by a held-out score",
