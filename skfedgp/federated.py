@@ -4314,7 +4314,8 @@ class StructuredClient:
                            bool(getattr(self, "_noise_fitted", False)),
                            getattr(self, "_inducing_checked", None),
                            int(getattr(self, "_local_phases", 0)),
-                           bool(self.noise_hyperprior), self.noise_prior_sd)
+                           bool(self.noise_hyperprior), self.noise_prior_sd,
+                           getattr(self, "pilot_noise", None))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -4334,6 +4335,7 @@ class StructuredClient:
         if checked is not None:
             self._inducing_checked = checked
         self._local_phases = int(getattr(state, "local_phases", None) or 0)
+        self.pilot_noise = getattr(state, "pilot_noise", None)
         # None: a state saved before the field existed (the prior applied).
         # A warm start that leaves a client fewer than PILOT_POOL_POINTS rows
         # gives it the prior back (no client that small goes without); else
@@ -5341,6 +5343,10 @@ class ClientState:
     noise_prior_sd : float or None
         The scale of the noise hyperprior when it is the pooled small
         clients' spread (:func:`noise_spread`); None: ``noise_prior_scale``.
+    pilot_noise : float or None
+        The noise variance of the client's own pilot where it is reliable
+        (what ``ClientFittedAsNoiseWarning`` compares the fitted noise
+        with); None: none, or not recorded.
     """
 
     theta: np.ndarray
@@ -5356,6 +5362,7 @@ class ClientState:
     local_phases: object = None
     noise_hyperprior: object = None
     noise_prior_sd: object = None
+    pilot_noise: object = None
 
 
 @dataclass(frozen=True)

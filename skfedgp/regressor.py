@@ -194,7 +194,8 @@ def _warn_diagnostics(est, converged, n_rounds):
             + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
             ConvergenceWarning, stacklevel=3)
     _warn_shared_off(est, G)
-    _warn_fitted_as_noise(est)
+    if converged:  # stopped early, the noise says more about the budget than the model
+        _warn_fitted_as_noise(est)
 
 
 #: :class:`ClientFittedAsNoiseWarning` when a client's fitted noise variance
@@ -208,7 +209,7 @@ class ClientFittedAsNoiseWarning(UserWarning):
     """The model calls far more of a client's data noise than the client's own exact GP does.
 
     Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (structured
-    family, 1-D ``y``) when a client's fitted noise variance is at least
+    family, 1-D ``y``, training converged) when a client's fitted noise variance is at least
     :data:`NOISE_SHARE_REPORTED` of its own target variance and exceeds, by
     more than :data:`NOISE_ABOVE_OWN_RATIO` times, the noise variance of the
     exact GP the client fitted on its own rows at set-up (its pilot, the
