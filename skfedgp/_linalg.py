@@ -4,8 +4,7 @@ transform used for every positive parameter, and BLAS routines callable from
 compiled (Numba) code without the GIL.
 
 The row groups, thread pool and BLAS thread control that run every
-``n``-sized computation live in :mod:`skfedgp._parallel`; their names are
-re-exported here for the modules that import them from this one.
+``n``-sized computation live in :mod:`skfedgp._parallel`.
 
 docs/maths.md ("Kernels", "Client ELBO term"); Murray (2016),
 "Differentiation of the Cholesky decomposition", arXiv:1602.07527.
@@ -19,19 +18,6 @@ from numba import njit
 from numba import types as _nbt
 from numba.extending import get_cython_function_address
 from scipy.special import expit as _expit
-
-from ._parallel import (  # noqa: F401 - re-exported
-    CHUNK_ROWS,
-    MAX_ROW_GROUPS,
-    PARALLEL_MIN_FLOPS,
-    map_row_groups,
-    n_workers,
-    parallel_map,
-    row_chunks,
-    row_groups,
-    single_threaded_blas,
-    workers_for,
-)
 
 __all__ = [
     "CholeskyError",

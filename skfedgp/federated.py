@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from joblib import Parallel, delayed
-from scipy.linalg import cho_factor, solve_triangular
+from scipy.linalg import cho_factor, cho_solve, cholesky, solve_triangular
 from scipy.stats import qmc
 
 from ._hierarchy import (
@@ -63,6 +63,7 @@ from ._hierarchy import (
 )
 from ._linalg import DEFAULT_JITTER, cholesky_inverse, jittered_cholesky, solve_lower
 from ._parallel import single_threaded_blas
+from .kernels import se_ard, se_ard_grad_sym
 from .optim import Adam
 
 __all__ = [
@@ -2760,7 +2761,7 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
     them). The population's lengthscales are rejected when the pilot's are
     more than :data:`CLIENT_LENGTHSCALE_RATIO` times theirs either way
     (geometric mean over those inputs) and the client's own data say so:
-    two exact GPs (constant x ARD RBF + white noise, scikit-learn, as in
+    two exact GPs (constant x ARD RBF + white noise, :func:`_pilot_gp`, as in
     :func:`pilot_fit`, on at most :data:`PILOT_MAX_POINTS` evenly spaced
     rows, inputs standardised per feature), one started at the pilot's
     lengthscales with every hyperparameter free and one with the
@@ -3140,11 +3141,21 @@ class PilotGP:
         At the returned hyperparameters (nats; ``-inf`` where the covariance
         was not positive definite).
     variance : float
+        Signal variance (units of the targets given, squared).
     lengthscale : float or ndarray of shape (d,)
-        A float for an isotropic start, else one per input (standardised units).
+        A float for an isotropic start, else one per input (units of the
+        inputs given).
     noise_variance : float
+        Noise variance (units of the targets given, squared).
     L : ndarray of shape (n, n)
         Lower Cholesky factor of ``K + (noise_variance + PILOT_JITTER) I``.
+
+    Notes
+    -----
+    Type II maximum likelihood of an exact GP (Rasmussen and Williams,
+    *Gaussian Processes for Machine Learning*, MIT Press, 2006, section
+    5.4.1, eqs. 5.8-5.9). Beyond the pFedHGP paper: the package's
+    data-derived initialisation.
     """
 
     log_marginal_likelihood: float
@@ -3162,10 +3173,6 @@ def _pilot_objective(theta, X, y, iso, fixed_lengthscale):
     covariance that is not positive definite gives ``(inf, 0)``, as
     scikit-learn's objective does.
     """
-    from scipy.linalg import LinAlgError, cho_solve, cholesky
-
-    from .kernels import se_ard, se_ard_grad_sym
-
     n, d = X.shape
     variance = float(np.exp(theta[0]))
     if fixed_lengthscale is not None:
@@ -3180,12 +3187,15 @@ def _pilot_objective(theta, X, y, iso, fixed_lengthscale):
     K[np.diag_indices(n)] += s2 + PILOT_JITTER
     try:
         L = cholesky(K, lower=True, check_finite=False)
-    except LinAlgError:
+    except np.linalg.LinAlgError:
         return np.inf, np.zeros_like(theta)
     a = cho_solve((L, True), y, check_finite=False)
     lml = (-0.5 * float(y @ a) - float(np.sum(np.log(np.diag(L))))
            - 0.5 * n * np.log(2.0 * np.pi))
     # d lml / dK = (a a' - K^-1) / 2
+    # K^-1 by solving against the identity: cholesky_inverse (LAPACK potri)
+    # is faster but rounds differently, and the optimizer's path, hence a
+    # classifier test that compares two fits to 5 %, moved with it
     Kbar = 0.5 * (np.outer(a, a) - cho_solve((L, True), np.eye(n), check_finite=False))
     _, dl, dv = se_ard_grad_sym(X, Kf, Kbar, ell, variance)
     grad = [dv * variance]
@@ -3212,6 +3222,20 @@ def _pilot_gp(X, y, variance, lengthscale, noise_share, lengthscale_bounds=(1e-3
     kernel gradients are built in Python; the package's SE-ARD kernel and
     its contraction are compiled).
 
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Inputs (standardised per feature by the callers).
+    y : ndarray of shape (n,)
+        Centred targets.
+    variance : float
+        Starting signal variance (units of ``y`` squared; the bounds scale with it).
+    lengthscale : float or ndarray of shape (d,)
+        Starting lengthscale(s), units of ``X``.
+    noise_share : float
+        Starting noise variance over ``variance``.
+    lengthscale_bounds : tuple of float or "fixed", default=(1e-3, 1e3)
+
     Returns
     -------
     PilotGP
@@ -3221,9 +3245,13 @@ def _pilot_gp(X, y, variance, lengthscale, noise_share, lengthscale_bounds=(1e-3
     numpy.linalg.LinAlgError
         When the covariance at the optimum is not positive definite.
     ValueError
-        On non-finite values.
+        On non-finite values, or ``lengthscale_bounds`` a string other than "fixed".
+
+    Notes
+    -----
+    Rasmussen and Williams (2006), section 5.4.1, eqs. 5.8-5.9 (the
+    objective and its gradient).
     """
-    from scipy.linalg import cholesky
     from scipy.optimize import minimize
 
     X = np.asarray(X, dtype=float)
@@ -3258,8 +3286,6 @@ def _pilot_gp(X, y, variance, lengthscale, noise_share, lengthscale_bounds=(1e-3
     else:
         ell = np.exp(theta[1:1 + d])
     var, s2 = float(np.exp(theta[0])), float(np.exp(theta[-1]))
-    from .kernels import se_ard
-
     K = se_ard(X, X, np.broadcast_to(ell, (d,)).astype(float), var)
     K[np.diag_indices(n)] += s2 + PILOT_JITTER
     L = cholesky(K, lower=True, check_finite=False)  # LinAlgError when not PD
@@ -3507,8 +3533,6 @@ def pool_evidence(X, y, theta):
         When ``K`` is not positive definite (a noise variance far below the
         signal's on repeated inputs).
     """
-    from .kernels import se_ard, se_ard_grad_sym
-
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=float)
     theta = np.asarray(theta, dtype=float)
