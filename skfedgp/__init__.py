@@ -33,6 +33,7 @@ from .regressor import (
     ClientFittedAsNoiseWarning,
     ClientLabelWarning,
     FederatedHierarchicalGPRegressor,
+    InputScaleWarning,
     SharedPartsOffWarning,
     SparseApproximationWarning,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "CholeskyError",
     "ClientFittedAsNoiseWarning",
     "ClientLabelWarning",
+    "InputScaleWarning",
     "SharedPartsOffWarning",
     "SparseApproximationWarning",
     "__version__",

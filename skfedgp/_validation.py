@@ -86,6 +86,10 @@ class ClientLabelWarning(UserWarning):
       its rows get the population prediction, which is probably not what was
       meant.
 
+    Also issued by ``fit`` and ``predict`` when an int ``client_column``,
+    read as a position, is also the name of another column of a DataFrame
+    ``X`` (the position is used).
+
     Pass an explicit label of the fitted labels' type that was never fitted
     (e.g. ``"new-site"`` for clients named by text, ``-1`` for integer
     labels) to ask for the population prediction without this warning, or
@@ -473,7 +477,19 @@ def _column_position(X, column, n_columns):
             raise ValueError(
                 f"client_column={column!r} is not a column index of X with {n_columns} columns"
             )
-        return int(column) % n_columns
+        j = int(column) % n_columns
+        if is_frame:
+            named = [k for k, name in enumerate(X.columns)
+                     if isinstance(name, numbers.Integral) and not isinstance(name, bool)
+                     and name == column]
+            if named and named[0] != j:
+                warnings.warn(
+                    f"client_column={column!r} is read as a position (column {j}, named "
+                    f"{_plain(X.columns[j])!r}), as scikit-learn's ColumnTransformer reads an int, but "
+                    f"X also has a column named {column!r} (position {named[0]}); to use "
+                    f"that one, pass client_column={named[0]}", ClientLabelWarning,
+                    stacklevel=7)
+        return j
     if isinstance(column, str):
         if not is_frame:
             raise ValueError(

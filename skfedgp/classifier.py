@@ -1249,7 +1249,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Fewer than two classes, continuous (non-class) ``y``,
+            Fewer than two classes, continuous (non-class) ``y``, class
+            labels of types that cannot be compared (``1`` and ``'1'``),
             inconsistent lengths of ``X`` and ``y``, ``X`` not 2-D, a
             column count that is not ``n_channels`` times the grid length,
             fewer than 2 points per channel, an all-NaN curve, a class with
@@ -1276,9 +1277,16 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         stays unfitted).
         """
         X, y = validate_data(self, X, y, ensure_all_finite="allow-nan", dtype=np.float64)
-        check_classification_targets(y)
+        try:
+            check_classification_targets(y)
+            classes, y_idx = np.unique(y, return_inverse=True)
+        except TypeError as exc:  # labels of types that cannot be ordered together
+            kinds = sorted({type(v).__name__ for v in np.ravel(y)})
+            raise ValueError(
+                f"y mixes class labels of types that cannot be compared ({', '.join(kinds)}; "
+                "e.g. 1 and '1', from a label column read partly as text); cast y to one "
+                "type before fit (e.g. y.astype(str))") from exc
         nc, n_points, grid = self._check_layout(X.shape[1])
-        classes, y_idx = np.unique(y, return_inverse=True)
         if classes.shape[0] < 2:
             raise ValueError(
                 f"MaxEvidenceClassifier needs at least 2 classes; only one class "

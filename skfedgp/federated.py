@@ -1786,6 +1786,14 @@ CLIENT_SCALE_CHANCE = 1e-3
 #: its inverse; geometric mean over the inputs) and its own data reject the
 #: population's lengthscales (:func:`lengthscale_mismatch`).
 CLIENT_LENGTHSCALE_RATIO = 5.0
+
+#: :func:`input_scale_mismatch` reports an input along which a client's own
+#: pilot lengthscale is more than this many times the population's (or less
+#: than its inverse) and its own rows confirm it.
+INPUT_SCALE_RATIO = 10.0
+#: ... when its width (range) along that input is also more than this many
+#: times the clients' typical one the same way.
+INPUT_WIDTH_RATIO = 3.0
 #: Penalised-complexity prior of a client's local standard deviation: rate
 #: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
 #: larger of the pilots' median signal std and the client's own target std.
@@ -2833,6 +2841,115 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
     return bool(np.isfinite(gain) and gain > 0.5 * chi2.ppf(1.0 - CLIENT_SCALE_CHANCE, d))
 
 
+
+def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
+    """The inputs along which a client's own data vary on another scale than the population's.
+
+    A diagnostic (it changes no fit): an input in other units at one client
+    (per cent beside fractions, seconds beside days) gives that client's
+    function a lengthscale along it many times the others', although along
+    its other inputs it agrees with them, so :func:`lengthscale_mismatch`
+    (a geometric mean over the inputs) may not reject the population's
+    lengthscales while the shared parts cannot serve both scales.
+
+    For each input ``j`` the client varies in whose pilot lengthscale is
+    more than :data:`INPUT_SCALE_RATIO` times the population's either way,
+    and whose width (the range of its inputs) is more than
+    :data:`INPUT_WIDTH_RATIO` times the clients' typical width the same way
+    (other units change both; a client that only found an effect the
+    population's lengthscales missed, on inputs spread as the others', is
+    not reported), two exact GPs on the client's rows (:func:`_pilot_gp`, at most
+    :data:`PILOT_MAX_POINTS` evenly spaced rows, inputs standardised per
+    feature) are compared: every lengthscale held at the population's, and
+    the same with input ``j``'s free. The input is reported when the second
+    is above the first by more than half the ``1 - CLIENT_SCALE_CHANCE``
+    quantile of ``chi2(1)`` (a likelihood-ratio test of one lengthscale,
+    S. S. Wilks, *Annals of Mathematical Statistics* 9(1), 1938).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        The client's scaled inputs.
+    y : ndarray of shape (n,)
+        Its standardised targets.
+    own : PilotSummary
+        The client's own pilot (scaled units).
+    population_lengthscale : ndarray of shape (d,)
+        The population's lengthscales (scaled units).
+    population_width : ndarray of shape (d,) or None
+        The clients' typical input widths (scaled units,
+        :class:`_PopulationPilot`); None: nothing is reported.
+
+    Returns
+    -------
+    dict
+        ``{input index: own lengthscale over the population's}`` (the
+        fitted ratio of the free input), empty when no input is reported.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper; docs/maths.md, section 10, "Inputs on another
+    scale".
+    """
+    from scipy.stats import chi2
+
+    ell_own = np.asarray(own.lengthscale, dtype=float).ravel()
+    ell_pop = np.asarray(population_lengthscale, dtype=float).ravel()
+    X = np.asarray(X, dtype=float)
+    n, d = X.shape
+    if population_width is None:
+        return {}
+    w_pop = np.asarray(population_width, dtype=float).ravel()
+    if (ell_own.shape != (d,) or ell_pop.shape != (d,) or w_pop.shape != (d,)
+            or n < PILOT_MIN_POINTS or np.var(y) < 1e-12
+            or not (np.all(ell_own > 0) and np.all(ell_pop > 0))):
+        return {}
+    spread = X.std(axis=0)
+    width = np.ptp(X, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_ell = np.log(ell_own / ell_pop)
+        log_width = np.log(width / w_pop)
+    # the lengthscale far off, and the width far off the same way
+    far = ((np.abs(log_ell) > np.log(INPUT_SCALE_RATIO))
+           & (np.sign(log_width) == np.sign(log_ell))
+           & (np.abs(log_width) > np.log(INPUT_WIDTH_RATIO)))
+    cand = np.flatnonzero(far & np.isfinite(log_width) & (width > 0) & (spread > 0))
+    if not cand.size:
+        return {}
+    if n > PILOT_MAX_POINTS:
+        keep = np.round(np.linspace(0, n - 1, PILOT_MAX_POINTS)).astype(int)
+        X, y = X[keep], y[keep]
+    spread = np.where(spread > 0, spread, 1.0)
+    Xs = (X - X.mean(axis=0)) / spread
+    yc = y - y.mean()
+    v = float(np.var(yc))
+    if not v > 0:
+        return {}
+    noise_share = float(np.clip(own.noise_variance / max(own.variance, 1e-12), 1e-6, 10.0))
+    pop = np.clip(ell_pop / spread, 1e-3, 1e3)
+    try:
+        held = _pilot_gp(Xs, yc, v, pop, noise_share, lengthscale_bounds="fixed")
+    except (np.linalg.LinAlgError, ValueError):
+        return {}
+    level = 0.5 * chi2.ppf(1.0 - CLIENT_SCALE_CHANCE, 1)
+    out = {}
+    for j in cand:
+        bounds = np.column_stack([pop, pop])
+        bounds[j] = (1e-3, 1e3)
+        start = pop.copy()
+        start[j] = np.clip(ell_own[j] / spread[j], 1e-3, 1e3)
+        try:
+            free = _pilot_gp(Xs, yc, v, start, noise_share, lengthscale_bounds=bounds)
+        except (np.linalg.LinAlgError, ValueError):
+            continue
+        gain = free.log_marginal_likelihood - held.log_marginal_likelihood
+        ratio = float(np.asarray(free.lengthscale)[j] / pop[j])
+        if (np.isfinite(gain) and gain > level
+                and abs(np.log(ratio)) > np.log(INPUT_SCALE_RATIO)):
+            out[int(j)] = ratio
+    return out
+
+
 def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise=None,
                         population_noise=None, other_input_scale=False):
     """Whether a client learns its scale ``s_i`` on the shared parts.
@@ -3234,7 +3351,10 @@ def _pilot_gp(X, y, variance, lengthscale, noise_share, lengthscale_bounds=(1e-3
         Starting lengthscale(s), units of ``X``.
     noise_share : float
         Starting noise variance over ``variance``.
-    lengthscale_bounds : tuple of float or "fixed", default=(1e-3, 1e3)
+    lengthscale_bounds : tuple of float, "fixed" or ndarray of shape (d, 2), default=(1e-3, 1e3)
+        One range for every lengthscale, ``"fixed"`` (held at
+        ``lengthscale``), or one range per input (ARD; a range whose ends
+        are equal holds that input's lengthscale there).
 
     Returns
     -------
@@ -3273,7 +3393,13 @@ def _pilot_gp(X, y, variance, lengthscale, noise_share, lengthscale_bounds=(1e-3
     if fixed is None:
         k = 1 if iso else d
         theta0.extend(np.log(np.broadcast_to(ell0, (k,))))
-        bounds.extend([tuple(np.log(lengthscale_bounds))] * k)
+        lb = np.log(np.asarray(lengthscale_bounds, dtype=float))
+        if lb.ndim == 2:  # per input (ARD only)
+            if iso or lb.shape != (d, 2):
+                raise ValueError(f"lengthscale_bounds of shape {lb.shape} for {k} lengthscale(s)")
+            bounds.extend([tuple(b) for b in lb])
+        else:
+            bounds.extend([tuple(lb)] * k)
     theta0.append(np.log(noise_share * v))
     bounds.append(noise_bounds)
     res = minimize(_pilot_objective, np.asarray(theta0, dtype=float), args=(X, y, iso, fixed),
@@ -4339,7 +4465,8 @@ class StructuredClient:
                            getattr(self, "_inducing_checked", None),
                            int(getattr(self, "_local_phases", 0)),
                            bool(self.noise_hyperprior), self.noise_prior_sd,
-                           getattr(self, "pilot_noise", None))
+                           getattr(self, "pilot_noise", None),
+                           copy.deepcopy(getattr(self, "input_scale_ratios", None)))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -4360,6 +4487,7 @@ class StructuredClient:
             self._inducing_checked = checked
         self._local_phases = int(getattr(state, "local_phases", None) or 0)
         self.pilot_noise = getattr(state, "pilot_noise", None)
+        self.input_scale_ratios = copy.deepcopy(getattr(state, "input_scale_ratios", None))
         # None: a state saved before the field existed (the prior applied).
         # A warm start that leaves a client fewer than PILOT_POOL_POINTS rows
         # gives it the prior back (no client that small goes without); else
@@ -4598,6 +4726,14 @@ class StructuredClient:
                     and ("global" in config.components or "deviation" in config.components)
                     and starts_own and own.variance > own.noise_variance
                     and lengthscale_mismatch(self._Xs, self._y, own, population.lengthscale))
+        # inputs along which the client's own rows vary on another scale than
+        # the population's (a diagnostic: the regressor's InputScaleWarning;
+        # lengthscale ratios, not data)
+        self.input_scale_ratios = (
+            input_scale_mismatch(self._Xs, self._y, own, population.lengthscale,
+                                 getattr(population, "input_width", None))
+            if (("global" in config.components or "deviation" in config.components)
+                and starts_own and own.variance > own.noise_variance) else {})
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
             pilot_noise, population.noise_variance, other_input_scale=mismatch)
@@ -5371,6 +5507,9 @@ class ClientState:
         The noise variance of the client's own pilot where it is reliable
         (what ``ClientFittedAsNoiseWarning`` compares the fitted noise
         with); None: none, or not recorded.
+    input_scale_ratios : dict or None
+        :func:`input_scale_mismatch` at set-up (what ``InputScaleWarning``
+        reports); None: not recorded.
     """
 
     theta: np.ndarray
@@ -5387,6 +5526,7 @@ class ClientState:
     noise_hyperprior: object = None
     noise_prior_sd: object = None
     pilot_noise: object = None
+    input_scale_ratios: object = None
 
 
 @dataclass(frozen=True)
@@ -5813,6 +5953,10 @@ class _PopulationPilot:
     noise_spread, noise_pooled : float or None
         Scale and, when set, centre of the pooled small clients' noise
         hyperprior (:func:`noise_spread`); None when not measured.
+    input_width : ndarray of shape (d,) or None
+        1-D targets: the weighted median (by number of observations) of the
+        clients' input widths from their boxes (scaled units), for
+        :func:`input_scale_mismatch`; None when not set.
     """
 
     lengthscale: np.ndarray
@@ -5823,6 +5967,7 @@ class _PopulationPilot:
     noise_identified: bool = True
     noise_spread: float = None
     noise_pooled: float = None
+    input_width: np.ndarray = None
 
 
 
@@ -6425,6 +6570,13 @@ class _StructuredRun:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1)
         if not cfg.n_outputs:
             pop.noise_variance = self._pooled_noise(pilots, pop, comm)
+            # the clients' typical input widths (from their boxes, weighted by
+            # their sizes): what InputScaleWarning compares a client's with
+            widths = [(np.asarray(s.x_max, float) - np.asarray(s.x_min, float)) / server.x_scale
+                      for s in summaries.values()]
+            counts = [s.n_samples for s in summaries.values()]
+            pop.input_width = np.array([_weighted_median([w[j] for w in widths], counts,
+                                                         interpolate=True) for j in range(d)])
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
         comm["bytes_down"] += self._initialise_clients(list(self.active), M_local, theta_g,
                                                        gpack, pilots, pop, seeds)

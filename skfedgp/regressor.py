@@ -194,6 +194,7 @@ def _warn_diagnostics(est, converged, n_rounds):
             + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
             ConvergenceWarning, stacklevel=3)
     _warn_shared_off(est, G)
+    _warn_input_scale(est)
     if converged:  # stopped early, the noise says more about the budget than the model
         _warn_fitted_as_noise(est)
 
@@ -262,6 +263,73 @@ def _warn_fitted_as_noise(est):
         "seconds against days), or raise n_inducing_local for a function rougher than the "
         "others'; compare with an exact GP on those clients' rows by a held-out score",
         ClientFittedAsNoiseWarning, stacklevel=4)
+
+
+class InputScaleWarning(UserWarning):
+    """A client's own data vary along some input on a far other scale than the others'.
+
+    Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (structured
+    family, 1-D ``y``, with the global or deviation component) for every
+    client and input where, at set-up, the client's own exact GP (its pilot)
+    has a lengthscale more than
+    :data:`skfedgp.federated.INPUT_SCALE_RATIO` times the population's (the
+    clients' weighted median) either way, and a likelihood-ratio test on the
+    client's rows confirms it (that input's lengthscale freed from the
+    population's, the others held: :func:`skfedgp.federated.input_scale_mismatch`).
+    The usual cause is that input recorded in other units at that client
+    (per cent beside fractions, seconds beside days, metres beside
+    kilometres). The shared global and deviation parts have one lengthscale
+    per input for every client, so they cannot serve both scales: the fit
+    then shares less than it could, and may predict the other clients
+    worse than it would without that client (one of three inputs in per
+    cent at one client of four: the others' RMSE 1.1-2.9 times their value
+    without it). Convert the input to the others' units before fitting; if
+    the client's function really varies on that scale, compare the fit
+    with one without that client by a held-out score. A diagnostic: the
+    fit is not changed. Beyond the pFedHGP paper (the package's
+    diagnostics).
+    """
+
+
+def _input_names(est):
+    """Names of the model's inputs (``X``'s columns without the client column), or None."""
+    names = getattr(est, "feature_names_in_", None)
+    if names is None:
+        return None
+    names = [str(n) for n in names]
+    # (during fit, before client_column_ is set, the parameter)
+    col = getattr(est, "client_column_", getattr(est, "client_column", None))
+    if col is not None:
+        k = names.index(str(col)) if not isinstance(col, numbers.Integral) else int(col)
+        names = names[:k] + names[k + 1:]
+    return names
+
+
+def _warn_input_scale(est):
+    """:class:`InputScaleWarning` for the clients whose data vary along an input on another scale."""
+    if getattr(est, "n_outputs_", 1) != 1:
+        return
+    clients = getattr(est, "clients_", None) or {}
+    try:
+        names = _input_names(est)
+    except (ValueError, IndexError):
+        names = None
+    found = []
+    for lab, c in clients.items():
+        for j, ratio in sorted((getattr(c, "input_scale_ratios", None) or {}).items()):
+            name = f"input {j}" + (f" ({names[j]!r})" if names and j < len(names) else "")
+            found.append(f"client {lab!r}, {name}: {ratio:.3g} times")
+    if not found:
+        return
+    warnings.warn(
+        f"{len(found)} client input(s) along which the client's own data vary on a lengthscale "
+        f"far from the other clients' ({'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}"
+        "; its own exact GP against the clients' median, confirmed by a likelihood-ratio "
+        "test on its rows). The shared parts have one lengthscale per input for all clients "
+        "and cannot follow both: if that input is in other units at that client (per cent "
+        "against fractions, seconds against days), convert it before fitting; otherwise "
+        "compare with a fit without that client by a held-out score",
+        InputScaleWarning, stacklevel=4)
 
 
 #: The global variance (in units of the standardised targets' variance) at
@@ -2564,7 +2632,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"predict_joint takes the rows of one client; got {len(labels)} labels "
                 "(joint covariances across clients are not implemented)")
         n, Q = Xf.shape[0], self.n_outputs_
-        _check_cov_budget(n * Q)
+        _check_cov_budget(n * Q, n_outputs=Q)
         lab = labels[0]
         comps = self.components_
         G = self.server_.global_pack.unpack(self.server_.theta_global)
@@ -3004,18 +3072,32 @@ def _chunks(idx):
     return [idx[start:start + step] for start in range(0, idx.size, step)]
 
 
-def _check_cov_budget(n):
-    """Raise MemoryError if an ``n x n`` float64 covariance exceeds MAX_COV_BYTES."""
+def _check_cov_budget(n, n_outputs=None):
+    """Raise MemoryError if an ``n x n`` float64 covariance exceeds MAX_COV_BYTES.
+
+    ``n_outputs``: the call is :meth:`FederatedHierarchicalGPRegressor.predict_joint`
+    (``n`` is then rows times outputs), whose message says so.
+    """
     needed = 8 * n * n
     if needed > MAX_COV_BYTES:
         gib = 1024**3
-        max_rows = int(np.sqrt(MAX_COV_BYTES / 8))
+        max_n = int(np.sqrt(MAX_COV_BYTES / 8))
+        if n_outputs:
+            what = (f"predict_joint on {n // n_outputs} rows x {n_outputs} outputs needs a "
+                    f"{n} x {n}")
+            limit = f"at most {max_n // n_outputs} rows with {n_outputs} outputs"
+            advice = ("Use predict(return_cov=True) for the per-row Q x Q blocks, or "
+                      "predict_joint on fewer rows.")
+        else:
+            what = f"predict(return_cov=True) on {n} rows needs a {n} x {n}"
+            limit = f"at most {max_n} rows"
+            advice = ("Use return_std=True for the marginal variances, or ask for the joint "
+                      "covariance of fewer rows.")
         raise MemoryError(
-            f"predict(return_cov=True) on {n} rows needs a {n} x {n} float64 covariance of "
+            f"{what} float64 covariance of "
             f"{needed / gib:.1f} GiB ({needed} bytes; computing it takes a few times that), "
             f"above the budget skfedgp.regressor.MAX_COV_BYTES = {MAX_COV_BYTES / gib:.1f} GiB "
-            f"(at most {max_rows} rows). Use return_std=True for the marginal variances, "
-            "or ask for the joint covariance of fewer rows."
+            f"({limit}). {advice}"
         )
 
 

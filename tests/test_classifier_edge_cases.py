@@ -65,6 +65,16 @@ def test_constant_grid_is_rejected(grid):
         MaxEvidenceClassifier(_reg(), grid=grid).fit(X, y)
 
 
+def test_class_labels_of_types_that_cannot_be_compared_are_named():
+    # before: NumPy's TypeError "'<' not supported between instances of 'int' and 'str'"
+    X, _ = _curves()
+    y = np.array(["1"] * 8 + [1] * 8, dtype=object)  # a label column read partly as text
+    clf = MaxEvidenceClassifier(_reg())
+    with pytest.raises(ValueError, match=r"y mixes class labels of types .*\(int, str;"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "classes_")
+
+
 # --------------------------------------------------------------------------
 # class_prior as a dict
 # --------------------------------------------------------------------------

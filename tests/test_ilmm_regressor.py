@@ -260,6 +260,20 @@ def test_predict_joint_matches_blocks(data, fitted):
         fitted.predict_joint(Xt, gt)
 
 
+def test_predict_joint_over_the_memory_budget_says_rows_and_outputs(data, fitted, monkeypatch):
+    from skfedgp import regressor
+
+    Xt, gt = data[3], data[5]
+    Q = fitted.n_outputs_
+    monkeypatch.setattr(regressor, "MAX_COV_BYTES", 8 * (4 * Q) ** 2)
+    _, J = fitted.predict_joint(Xt[:4], gt[:4])  # exactly at the budget
+    assert J.shape == (4 * Q, 4 * Q)
+    with pytest.raises(MemoryError, match=rf"predict_joint on 5 rows x {Q} outputs needs a "
+                       rf"{5 * Q} x {5 * Q} .*\(at most 4 rows with {Q} outputs\)\. "
+                       r"Use predict\(return_cov=True\) for the per-row Q x Q blocks"):
+        fitted.predict_joint(Xt[:5], gt[:5])
+
+
 @pytest.mark.parametrize("noise", ["diagonal", "isotropic"])
 def test_noise_does_not_depend_on_column_units(noise):
     """The default noise="diagonal" and noise="isotropic" are in standardised

@@ -109,6 +109,18 @@ def test_integer_column_is_a_position_even_with_integer_column_names(frame, refe
     assert_array_equal(est.predict(X), reference[1])
 
 
+def test_integer_column_that_also_names_another_column_warns(frame, reference):
+    """The position is used, and the user is told of the column of that name."""
+    df, y = frame
+    X = df[["temp", "station", "hum"]].set_axis([1, 0, 2], axis=1)  # name 1 at position 0
+    with pytest.warns(ClientLabelWarning, match=r"client_column=1 is read as a position "
+                      r"\(column 1, named 0\).*a column named 1 \(position 0\)"):
+        est = FederatedHierarchicalGPRegressor(client_column=1, **FAST).fit(X, y)
+    assert sorted(est.clients_) == STATIONS
+    with pytest.warns(ClientLabelWarning, match="read as a position"):
+        assert_array_equal(est.predict(X), reference[1])
+
+
 @pytest.mark.filterwarnings("ignore:X does not have valid feature names")
 def test_predict_checks_columns_against_fit(frame):
     df, y = frame

@@ -1,0 +1,103 @@
+"""InputScaleWarning: a client whose own data vary along one input on a far
+other scale than the others' (issue: one client must not harm the others;
+diagnostics). One input of several in other units at one client (per cent
+beside fractions) is not caught by the geometric-mean lengthscale test of
+``client_scale``, and the shared parts cannot serve both scales; the fit
+names the client and the input."""
+
+import types
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from skfedgp import FederatedHierarchicalGPRegressor, InputScaleWarning
+from skfedgp import federated
+
+
+def _three_clients(scale, seed=1):
+    """A, B, C: 50 rows of sin(3 x0) + cos(5 x1) on [0, 1]^2; C's x1 times ``scale``."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 1, (150, 2))
+    y = np.sin(3 * X[:, 0]) + np.cos(5 * X[:, 1]) + 0.05 * rng.normal(size=150)
+    g = np.repeat(np.array(["A", "B", "C"]), 50)
+    X[g == "C", 1] *= scale
+    return X, y, g
+
+
+def _fit(X, y, g=None, **params):
+    params = {"random_state": 0, "n_rounds": 2, "restart_from_global": False, **params}
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        est = FederatedHierarchicalGPRegressor(**params).fit(X, y, g)
+    return est, [w for w in rec if issubclass(w.category, InputScaleWarning)]
+
+
+@pytest.mark.parametrize("scale", [100.0, 0.01])
+def test_one_input_in_other_units_at_one_client_is_named(scale):
+    X, y, g = _three_clients(scale)
+    df = pd.DataFrame({"site": g, "temperature": X[:, 0], "humidity": X[:, 1]})
+    est, rec = _fit(df, y, client_column="site")
+    assert len(rec) == 1
+    msg = str(rec[0].message)
+    assert "client 'C', input 1 ('humidity')" in msg
+    assert "'A'" not in msg and "'B'" not in msg and "input 0" not in msg
+    ratios = {lab: c.input_scale_ratios for lab, c in est.clients_.items()}
+    assert ratios["A"] == ratios["B"] == {}
+    assert set(ratios["C"]) == {1}
+    # the fitted ratio of C's lengthscale along that input to the population's
+    assert scale / 3 < ratios["C"][1] < 3 * scale
+
+
+def test_clients_in_the_same_units_are_not_reported():
+    X, y, g = _three_clients(1.0)
+    est, rec = _fit(X, y, g)
+    assert rec == []
+    assert all(c.input_scale_ratios == {} for c in est.clients_.values())
+
+
+def test_the_ratios_are_part_of_the_client_state():
+    """Warm starts and resumed runs rebuild the clients from their states."""
+    X, y, g = _three_clients(100.0)
+    est, _ = _fit(X, y, g)
+    c = est.clients_["C"]
+    state = c.get_state()
+    assert state.input_scale_ratios == c.input_scale_ratios
+    c.input_scale_ratios = None
+    c.set_state(state)
+    assert set(c.input_scale_ratios) == {1}
+
+
+def _client(rng, width, n=80):
+    """Rows of sin(8 x1 / width) on a box of ``width`` along x1 (x0 irrelevant)."""
+    X = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, width, n)])
+    y = np.sin(8 * X[:, 1] / width) + 0.05 * rng.normal(size=n)
+    return X, (y - y.mean()) / y.std()
+
+
+def _pilot(ell):
+    return types.SimpleNamespace(lengthscale=np.asarray(ell, float), variance=1.0,
+                                 noise_variance=0.01)
+
+
+def test_input_scale_mismatch_needs_the_lengthscale_and_the_width_far_off():
+    rng = np.random.default_rng(0)
+    pop_ell, pop_width = np.array([0.5, 0.15]), np.array([1.0, 1.0])
+    # the others' function on a 100 times wider box: reported with the ratio
+    X, y = _client(rng, 100.0)
+    out = federated.input_scale_mismatch(X, y, _pilot([0.5, 15.0]), pop_ell, pop_width)
+    assert set(out) == {1} and 30 < out[1] < 300
+    # the same lengthscale ratio on inputs spread as the others': an effect the
+    # population's lengthscales missed, not other units
+    X, y = _client(rng, 1.0)
+    assert federated.input_scale_mismatch(X, y, _pilot([0.5, 0.15]), pop_ell * [1, 20],
+                                          pop_width) == {}
+    # a wide box whose own data do not confirm the pilot's far lengthscale (noise)
+    X = np.column_stack([rng.uniform(0, 1, 80), rng.uniform(0, 100, 80)])
+    noise = rng.normal(size=80)
+    assert federated.input_scale_mismatch(X, noise, _pilot([0.5, 15.0]), pop_ell,
+                                          pop_width) == {}
+    # nothing without the population's widths (a state of an earlier version)
+    X, y = _client(rng, 100.0)
+    assert federated.input_scale_mismatch(X, y, _pilot([0.5, 15.0]), pop_ell, None) == {}
