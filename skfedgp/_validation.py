@@ -31,10 +31,13 @@ Conventions
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import functools
 import numbers
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -95,6 +98,25 @@ class ClientLabelWarning(UserWarning):
     labels) to ask for the population prediction without this warning, or
     filter it with :func:`warnings.filterwarnings`.
     """
+
+
+
+def user_stacklevel():
+    """The ``stacklevel`` that points a warning at the first caller outside the package.
+
+    Called by the function that calls :func:`warnings.warn` (its own frame
+    is level 1); frames of this package and of :mod:`contextlib` (the
+    decorators around ``fit``) are skipped, so the warning names the user's
+    line whatever path led to it.
+    """
+    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not (name.startswith(pkg) or name == os.path.abspath(contextlib.__file__)):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
 
 
 def _listing(labels):
@@ -485,10 +507,12 @@ def _column_position(X, column, n_columns):
             if named and named[0] != j:
                 warnings.warn(
                     f"client_column={column!r} is read as a position (column {j}, named "
-                    f"{_plain(X.columns[j])!r}), as scikit-learn's ColumnTransformer reads an int, but "
-                    f"X also has a column named {column!r} (position {named[0]}); to use "
-                    f"that one, pass client_column={named[0]}", ClientLabelWarning,
-                    stacklevel=7)
+                    f"{_plain(X.columns[j])!r}), as scikit-learn's ColumnTransformer reads an int, "
+                    f"but X also has a column named {column!r} (position {named[0]}): X's integer "
+                    "column names are not their positions, so an int client_column is "
+                    "ambiguous. Rename the columns to text (X.columns = X.columns.astype(str)) "
+                    "and pass the label column's name", ClientLabelWarning,
+                    stacklevel=user_stacklevel())
         return j
     if isinstance(column, str):
         if not is_frame:

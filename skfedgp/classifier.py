@@ -1250,7 +1250,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         ------
         ValueError
             Fewer than two classes, continuous (non-class) ``y``, class
-            labels of types that cannot be compared (``1`` and ``'1'``),
+            labels of types that cannot be compared (``1`` and ``'1'``) or
+            missing (None),
             inconsistent lengths of ``X`` and ``y``, ``X`` not 2-D, a
             column count that is not ``n_channels`` times the grid length,
             fewer than 2 points per channel, an all-NaN curve, a class with
@@ -1282,6 +1283,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             classes, y_idx = np.unique(y, return_inverse=True)
         except TypeError as exc:  # labels of types that cannot be ordered together
             kinds = sorted({type(v).__name__ for v in np.ravel(y)})
+            if "NoneType" in kinds:
+                raise ValueError(
+                    "y holds missing class labels (None) beside labels of type "
+                    f"{', '.join(k for k in kinds if k != 'NoneType')}; drop those curves or "
+                    "give them their class before fit") from exc
             raise ValueError(
                 f"y mixes class labels of types that cannot be compared ({', '.join(kinds)}; "
                 "e.g. 1 and '1', from a label column read partly as text); cast y to one "

@@ -2843,7 +2843,7 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
 
 
 def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
-    """The inputs along which a client's own data vary on another scale than the population's.
+    """The inputs along which a client's own data vary on another scale than the typical client's.
 
     A diagnostic (it changes no fit): an input in other units at one client
     (per cent beside fractions, seconds beside days) gives that client's
@@ -2852,19 +2852,27 @@ def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
     (a geometric mean over the inputs) may not reject the population's
     lengthscales while the shared parts cannot serve both scales.
 
-    For each input ``j`` the client varies in whose pilot lengthscale is
-    more than :data:`INPUT_SCALE_RATIO` times the population's either way,
-    and whose width (the range of its inputs) is more than
-    :data:`INPUT_WIDTH_RATIO` times the clients' typical width the same way
-    (other units change both; a client that only found an effect the
-    population's lengthscales missed, on inputs spread as the others', is
-    not reported), two exact GPs on the client's rows (:func:`_pilot_gp`, at most
-    :data:`PILOT_MAX_POINTS` evenly spaced rows, inputs standardised per
-    feature) are compared: every lengthscale held at the population's, and
-    the same with input ``j``'s free. The input is reported when the second
-    is above the first by more than half the ``1 - CLIENT_SCALE_CHANCE``
-    quantile of ``chi2(1)`` (a likelihood-ratio test of one lengthscale,
-    S. S. Wilks, *Annals of Mathematical Statistics* 9(1), 1938).
+    The references are the typical client's, medians over the clients not
+    weighted by their sizes (:class:`_PopulationPilot`'s
+    ``input_lengthscale`` and ``input_width``), so that one large client in
+    other units does not set them; with two clients the median is their
+    midpoint, and a unit factor must exceed ``INPUT_SCALE_RATIO ** 2`` to
+    be seen (three or more clients: a majority in one unit). For each
+    input ``j`` the client varies in whose pilot lengthscale is more than
+    :data:`INPUT_SCALE_RATIO` times the typical one either way, and whose
+    width (the range of its inputs) is more than :data:`INPUT_WIDTH_RATIO`
+    times the typical width the same way (other units change both; a
+    client that only found an effect the others' lengthscales missed, on
+    inputs spread as theirs, is not reported), two exact GPs on the
+    client's rows (:func:`_pilot_gp`, at most :data:`PILOT_MAX_POINTS`
+    evenly spaced rows, inputs standardised per feature) are compared:
+    every lengthscale held at the typical client's, and the same with input
+    ``j``'s free. The input is reported when the second is above the first
+    by more than half the ``1 - CLIENT_SCALE_CHANCE`` quantile of
+    ``chi2(1)``: a likelihood-ratio test of one lengthscale (S. S. Wilks,
+    *Annals of Mathematical Statistics* 9(1), 1938), at a nominal level
+    only: the inputs tested were chosen by the pilot on the same rows, and
+    several inputs are tested without a correction.
 
     Parameters
     ----------
@@ -2874,17 +2882,19 @@ def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
         Its standardised targets.
     own : PilotSummary
         The client's own pilot (scaled units).
-    population_lengthscale : ndarray of shape (d,)
-        The population's lengthscales (scaled units).
+    population_lengthscale : ndarray of shape (d,) or None
+        The typical client's pilot lengthscales (scaled units); None:
+        nothing is reported.
     population_width : ndarray of shape (d,) or None
-        The clients' typical input widths (scaled units,
-        :class:`_PopulationPilot`); None: nothing is reported.
+        The typical client's input widths (scaled units); None: nothing is
+        reported.
 
     Returns
     -------
     dict
-        ``{input index: own lengthscale over the population's}`` (the
-        fitted ratio of the free input), empty when no input is reported.
+        ``{input index: ratio}``, the client's fitted lengthscale along the
+        input (the free one of the second GP) over the typical client's;
+        empty when no input is reported.
 
     Notes
     -----
@@ -2893,16 +2903,17 @@ def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
     """
     from scipy.stats import chi2
 
+    if population_lengthscale is None or population_width is None:
+        return {}
     ell_own = np.asarray(own.lengthscale, dtype=float).ravel()
     ell_pop = np.asarray(population_lengthscale, dtype=float).ravel()
+    w_pop = np.asarray(population_width, dtype=float).ravel()
     X = np.asarray(X, dtype=float)
     n, d = X.shape
-    if population_width is None:
-        return {}
-    w_pop = np.asarray(population_width, dtype=float).ravel()
     if (ell_own.shape != (d,) or ell_pop.shape != (d,) or w_pop.shape != (d,)
             or n < PILOT_MIN_POINTS or np.var(y) < 1e-12
-            or not (np.all(ell_own > 0) and np.all(ell_pop > 0))):
+            or not (np.all(np.isfinite(ell_own)) and np.all(np.isfinite(ell_pop))
+                    and np.all(ell_own > 0) and np.all(ell_pop > 0))):
         return {}
     spread = X.std(axis=0)
     width = np.ptp(X, axis=0)
@@ -2926,7 +2937,7 @@ def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
     if not v > 0:
         return {}
     noise_share = float(np.clip(own.noise_variance / max(own.variance, 1e-12), 1e-6, 10.0))
-    pop = np.clip(ell_pop / spread, 1e-3, 1e3)
+    pop = ell_pop / spread  # held where it is, however far (standardised units)
     try:
         held = _pilot_gp(Xs, yc, v, pop, noise_share, lengthscale_bounds="fixed")
     except (np.linalg.LinAlgError, ValueError):
@@ -2934,10 +2945,12 @@ def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
     level = 0.5 * chi2.ppf(1.0 - CLIENT_SCALE_CHANCE, 1)
     out = {}
     for j in cand:
-        bounds = np.column_stack([pop, pop])
-        bounds[j] = (1e-3, 1e3)
         start = pop.copy()
-        start[j] = np.clip(ell_own[j] / spread[j], 1e-3, 1e3)
+        start[j] = ell_own[j] / spread[j]
+        bounds = np.column_stack([pop, pop])
+        # the free lengthscale's usual range, widened to hold its start and
+        # the typical client's value
+        bounds[j] = (min(1e-3, pop[j], start[j]), max(1e3, pop[j], start[j]))
         try:
             free = _pilot_gp(Xs, yc, v, start, noise_share, lengthscale_bounds=bounds)
         except (np.linalg.LinAlgError, ValueError):
@@ -4465,8 +4478,7 @@ class StructuredClient:
                            getattr(self, "_inducing_checked", None),
                            int(getattr(self, "_local_phases", 0)),
                            bool(self.noise_hyperprior), self.noise_prior_sd,
-                           getattr(self, "pilot_noise", None),
-                           copy.deepcopy(getattr(self, "input_scale_ratios", None)))
+                           getattr(self, "pilot_noise", None))
 
     def set_state(self, state):
         """Restore :meth:`get_state` (after :meth:`prepare`). Returns None."""
@@ -4487,7 +4499,9 @@ class StructuredClient:
             self._inducing_checked = checked
         self._local_phases = int(getattr(state, "local_phases", None) or 0)
         self.pilot_noise = getattr(state, "pilot_noise", None)
-        self.input_scale_ratios = copy.deepcopy(getattr(state, "input_scale_ratios", None))
+        # computed at a fresh fit's set-up only (on that fit's rows): a client
+        # rebuilt from a state (warm start, resumed run) reports nothing
+        self.input_scale_ratios = {}
         # None: a state saved before the field existed (the prior applied).
         # A warm start that leaves a client fewer than PILOT_POOL_POINTS rows
         # gives it the prior back (no client that small goes without); else
@@ -4730,7 +4744,8 @@ class StructuredClient:
         # the population's (a diagnostic: the regressor's InputScaleWarning;
         # lengthscale ratios, not data)
         self.input_scale_ratios = (
-            input_scale_mismatch(self._Xs, self._y, own, population.lengthscale,
+            input_scale_mismatch(self._Xs, self._y, own,
+                                 getattr(population, "input_lengthscale", None),
                                  getattr(population, "input_width", None))
             if (("global" in config.components or "deviation" in config.components)
                 and starts_own and own.variance > own.noise_variance) else {})
@@ -5507,9 +5522,6 @@ class ClientState:
         The noise variance of the client's own pilot where it is reliable
         (what ``ClientFittedAsNoiseWarning`` compares the fitted noise
         with); None: none, or not recorded.
-    input_scale_ratios : dict or None
-        :func:`input_scale_mismatch` at set-up (what ``InputScaleWarning``
-        reports); None: not recorded.
     """
 
     theta: np.ndarray
@@ -5526,7 +5538,6 @@ class ClientState:
     noise_hyperprior: object = None
     noise_prior_sd: object = None
     pilot_noise: object = None
-    input_scale_ratios: object = None
 
 
 @dataclass(frozen=True)
@@ -5953,10 +5964,11 @@ class _PopulationPilot:
     noise_spread, noise_pooled : float or None
         Scale and, when set, centre of the pooled small clients' noise
         hyperprior (:func:`noise_spread`); None when not measured.
-    input_width : ndarray of shape (d,) or None
-        1-D targets: the weighted median (by number of observations) of the
-        clients' input widths from their boxes (scaled units), for
-        :func:`input_scale_mismatch`; None when not set.
+    input_width, input_lengthscale : ndarray of shape (d,) or None
+        1-D targets: the median over the clients (not weighted by their
+        sizes) of their input widths, from their boxes, and of their pilots'
+        lengthscales (scaled units), for :func:`input_scale_mismatch`; None
+        when not set.
     """
 
     lengthscale: np.ndarray
@@ -5968,6 +5980,7 @@ class _PopulationPilot:
     noise_spread: float = None
     noise_pooled: float = None
     input_width: np.ndarray = None
+    input_lengthscale: np.ndarray = None
 
 
 
@@ -6570,13 +6583,16 @@ class _StructuredRun:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1)
         if not cfg.n_outputs:
             pop.noise_variance = self._pooled_noise(pilots, pop, comm)
-            # the clients' typical input widths (from their boxes, weighted by
-            # their sizes): what InputScaleWarning compares a client's with
-            widths = [(np.asarray(s.x_max, float) - np.asarray(s.x_min, float)) / server.x_scale
-                      for s in summaries.values()]
-            counts = [s.n_samples for s in summaries.values()]
-            pop.input_width = np.array([_weighted_median([w[j] for w in widths], counts,
-                                                         interpolate=True) for j in range(d)])
+            # the typical client's input widths (from the boxes) and pilot
+            # lengthscales: medians over the clients, not weighted by their
+            # sizes (one large client in other units must not set them), what
+            # input_scale_mismatch compares a client's with
+            widths = np.array([(np.asarray(s.x_max, float) - np.asarray(s.x_min, float))
+                               / server.x_scale for s in summaries.values()])
+            pop.input_width = np.median(widths, axis=0)
+            if good:
+                pop.input_lengthscale = np.exp(np.median(
+                    [np.log(np.asarray(p.lengthscale, float)) for p in good], axis=0))
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
         comm["bytes_down"] += self._initialise_clients(list(self.active), M_local, theta_g,
                                                        gpack, pilots, pop, seeds)

@@ -53,6 +53,7 @@ from ._validation import (
     r2_observed,
     split_client_column,
     unique_labels,
+    user_stacklevel,
     validate_predict_input,
     warn_groups_missing,
 )
@@ -269,13 +270,19 @@ class InputScaleWarning(UserWarning):
     """A client's own data vary along some input on a far other scale than the others'.
 
     Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (structured
-    family, 1-D ``y``, with the global or deviation component) for every
-    client and input where, at set-up, the client's own exact GP (its pilot)
-    has a lengthscale more than
-    :data:`skfedgp.federated.INPUT_SCALE_RATIO` times the population's (the
-    clients' weighted median) either way, and a likelihood-ratio test on the
+    family, 1-D ``y``, with the global or deviation component, a fresh fit:
+    the check runs at set-up, so a warm start or resumed run does not
+    repeat it, and the Flower server does not issue it) for every client
+    and input where the client's own exact GP (its pilot) has a lengthscale
+    more than :data:`skfedgp.federated.INPUT_SCALE_RATIO` times the typical
+    client's (the median over the clients) either way, its inputs spread
+    over a range more than :data:`skfedgp.federated.INPUT_WIDTH_RATIO`
+    times the typical one the same way, and a likelihood-ratio test on the
     client's rows confirms it (that input's lengthscale freed from the
-    population's, the others held: :func:`skfedgp.federated.input_scale_mismatch`).
+    typical client's, the others held:
+    :func:`skfedgp.federated.input_scale_mismatch`). With two clients the
+    typical values are their midpoint (a unit factor above 100 is seen);
+    with three or more, the majority's.
     The usual cause is that input recorded in other units at that client
     (per cent beside fractions, seconds beside days, metres beside
     kilometres). The shared global and deviation parts have one lengthscale
@@ -323,13 +330,13 @@ def _warn_input_scale(est):
         return
     warnings.warn(
         f"{len(found)} client input(s) along which the client's own data vary on a lengthscale "
-        f"far from the other clients' ({'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}"
-        "; its own exact GP against the clients' median, confirmed by a likelihood-ratio "
-        "test on its rows). The shared parts have one lengthscale per input for all clients "
+        f"far from the typical client's ({'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}"
+        "; its own exact GP against the clients' median, over a range of inputs far from "
+        "theirs the same way, confirmed by a likelihood-ratio test on its rows). The shared parts have one lengthscale per input for all clients "
         "and cannot follow both: if that input is in other units at that client (per cent "
         "against fractions, seconds against days), convert it before fitting; otherwise "
         "compare with a fit without that client by a held-out score",
-        InputScaleWarning, stacklevel=4)
+        InputScaleWarning, stacklevel=user_stacklevel())
 
 
 #: The global variance (in units of the standardised targets' variance) at
@@ -1228,7 +1235,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         The column is taken out before the features are converted to float,
         so it may hold strings (``client_column="station"`` with
         ``df[["station", "temp", "hum"]]``). Overrides ``groups`` (a ``groups`` that
-        differs from the column gets a ``ClientLabelWarning``).
+        differs from the column gets a ``ClientLabelWarning``). An int that
+        is also the name of another column of a DataFrame gets a
+        ``ClientLabelWarning`` (the position is used): give such a frame
+        text column names.
     n_jobs : int, default=None
         Number of parallel jobs for the clients (:class:`joblib.Parallel`,
         threads by default; any joblib backend, e.g. dask, applies).
@@ -1865,6 +1875,20 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             are regular outcomes. Also when a client's local phase failed
             whenever it was asked (its own hyperparameters are still those
             this fit started from).
+        ClientFittedAsNoiseWarning
+            When training converged (1-D targets, structured family) and a
+            client's fitted noise variance is at least a tenth of its target
+            variance and more than 10 times its own exact GP's.
+        InputScaleWarning
+            Structured family, 1-D targets, a fresh fit (not a warm start or
+            resumed run): a client whose own data vary along an input on a
+            lengthscale more than 10 times the typical client's, over a range
+            more than 3 times the typical one the same way (usually that
+            input in other units at that client; the fit is unchanged).
+        ClientLabelWarning
+            When ``groups`` differs from the ``client_column``, or an int
+            ``client_column`` (a position) is also the name of another
+            column of a DataFrame ``X``.
         SharedPartsOffWarning
             When two or more clients took part and the global variance ended
             within ten times its lower bound: the clients share no function

@@ -57,16 +57,42 @@ def test_clients_in_the_same_units_are_not_reported():
     assert all(c.input_scale_ratios == {} for c in est.clients_.values())
 
 
-def test_the_ratios_are_part_of_the_client_state():
-    """Warm starts and resumed runs rebuild the clients from their states."""
+def test_the_warning_points_at_the_callers_line():
     X, y, g = _three_clients(100.0)
-    est, _ = _fit(X, y, g)
-    c = est.clients_["C"]
-    state = c.get_state()
-    assert state.input_scale_ratios == c.input_scale_ratios
-    c.input_scale_ratios = None
-    c.set_state(state)
-    assert set(c.input_scale_ratios) == {1}
+    _, rec = _fit(X, y, g)
+    assert rec[0].filename == __file__
+    _, rec = _fit(X, y, g, restart_from_global="auto")
+    assert rec and all(w.filename == __file__ for w in rec)
+
+
+def test_a_warm_start_does_not_repeat_a_stale_report():
+    """The check runs on a fresh fit's rows; a refit with the units mended is silent."""
+    X, y, g = _three_clients(100.0)
+    est = FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2, warm_start=True,
+                                           restart_from_global=False)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        est.fit(X, y, g)
+    assert any(issubclass(w.category, InputScaleWarning) for w in rec)
+    X[g == "C", 1] /= 100.0
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        est.fit(X, y, g)
+    assert not any(issubclass(w.category, InputScaleWarning) for w in rec)
+    assert all(c.input_scale_ratios == {} for c in est.clients_.values())
+
+
+def test_one_large_client_in_other_units_is_named_not_the_others():
+    """The typical client is the median over clients, not over rows."""
+    rng = np.random.default_rng(3)
+    sizes = {"A": 40, "B": 40, "C": 150}
+    X = rng.uniform(0, 1, (230, 2))
+    y = np.sin(3 * X[:, 0]) + np.cos(5 * X[:, 1]) + 0.05 * rng.normal(size=230)
+    g = np.repeat(np.array(list(sizes)), list(sizes.values()))
+    X[g == "C", 1] *= 100.0
+    est, rec = _fit(X, y, g)
+    assert len(rec) == 1 and "client 'C', input 1" in str(rec[0].message)
+    assert est.clients_["A"].input_scale_ratios == est.clients_["B"].input_scale_ratios == {}
 
 
 def _client(rng, width, n=80):
@@ -98,6 +124,12 @@ def test_input_scale_mismatch_needs_the_lengthscale_and_the_width_far_off():
     noise = rng.normal(size=80)
     assert federated.input_scale_mismatch(X, noise, _pilot([0.5, 15.0]), pop_ell,
                                           pop_width) == {}
-    # nothing without the population's widths (a state of an earlier version)
+    # nothing without the typical client's values (a state of an earlier version)
     X, y = _client(rng, 100.0)
     assert federated.input_scale_mismatch(X, y, _pilot([0.5, 15.0]), pop_ell, None) == {}
+    assert federated.input_scale_mismatch(X, y, _pilot([0.5, 15.0]), None, pop_width) == {}
+    # a unit factor far beyond the pilot's usual lengthscale range (seconds
+    # against days): the ratio is not cut at that range
+    X, y = _client(rng, 86400.0)
+    out = federated.input_scale_mismatch(X, y, _pilot([0.5, 0.15 * 86400]), pop_ell, pop_width)
+    assert set(out) == {1} and 86400 / 3 < out[1] < 3 * 86400

@@ -114,11 +114,22 @@ def test_integer_column_that_also_names_another_column_warns(frame, reference):
     df, y = frame
     X = df[["temp", "station", "hum"]].set_axis([1, 0, 2], axis=1)  # name 1 at position 0
     with pytest.warns(ClientLabelWarning, match=r"client_column=1 is read as a position "
-                      r"\(column 1, named 0\).*a column named 1 \(position 0\)"):
+                      r"\(column 1, named 0\).*a column named 1 \(position 0\)") as rec:
         est = FederatedHierarchicalGPRegressor(client_column=1, **FAST).fit(X, y)
     assert sorted(est.clients_) == STATIONS
-    with pytest.warns(ClientLabelWarning, match="read as a position"):
+    with pytest.warns(ClientLabelWarning, match="read as a position") as rec_p:
         assert_array_equal(est.predict(X), reference[1])
+    # at the caller's line, in fit as in predict
+    for r in (rec, rec_p):
+        assert [w.filename for w in r if issubclass(w.category, ClientLabelWarning)] == [__file__]
+    # text column names: no ambiguity, no warning
+    ctx = _silent()
+    try:
+        est = FederatedHierarchicalGPRegressor(client_column="0", **FAST).fit(
+            X.set_axis(["1", "0", "2"], axis=1), y)
+    finally:
+        ctx.__exit__(None, None, None)
+    assert sorted(est.clients_) == STATIONS
 
 
 @pytest.mark.filterwarnings("ignore:X does not have valid feature names")
