@@ -835,6 +835,31 @@ def proba_temperature(loglik, own, log_prior=None, sample_weight=None, floor=0.0
     return float(np.exp(res.x))
 
 
+
+def _check_curve_lengths(X):
+    """Raise a ValueError naming the lengths when ``X`` is a sequence of curves of unequal length.
+
+    NumPy's own message for such a list ("inhomogeneous shape") does not
+    say which curves differ.
+    """
+    if not isinstance(X, (list, tuple)):
+        return
+    lengths = [len(row) if hasattr(row, "__len__") and not isinstance(row, str) else None
+               for row in X]
+    if None in lengths or len(set(lengths)) < 2:
+        return
+    counts = {}
+    for n in lengths:
+        counts[n] = counts.get(n, 0) + 1
+    common = max(counts, key=counts.get)
+    odd = [i for i, n in enumerate(lengths) if n != common]
+    raise ValueError(
+        f"the curves in X have different lengths: {counts[common]} of {common} values, and "
+        f"curve(s) {odd[:5]}{' ...' if len(odd) > 5 else ''} of "
+        f"{sorted({lengths[i] for i in odd})[:5]}; every curve needs n_channels x n_points "
+        "values on the shared grid (mark missing points as NaN)")
+
+
 class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     """Classify whole curves by the class model that explains them best.
 
@@ -1251,7 +1276,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         ValueError
             Fewer than two classes, continuous (non-class) ``y``, class
             labels of types that cannot be compared (``1`` and ``'1'``) or
-            missing (None),
+            missing (None), curves of unequal length (a list of rows),
             inconsistent lengths of ``X`` and ``y``, ``X`` not 2-D, a
             column count that is not ``n_channels`` times the grid length,
             fewer than 2 points per channel, an all-NaN curve, a class with
@@ -1277,6 +1302,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         On any error the classifier keeps its previous fitted state (or
         stays unfitted).
         """
+        _check_curve_lengths(X)
         X, y = validate_data(self, X, y, ensure_all_finite="allow-nan", dtype=np.float64)
         try:
             check_classification_targets(y)
@@ -1595,8 +1621,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Wrong number of columns, ``X`` not 2-D or not numeric, inf
-            values or an all-NaN curve.
+            Wrong number of columns, curves of unequal length (a list of
+            rows), ``X`` not 2-D or not numeric, inf values or an all-NaN
+            curve.
         TypeError
             If ``X`` is sparse.
         skfedgp.CholeskyError
@@ -1607,6 +1634,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             Before fit.
         """
         check_is_fitted(self, "estimator_")
+        _check_curve_lengths(X)
         X = validate_data(self, X, reset=False, ensure_all_finite="allow-nan",
                           dtype=np.float64)
         observed = ~np.isnan(X)

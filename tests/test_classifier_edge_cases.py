@@ -75,6 +75,21 @@ def test_class_labels_of_types_that_cannot_be_compared_are_named():
     assert not hasattr(clf, "classes_")
 
 
+def test_curves_of_unequal_length_in_a_list_are_named():
+    # before: NumPy's "setting an array element with a sequence ... inhomogeneous shape"
+    X, y = _curves()
+    ragged = [list(row) for row in X]
+    ragged[3] = ragged[3][:15]
+    with pytest.raises(ValueError, match=r"different lengths: 15 of 20 values, and "
+                       r"curve\(s\) \[3\] of \[15\]"):
+        MaxEvidenceClassifier(_reg()).fit(ragged, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = MaxEvidenceClassifier(_reg(), random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match=r"curve\(s\) \[3\] of \[15\]"):
+        clf.predict(ragged)
+
+
 # --------------------------------------------------------------------------
 # class_prior as a dict
 # --------------------------------------------------------------------------
