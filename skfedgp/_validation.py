@@ -507,9 +507,9 @@ def _column_position(X, column, n_columns):
             if named and named[0] != j:
                 warnings.warn(
                     f"client_column={column!r} is read as a position (column {j}, named "
-                    f"{_plain(X.columns[j])!r}), as scikit-learn's ColumnTransformer reads an int, "
-                    f"but X also has a column named {column!r} (position {named[0]}): X's integer "
-                    "column names are not their positions, so an int client_column is "
+                    f"{_plain(X.columns[j])!r}), as scikit-learn's ColumnTransformer reads an "
+                    f"int, but X also has a column named {column!r} (position {named[0]}): X's "
+                    "integer column names are not their positions, so an int client_column is "
                     "ambiguous. Rename the columns to text (X.columns = X.columns.astype(str)) "
                     "and pass the label column's name", ClientLabelWarning,
                     stacklevel=user_stacklevel())

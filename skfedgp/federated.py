@@ -1788,11 +1788,11 @@ CLIENT_SCALE_CHANCE = 1e-3
 CLIENT_LENGTHSCALE_RATIO = 5.0
 
 #: :func:`input_scale_mismatch` reports an input along which a client's own
-#: pilot lengthscale is more than this many times the population's (or less
-#: than its inverse) and its own rows confirm it.
+#: pilot lengthscale is more than this many times the typical client's (or
+#: less than its inverse) and its own rows confirm it ...
 INPUT_SCALE_RATIO = 10.0
 #: ... when its width (range) along that input is also more than this many
-#: times the clients' typical one the same way.
+#: times the typical client's the same way.
 INPUT_WIDTH_RATIO = 3.0
 #: Penalised-complexity prior of a client's local standard deviation: rate
 #: ``ln(20) / sigma_pop`` (P(sigma_l > sigma_pop) = 0.05), ``sigma_pop`` the
@@ -2839,7 +2839,6 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
         fits.append(float(gp.log_marginal_likelihood))
     gain = fits[0] - fits[1]
     return bool(np.isfinite(gain) and gain > 0.5 * chi2.ppf(1.0 - CLIENT_SCALE_CHANCE, d))
-
 
 
 def input_scale_mismatch(X, y, own, population_lengthscale, population_width):

@@ -307,13 +307,14 @@ def _input_names(est):
     # (during fit, before client_column_ is set, the parameter)
     col = getattr(est, "client_column_", getattr(est, "client_column", None))
     if col is not None:
-        k = names.index(str(col)) if not isinstance(col, numbers.Integral) else int(col)
+        k = (names.index(str(col)) if not isinstance(col, numbers.Integral)
+             else int(col) % len(names))
         names = names[:k] + names[k + 1:]
     return names
 
 
 def _warn_input_scale(est):
-    """:class:`InputScaleWarning` for the clients whose data vary along an input on another scale."""
+    """:class:`InputScaleWarning` for clients whose data vary along an input on another scale."""
     if getattr(est, "n_outputs_", 1) != 1:
         return
     clients = getattr(est, "clients_", None) or {}
@@ -332,10 +333,11 @@ def _warn_input_scale(est):
         f"{len(found)} client input(s) along which the client's own data vary on a lengthscale "
         f"far from the typical client's ({'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}"
         "; its own exact GP against the clients' median, over a range of inputs far from "
-        "theirs the same way, confirmed by a likelihood-ratio test on its rows). The shared parts have one lengthscale per input for all clients "
-        "and cannot follow both: if that input is in other units at that client (per cent "
-        "against fractions, seconds against days), convert it before fitting; otherwise "
-        "compare with a fit without that client by a held-out score",
+        "theirs the same way, confirmed by a likelihood-ratio test on its rows). The shared "
+        "parts have one lengthscale per input for all clients and cannot follow both: if "
+        "that input is in other units at that client (per cent against fractions, seconds "
+        "against days), convert it before fitting; otherwise compare with a fit without "
+        "that client by a held-out score",
         InputScaleWarning, stacklevel=user_stacklevel())
 
 

@@ -34,11 +34,13 @@ def _fit(X, y, g=None, **params):
     return est, [w for w in rec if issubclass(w.category, InputScaleWarning)]
 
 
-@pytest.mark.parametrize("scale", [100.0, 0.01])
-def test_one_input_in_other_units_at_one_client_is_named(scale):
+@pytest.mark.parametrize("scale, column", [(100.0, "site"), (0.01, -1)])
+def test_one_input_in_other_units_at_one_client_is_named(scale, column):
     X, y, g = _three_clients(scale)
     df = pd.DataFrame({"site": g, "temperature": X[:, 0], "humidity": X[:, 1]})
-    est, rec = _fit(df, y, client_column="site")
+    if column == -1:  # the label column last, by position
+        df = df[["temperature", "humidity", "site"]]
+    est, rec = _fit(df, y, client_column=column)
     assert len(rec) == 1
     msg = str(rec[0].message)
     assert "client 'C', input 1 ('humidity')" in msg
