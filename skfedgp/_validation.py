@@ -106,8 +106,14 @@ def user_stacklevel():
 
     Called by the function that calls :func:`warnings.warn` (its own frame
     is level 1); frames of this package and of :mod:`contextlib` (the
-    decorators around ``fit``) are skipped, so the warning names the user's
-    line whatever path led to it.
+    decorators around ``fit``) are skipped. The frame found is the first
+    outside them: the user's line for a direct call, a scikit-learn line
+    for a call through a ``Pipeline`` or a search.
+
+    Returns
+    -------
+    int
+        At least 1.
     """
     pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame, level = sys._getframe(1), 1

@@ -836,6 +836,33 @@ def proba_temperature(loglik, own, log_prior=None, sample_weight=None, floor=0.0
 
 
 
+
+def _check_label_kinds(y):
+    """Raise a ValueError for missing (None) class labels, or text mixed with numbers.
+
+    Checked on ``y`` as given, before NumPy converts a list (where ``1`` and
+    ``'1'`` would become one class) and before scikit-learn's target check
+    (whose message for such labels is "Unknown label type").
+    """
+    if isinstance(y, np.ndarray) and y.dtype != object:
+        return  # one NumPy dtype, one kind
+    try:
+        values = list(np.ravel(np.asarray(y, dtype=object)))
+    except (TypeError, ValueError):
+        return  # scikit-learn's own checks report it
+    if any(v is None for v in values):
+        raise ValueError("y holds missing class labels (None); drop those curves or give them "
+                         "their class before fit")
+    text = any(isinstance(v, str) for v in values)
+    number = any(isinstance(v, numbers.Number) for v in values)
+    if text and number:
+        kinds = sorted({type(v).__name__ for v in values})
+        raise ValueError(
+            f"y mixes text and numeric class labels ({', '.join(kinds)}; e.g. 1 and '1', from "
+            "a label column read partly as text), which would be compared by type or "
+            "merged; cast y to one type before fit (e.g. y.astype(str))")
+
+
 def _check_curve_lengths(X):
     """Raise a ValueError naming the lengths when ``X`` is a sequence of curves of unequal length.
 
@@ -1275,7 +1302,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         ------
         ValueError
             Fewer than two classes, continuous (non-class) ``y``, class
-            labels of types that cannot be compared (``1`` and ``'1'``) or
+            labels that mix text and numbers (``1`` and ``'1'``) or are
             missing (None), curves of unequal length (a list of rows),
             inconsistent lengths of ``X`` and ``y``, ``X`` not 2-D, a
             column count that is not ``n_channels`` times the grid length,
@@ -1303,21 +1330,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         stays unfitted).
         """
         _check_curve_lengths(X)
+        _check_label_kinds(y)
         X, y = validate_data(self, X, y, ensure_all_finite="allow-nan", dtype=np.float64)
-        try:
-            check_classification_targets(y)
-            classes, y_idx = np.unique(y, return_inverse=True)
-        except TypeError as exc:  # labels of types that cannot be ordered together
-            kinds = sorted({type(v).__name__ for v in np.ravel(y)})
-            if "NoneType" in kinds:
-                raise ValueError(
-                    "y holds missing class labels (None) beside labels of type "
-                    f"{', '.join(k for k in kinds if k != 'NoneType')}; drop those curves or "
-                    "give them their class before fit") from exc
-            raise ValueError(
-                f"y mixes class labels of types that cannot be compared ({', '.join(kinds)}; "
-                "e.g. 1 and '1', from a label column read partly as text); cast y to one "
-                "type before fit (e.g. y.astype(str))") from exc
+        check_classification_targets(y)
+        classes, y_idx = np.unique(y, return_inverse=True)
         nc, n_points, grid = self._check_layout(X.shape[1])
         if classes.shape[0] < 2:
             raise ValueError(

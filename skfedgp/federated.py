@@ -4498,8 +4498,9 @@ class StructuredClient:
             self._inducing_checked = checked
         self._local_phases = int(getattr(state, "local_phases", None) or 0)
         self.pilot_noise = getattr(state, "pilot_noise", None)
-        # computed at a fresh fit's set-up only (on that fit's rows): a client
-        # rebuilt from a state (warm start, resumed run) reports nothing
+        # computed when a client is set up (a fresh fit, or a client new at
+        # a warm start or resumed run): a client rebuilt from its state
+        # reports nothing
         self.input_scale_ratios = {}
         # None: a state saved before the field existed (the prior applied).
         # A warm start that leaves a client fewer than PILOT_POOL_POINTS rows
@@ -5965,9 +5966,10 @@ class _PopulationPilot:
         hyperprior (:func:`noise_spread`); None when not measured.
     input_width, input_lengthscale : ndarray of shape (d,) or None
         1-D targets: the median over the clients (not weighted by their
-        sizes) of their input widths, from their boxes, and of their pilots'
-        lengthscales (scaled units), for :func:`input_scale_mismatch`; None
-        when not set.
+        sizes) of their input widths, from their boxes, rounded to the
+        nearest power of 2 (so that no client's exact range is kept), and
+        of their pilots' lengthscales (scaled units), for
+        :func:`input_scale_mismatch`; None when not set.
     """
 
     lengthscale: np.ndarray
@@ -6588,7 +6590,13 @@ class _StructuredRun:
             # input_scale_mismatch compares a client's with
             widths = np.array([(np.asarray(s.x_max, float) - np.asarray(s.x_min, float))
                                / server.x_scale for s in summaries.values()])
-            pop.input_width = np.median(widths, axis=0)
+            # to the nearest power of 2: the median can be one client's exact
+            # range (two of its inputs' difference), which is kept in the
+            # model and sent to every client; the test's thresholds are
+            # factors of 3 and 10
+            w = np.median(widths, axis=0)
+            pos = w > 0
+            pop.input_width = np.where(pos, 2.0 ** np.round(np.log2(np.where(pos, w, 1.0))), 0.0)
             if good:
                 pop.input_lengthscale = np.exp(np.median(
                     [np.log(np.asarray(p.lengthscale, float)) for p in good], axis=0))

@@ -270,9 +270,10 @@ class InputScaleWarning(UserWarning):
     """A client's own data vary along some input on a far other scale than the others'.
 
     Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (structured
-    family, 1-D ``y``, with the global or deviation component, a fresh fit:
-    the check runs at set-up, so a warm start or resumed run does not
-    repeat it, and the Flower server does not issue it) for every client
+    family, 1-D ``y``, with the global or deviation component; the check
+    runs when a client is set up, at a fresh fit or when it joins a warm
+    start or resumed run, not again for a client rebuilt from its state;
+    the Flower server does not issue it) for every client
     and input where the client's own exact GP (its pilot) has a lengthscale
     more than :data:`skfedgp.federated.INPUT_SCALE_RATIO` times the typical
     client's (the median over the clients) either way, its inputs spread
@@ -1882,8 +1883,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             client's fitted noise variance is at least a tenth of its target
             variance and more than 10 times its own exact GP's.
         InputScaleWarning
-            Structured family, 1-D targets, a fresh fit (not a warm start or
-            resumed run): a client whose own data vary along an input on a
+            Structured family, 1-D targets, a client set up by this fit (at a
+            fresh fit, or new at a warm start or resumed run): a client whose
+            own data vary along an input on a
             lengthscale more than 10 times the typical client's, over a range
             more than 3 times the typical one the same way (usually that
             input in other units at that client; the fit is unchanged).

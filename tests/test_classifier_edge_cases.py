@@ -65,12 +65,20 @@ def test_constant_grid_is_rejected(grid):
         MaxEvidenceClassifier(_reg(), grid=grid).fit(X, y)
 
 
-def test_class_labels_of_types_that_cannot_be_compared_are_named():
-    # before: NumPy's TypeError "'<' not supported between instances of 'int' and 'str'"
+@pytest.mark.parametrize("labels, match", [
+    (["1"] * 8 + [1] * 8, r"y mixes text and numeric class labels \(int, str;"),
+    ([1] * 8 + ["1"] * 8, r"y mixes text and numeric class labels \(int, str;"),
+    ([None] + ["a"] * 7 + ["b"] * 8, r"y holds missing class labels \(None\)"),
+    ([1] * 8 + [None] * 8, r"y holds missing class labels \(None\)"),
+])
+@pytest.mark.parametrize("container", ["object array", "list"])
+def test_class_labels_mixing_text_and_numbers_or_missing_are_named(labels, match, container):
+    # before: NumPy's TypeError "'<' not supported between instances of 'int' and 'str'",
+    # scikit-learn's "Unknown label type", or (a list) 1 and '1' merged into one class
     X, _ = _curves()
-    y = np.array(["1"] * 8 + [1] * 8, dtype=object)  # a label column read partly as text
+    y = np.array(labels, dtype=object) if container == "object array" else list(labels)
     clf = MaxEvidenceClassifier(_reg())
-    with pytest.raises(ValueError, match=r"y mixes class labels of types .*\(int, str;"):
+    with pytest.raises(ValueError, match=match):
         clf.fit(X, y)
     assert not hasattr(clf, "classes_")
 

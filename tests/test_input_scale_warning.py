@@ -57,6 +57,10 @@ def test_clients_in_the_same_units_are_not_reported():
     est, rec = _fit(X, y, g)
     assert rec == []
     assert all(c.input_scale_ratios == {} for c in est.clients_.values())
+    # the typical width kept in the model and sent to the clients is a power
+    # of 2, not one client's exact range
+    w = est.server_.population_pilot.input_width
+    assert np.all(w > 0) and np.all(np.log2(w) == np.round(np.log2(w)))
 
 
 def test_the_warning_points_at_the_callers_line():
