@@ -844,8 +844,8 @@ def _check_label_kinds(y):
     ``'1'`` would become one class) and before scikit-learn's target check
     (whose message for such labels is "Unknown label type").
     """
-    if isinstance(y, np.ndarray) and y.dtype != object:
-        return  # one NumPy dtype, one kind
+    if y is None or (isinstance(y, np.ndarray) and y.dtype != object):
+        return  # no y (scikit-learn's check says so), or one NumPy dtype: one kind
     try:
         values = list(np.ravel(np.asarray(y, dtype=object)))
     except (TypeError, ValueError):
