@@ -1210,6 +1210,18 @@ class Server:
         self.client_boxes = [(s.x_min, s.x_max) for s in summaries]
         return x_min, x_max
 
+    def client_widths(self):
+        """The clients' input widths from their boxes (set-up only).
+
+        Returns
+        -------
+        ndarray of shape (n_clients, d)
+            ``(x_max - x_min) / x_scale`` per client (scaled units), in the
+            order of ``client_boxes``.
+        """
+        return np.array([(np.asarray(b[1], float) - np.asarray(b[0], float)) / self.x_scale
+                         for b in self.client_boxes])
+
     def structured_initialise(self, pop):
         """Initial global vector of the structured family from the pilot medians.
 
@@ -1244,8 +1256,7 @@ class Server:
         if self.client_boxes:
             # the narrowest client's extent: a client far from the others must
             # not leave the rest unable to resolve their own inputs
-            widths = np.array([(np.asarray(b[1], float) - np.asarray(b[0], float)) / self.x_scale
-                               for b in self.client_boxes])
+            widths = self.client_widths()
             widths = np.where(widths > 0, widths, np.inf).min(axis=0)
             self.lengthscale_floor_ = lengthscale_floor(widths)
         ell = (pop.lengthscale if cfg.lengthscale is None
@@ -2751,6 +2762,30 @@ def shared_scale(local, global_values):
     return float(a) / float(np.sqrt(global_values["variance_g"]))
 
 
+def _test_rows(X, y, own):
+    """The rows and starting values of the lengthscale tests on a client's own data.
+
+    Shared by :func:`lengthscale_mismatch` and :func:`input_scale_mismatch`:
+    at most :data:`PILOT_MAX_POINTS` evenly spaced rows, their centred
+    targets and variance, and the pilot's noise share (its noise variance
+    over its signal variance, within ``[1e-6, 10]``) to start the noise at.
+
+    Returns
+    -------
+    X : ndarray of shape (m, d)
+    yc : ndarray of shape (m,)
+    variance : float
+    noise_share : float
+    """
+    n = X.shape[0]
+    if n > PILOT_MAX_POINTS:
+        keep = np.round(np.linspace(0, n - 1, PILOT_MAX_POINTS)).astype(int)
+        X, y = X[keep], y[keep]
+    yc = y - y.mean()
+    noise_share = float(np.clip(own.noise_variance / max(own.variance, 1e-12), 1e-6, 10.0))
+    return X, yc, float(np.var(yc)), noise_share
+
+
 def lengthscale_mismatch(X, y, own, population_lengthscale):
     """Whether a client's own data reject the population's lengthscales.
 
@@ -2821,14 +2856,9 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
     n, d = X.shape
     if n < PILOT_MIN_POINTS or np.var(y) < 1e-12:
         return False
-    if n > PILOT_MAX_POINTS:
-        keep = np.round(np.linspace(0, n - 1, PILOT_MAX_POINTS)).astype(int)
-        X, y = X[keep], y[keep]
+    X, yc, v, noise_share = _test_rows(X, y, own)
     spread = X.std(axis=0)
     Xs = (X - X.mean(axis=0)) / spread
-    yc = y - y.mean()
-    v = float(np.var(yc))
-    noise_share = float(np.clip(own.noise_variance / max(own.variance, 1e-12), 1e-6, 10.0))
     fits = []
     for ell, bounds in ((ell_own / spread, (1e-3, 1e3)), (ell_pop / spread, "fixed")):
         try:
@@ -2926,16 +2956,11 @@ def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
     cand = np.flatnonzero(far & np.isfinite(log_width) & (width > 0) & (spread > 0))
     if not cand.size:
         return {}
-    if n > PILOT_MAX_POINTS:
-        keep = np.round(np.linspace(0, n - 1, PILOT_MAX_POINTS)).astype(int)
-        X, y = X[keep], y[keep]
+    X, yc, v, noise_share = _test_rows(X, y, own)
     spread = np.where(spread > 0, spread, 1.0)
     Xs = (X - X.mean(axis=0)) / spread
-    yc = y - y.mean()
-    v = float(np.var(yc))
     if not v > 0:
         return {}
-    noise_share = float(np.clip(own.noise_variance / max(own.variance, 1e-12), 1e-6, 10.0))
     pop = ell_pop / spread  # held where it is, however far (standardised units)
     try:
         held = _pilot_gp(Xs, yc, v, pop, noise_share, lengthscale_bounds="fixed")
@@ -4736,19 +4761,19 @@ class StructuredClient:
         s_ratio = client_scale_ratio(own_var)
         # a client whose own pilot found signal on an input scale the
         # population's lengthscales clearly do not fit (lengthscale_mismatch)
-        mismatch = (getattr(config, "client_scale", False) == "auto"
-                    and ("global" in config.components or "deviation" in config.components)
-                    and starts_own and own.variance > own.noise_variance
+        # both lengthscale tests need shared parts and a pilot that found signal
+        tests_scale = (("global" in config.components or "deviation" in config.components)
+                       and starts_own and own.variance > own.noise_variance)
+        mismatch = (getattr(config, "client_scale", False) == "auto" and tests_scale
                     and lengthscale_mismatch(self._Xs, self._y, own, population.lengthscale))
         # inputs along which the client's own rows vary on another scale than
-        # the population's (a diagnostic: the regressor's InputScaleWarning;
+        # the typical client's (a diagnostic: the regressor's InputScaleWarning;
         # lengthscale ratios, not data)
         self.input_scale_ratios = (
             input_scale_mismatch(self._Xs, self._y, own,
                                  getattr(population, "input_lengthscale", None),
                                  getattr(population, "input_width", None))
-            if (("global" in config.components or "deviation" in config.components)
-                and starts_own and own.variance > own.noise_variance) else {})
+            if tests_scale else {})
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
             pilot_noise, population.noise_variance, other_input_scale=mismatch)
@@ -6588,8 +6613,7 @@ class _StructuredRun:
             # lengthscales: medians over the clients, not weighted by their
             # sizes (one large client in other units must not set them), what
             # input_scale_mismatch compares a client's with
-            widths = np.array([(np.asarray(s.x_max, float) - np.asarray(s.x_min, float))
-                               / server.x_scale for s in summaries.values()])
+            widths = server.client_widths()
             # to the nearest power of 2: the median can be one client's exact
             # range (two of its inputs' difference), which is kept in the
             # model and sent to every client; the test's thresholds are
@@ -6598,8 +6622,8 @@ class _StructuredRun:
             pos = w > 0
             pop.input_width = np.where(pos, 2.0 ** np.round(np.log2(np.where(pos, w, 1.0))), 0.0)
             if good:
-                pop.input_lengthscale = np.exp(np.median(
-                    [np.log(np.asarray(p.lengthscale, float)) for p in good], axis=0))
+                pop.input_lengthscale = _median_lengthscale(
+                    [np.log(p.lengthscale) for p in good], np.ones(len(good)))
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
         comm["bytes_down"] += self._initialise_clients(list(self.active), M_local, theta_g,
                                                        gpack, pilots, pop, seeds)

@@ -169,17 +169,22 @@ def test_client_far_away_in_input_space_does_not_harm_the_others(ab, reference, 
     assert near_ab >= 0.3 * Z.shape[0]
 
 
+def _far_2d_function(Z):
+    return np.sin(4 * Z[:, 0]) * np.cos(3 * Z[:, 1])
+
+
 @pytest.fixture(scope="module")
 def far_2d_reference():
-    """Clients A and B of test_far_client_2d alone, and A's RMSE (fitted once)."""
+    """Clients A and B of test_far_client_2d, A's RMSE without the far client
+    (fitted once), and the generator's state after their rows."""
     rng = np.random.default_rng(12)
     X = rng.uniform(size=(80, 2))
-    f = lambda Z: np.sin(4 * Z[:, 0]) * np.cos(3 * Z[:, 1])  # noqa: E731
-    y = f(X) + 0.05 * rng.normal(size=80)
+    y = _far_2d_function(X) + 0.05 * rng.normal(size=80)
     g = np.repeat(["A", "B"], 40)
     Xt = rng.uniform(size=(200, 2))
-    r0 = np.sqrt(np.mean((_fit(X, y, g).predict(Xt, ["A"] * 200) - f(Xt)) ** 2))
-    return rng.bit_generator.state, r0
+    f = _far_2d_function(Xt)
+    r0 = np.sqrt(np.mean((_fit(X, y, g).predict(Xt, ["A"] * 200) - f) ** 2))
+    return X, y, g, Xt, r0, rng.bit_generator.state
 
 
 @pytest.mark.parametrize("where", [50.0, 1e4, -1e5])
@@ -196,14 +201,10 @@ def test_far_client_2d(where, far_2d_reference):
     1.4x: the clients' small-size kernel expanded ``|x - z|^2``, which lost
     seven digits of ``K_zz`` with inducing points at both ends of the box,
     and L-BFGS-B stopped on the noisy bound after one round."""
+    X, y, g, Xt, r0, state = far_2d_reference  # A and B alone (fitted once)
+    f = _far_2d_function
     rng = np.random.default_rng(12)
-    X = rng.uniform(size=(80, 2))
-    f = lambda Z: np.sin(4 * Z[:, 0]) * np.cos(3 * Z[:, 1])  # noqa: E731
-    y = f(X) + 0.05 * rng.normal(size=80)
-    g = np.repeat(["A", "B"], 40)
-    Xt = rng.uniform(size=(200, 2))
-    state, r0 = far_2d_reference  # A and B alone (the same rows; fitted once)
-    assert rng.bit_generator.state == state
+    rng.bit_generator.state = state  # the draws that followed A's and B's rows
     XD = rng.uniform(where, where + 1, size=(15, 2))
     # same kind of function, far away (only the input range differs)
     est = _fit(np.r_[X, XD], np.r_[y, f(XD - where)], np.r_[g, ["D"] * 15])
