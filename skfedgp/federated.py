@@ -80,6 +80,7 @@ __all__ = [
     "run_federated_training",
     "PilotSummary",
     "DesignResidual",
+    "InputScaleReport",
     "PoolEvidence",
     "StructuredStatistics",
     "PosteriorBroadcast",
@@ -597,13 +598,18 @@ class DesignResidual:
         The client's :func:`design_residual` of the global kernel(s) at the
         current global vector: its sum of ``k(x, x) - q(x, x)`` and of
         ``k(x, x)`` over its inputs (standardised target units squared;
-        the message's size does not depend on ``n_i``).
+        the message's size does not depend on ``n_i``), both times
+        ``min(s_i^2, 1)`` for a client that learns its scale ``s_i`` on the
+        shared parts, and 0 at set-up for a client that learns it because
+        its own data rejected the population's lengthscales
+        (:func:`lengthscale_mismatch`, :func:`input_scale_mismatch`;
+        docs/maths.md, section 11).
     nats : float
         The trace term of the collapsed bound that ``Z_g`` leaves at the
         client's inputs: the residuals weighted by the global and deviation
-        amplitudes over the client's noise variance, halved (nats; 0 before
-        the client's first local phase, while its noise variance is the
-        pilot's).
+        amplitudes (and ``s_i^2``) over the client's noise variance, halved
+        (nats; 0 before the client's first local phase, while its noise
+        variance is the pilot's).
     n_samples : int
         The client's number of observed target values.
 
@@ -621,6 +627,29 @@ class DesignResidual:
     total: float
     nats: float = 0.0
     n_samples: int = 0
+
+
+@dataclass(frozen=True)
+class InputScaleReport:
+    """Upload of the set-up's input-scale check (``d`` numbers).
+
+    Attributes
+    ----------
+    ratios : ndarray of shape (d,)
+        Per input, the ratio of the client's own pilot lengthscale to the
+        typical client's where :func:`input_scale_mismatch` reports that
+        input (the client's rows vary along it on a far other scale, over a
+        far other range, confirmed by a likelihood-ratio test), else 0.
+        Lengthscale ratios, not data.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (docs/maths.md, section 10). With client scales
+    on, the server leaves a client with a reported input out of the boxes
+    the global inducing inputs are placed in.
+    """
+
+    ratios: np.ndarray
 
 
 def fix_entries(bounds, theta, index):
@@ -1239,7 +1268,10 @@ class Server:
         :data:`AUTO_SHARE_FLOOR`; where that share cap binds,
         :meth:`_grow_inducing` may grow it, see :data:`AUTO_GROW_SHARE`).
         Inducing points: a scrambled Sobol design over the union of the
-        clients' boxes. With multi-output targets, ``self.global_start``
+        clients' boxes (``client_boxes``; without those of the clients that
+        reported an input on another scale, with client scales on:
+        :meth:`_StructuredRun._input_scale_check`). With multi-output
+        targets, ``self.global_start``
         (``R_g x d``, scaled units; set by
         :class:`~skfedgp.FederatedHierarchicalGPRegressor` from a global-only
         fit, used once and removed) replaces the starting global lengthscales
@@ -2874,7 +2906,10 @@ def lengthscale_mismatch(X, y, own, population_lengthscale):
 def input_scale_mismatch(X, y, own, population_lengthscale, population_width):
     """The inputs along which a client's own data vary on another scale than the typical client's.
 
-    A diagnostic (it changes no fit): an input in other units at one client
+    Behind :class:`~skfedgp.InputScaleWarning`, and, with client scales on,
+    behind the set-up's :meth:`StructuredClient.input_scale_check` (such a
+    client learns its own scale on the shared parts and is left out of the
+    global design; docs/maths.md, section 10): an input in other units at one client
     (per cent beside fractions, seconds beside days) gives that client's
     function a lengthscale along it many times the others', although along
     its other inputs it agrees with them, so :func:`lengthscale_mismatch`
@@ -3010,7 +3045,8 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
         (:meth:`_StructuredRun._pooled_noise`).
     other_input_scale : bool, default=False
         Whether the client's own data reject the population's lengthscales
-        (:func:`lengthscale_mismatch`).
+        (:func:`lengthscale_mismatch`) or vary along some input on another
+        scale than the typical client's (:func:`input_scale_mismatch`).
 
     Returns
     -------
@@ -4631,6 +4667,62 @@ class StructuredClient:
         return (PILOT_POOL_MIN_POINTS <= self.n_samples < PILOT_POOL_POINTS
                 and self.own_variance >= 1e-12 and client_scale_ratio(self.own_variance) == 1.0)
 
+    def _starts_own(self, own, population):
+        """Whether the client's local kernel starts from its own pilot ``own``.
+
+        Not when it ran none, nor when that pilot interpolated its points
+        with a kernel that is white noise at them while the population's
+        noise is identified (:func:`noise_identified`, :func:`white_at_inputs`).
+        """
+        return own is not None and (
+            noise_identified(own) or not getattr(population, "noise_identified", True)
+            or not white_at_inputs(self._Xs, own.lengthscale))
+
+    def _tests_scale(self, own, population, config):
+        """Whether the lengthscale tests apply: shared parts and an own pilot with signal."""
+        return bool(("global" in config.components or "deviation" in config.components)
+                    and self._starts_own(own, population) and own.variance > own.noise_variance)
+
+    def _input_scale_ratios(self, own, population, config):
+        """:func:`input_scale_mismatch` of this client against the typical client's."""
+        if not self._tests_scale(own, population, config):
+            return {}
+        return input_scale_mismatch(self._Xs, self._y, own,
+                                    getattr(population, "input_lengthscale", None),
+                                    getattr(population, "input_width", None))
+
+    def input_scale_check(self, config, own, population):
+        """Set-up exchange before the global design: the inputs on another scale here.
+
+        The client tests its own rows against the typical client's
+        lengthscales and input widths (``population.input_lengthscale`` and
+        ``input_width``; :func:`input_scale_mismatch`) and keeps the result
+        (``input_scale_ratios``, used again by :meth:`initialise`).
+
+        Parameters
+        ----------
+        config : ModelConfig
+        own : PilotSummary or None
+            The client's own pilot (:meth:`pilot`; None if it ran none).
+        population : _PopulationPilot
+            The population's pilot values.
+
+        Returns
+        -------
+        InputScaleReport
+            Per input, the ratio of the client's pilot lengthscale to the
+            typical client's where the test reports it, else 0 (``d``
+            numbers). The server leaves a client with a reported input out
+            of the global design when client scales are on (docs/maths.md,
+            section 10).
+        """
+        self.input_scale_ratios = self._input_scale_ratios(own, population, config)
+        self._input_scale_checked = True
+        out = np.zeros(self._Xs.shape[1])
+        for k, r in self.input_scale_ratios.items():
+            out[int(k)] = float(r)
+        return InputScaleReport(out)
+
     def initialise(self, config, M_local, theta_g, gpack, own, population, random_state):
         """Initial local vector.
 
@@ -4664,9 +4756,7 @@ class StructuredClient:
         # noise at the client's inputs, an optimum of its own that the rounds
         # do not leave (a pilot that interpolates noise-free data smoothly
         # is kept)
-        starts_own = own is not None and (
-            noise_identified(own) or not getattr(population, "noise_identified", True)
-            or not white_at_inputs(self._Xs, own.lengthscale))
+        starts_own = self._starts_own(own, population)
         p = own if starts_own else population
         own_var = self.own_variance
         scale = scale_ratio(own_var, population)
@@ -4762,21 +4852,28 @@ class StructuredClient:
         # a client whose own pilot found signal on an input scale the
         # population's lengthscales clearly do not fit (lengthscale_mismatch)
         # both lengthscale tests need shared parts and a pilot that found signal
-        tests_scale = (("global" in config.components or "deviation" in config.components)
-                       and starts_own and own.variance > own.noise_variance)
+        tests_scale = self._tests_scale(own, population, config)
         mismatch = (getattr(config, "client_scale", False) == "auto" and tests_scale
                     and lengthscale_mismatch(self._Xs, self._y, own, population.lengthscale))
         # inputs along which the client's own rows vary on another scale than
-        # the typical client's (a diagnostic: the regressor's InputScaleWarning;
-        # lengthscale ratios, not data)
-        self.input_scale_ratios = (
-            input_scale_mismatch(self._Xs, self._y, own,
-                                 getattr(population, "input_lengthscale", None),
-                                 getattr(population, "input_width", None))
-            if tests_scale else {})
+        # the typical client's (InputScaleWarning; lengthscale ratios, not
+        # data): found in the set-up exchange before the global design
+        # (input_scale_check), else here (a client joining a warm start)
+        checked, self._input_scale_checked = getattr(self, "_input_scale_checked", False), False
+        if not checked:
+            self.input_scale_ratios = self._input_scale_ratios(own, population, config)
+        # with client scales on, such a client too learns its scale on the
+        # shared parts (it detaches from them where they cannot serve it) and
+        # starts its local kernel from its own pilot: one input in other units
+        # (per cent beside fractions) barely moves the geometric mean that
+        # lengthscale_mismatch tests
+        mismatch = mismatch or bool(getattr(config, "client_scale", False)
+                                    and self.input_scale_ratios)
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
             pilot_noise, population.noise_variance, other_input_scale=mismatch)
+        # set-up's "auto" inducing check leaves such a client out (design_residual)
+        self._lengthscales_rejected = bool(mismatch and learn_scale)
         if own_centre:
             centre = own.noise_variance
         elif replicate_centre:
@@ -4970,11 +5067,23 @@ class StructuredClient:
         0 then, and the jitter the client's set-up one).
         """
         jitter = float(config.jitter) if config is not None else self._jitter
-        G = gpack.unpack(theta_g)
+        G, L = gpack.unpack(theta_g), self.local_values()
         res, tot = self._global_residuals(G, jitter)
-        nats = (self._trace_nats("g", res, self.local_values(), G, tuple(config.components))
+        # the shared parts' prior at this client is s_i^2 times the global
+        # one (s_i = 1 unless it learns its scale): its trace term carries
+        # s_i^2 (as in trace_terms), and its share of the population's
+        # residual is weighted by s_i^2, at most 1 (a client in a far larger
+        # unit does not decide for every client). At set-up, a client whose
+        # own data rejected the population's lengthscales (lengthscale_mismatch)
+        # is left out: the residual at those lengthscales says nothing about
+        # the part it will keep, and the checks before later rounds count it
+        # at its learned scale
+        a2 = float(shared_scale(L, G)) ** 2
+        weight = (0.0 if config is None and getattr(self, "_lengthscales_rejected", False)
+                  else min(a2, 1.0))
+        nats = (a2 * self._trace_nats("g", res, L, G, tuple(config.components))
                 if config is not None and getattr(self, "_noise_fitted", False) else 0.0)
-        return DesignResidual(float(np.sum(res)), tot * res.shape[1], nats,
+        return DesignResidual(weight * float(np.sum(res)), weight * tot * res.shape[1], nats,
                               self._n_observations())
 
     # -- one evaluation -------------------------------------------------------
@@ -6292,16 +6401,60 @@ class _StructuredRun:
         self.exclude(lost)
         return out, n_calls
 
+    def _input_scale_check(self, pilots, pop, order, comm):
+        """Set-up, before the global design: which clients vary along an input on another scale.
+
+        Only with client scales on (``client_scale`` not False) and shared
+        parts (the global or deviation component); otherwise each client
+        runs the same test in :meth:`StructuredClient.initialise`, as a
+        diagnostic. Every client runs :meth:`StructuredClient.input_scale_check`
+        with its own pilot and the typical client's lengthscales and widths
+        and answers ``d`` lengthscale ratios. A client that reports an input
+        leaves the boxes the global inducing inputs are placed in (as long as
+        one client remains; ``server.input_scale_excluded_``): its shared
+        parts cannot follow the others' scale along that input, it learns
+        its own scale ``s_i`` on them (:meth:`StructuredClient.initialise`),
+        and the design would otherwise spend inducing points on its range
+        (docs/maths.md, section 10). An advisory exchange: a client that
+        fails it is taken as reporting nothing (its ``initialise`` runs the
+        test again). ``order`` gives the clients of ``server.client_boxes``.
+        """
+        cfg, server = self.config, self.server
+        server.input_scale_excluded_ = []
+        if (pop.input_width is None or pop.input_lengthscale is None
+                or not getattr(cfg, "client_scale", False)
+                or not {"global", "deviation"} & set(cfg.components)):
+            return
+        ids = [c for c in self.active if c in pilots]
+        replies, n_calls, _ = self.call(
+            "input_scale_check", {c: (cfg, pilots[c], pop) for c in ids}, ids, 0)
+        replies = {c: r for c, r in replies.items() if isinstance(r, InputScaleReport)}
+        comm["bytes_down"] += n_calls * message_nbytes(pop)
+        self._population_sent = set(replies)
+        self._book_up(comm, replies)
+        flagged = [c for c, r in replies.items() if np.any(r.ratios > 0)]
+        if not flagged or not server.client_boxes or len(order) != len(server.client_boxes):
+            return
+        kept = [b for c, b in zip(order, server.client_boxes) if c not in flagged]
+        if kept:
+            server.client_boxes = kept
+            server.input_scale_excluded_ = [c for c in order if c in flagged]
+
     def _initialise_clients(self, ids, M_local, theta_g, gpack, pilots, pop, seeds):
         """Send the clients ``ids`` their initial values (:meth:`StructuredClient.initialise`).
 
-        Returns the bytes sent: for every call made, the global vector and
-        the population pilot (its every number, :func:`message_nbytes`).
+        Returns the bytes sent: for every call made, the global vector, and
+        the population pilot (its every number, :func:`message_nbytes`)
+        unless the client received it in the input-scale check
+        (:meth:`_input_scale_check`).
         """
         cfg = self.config
+        # the clients that received the population's values in the input-scale
+        # check hold them already (the Flower transport does not send them again)
+        held = len(set(ids) & getattr(self, "_population_sent", set()))
         _, n_calls = self.setup_all("initialise", {
             c: (cfg, M_local, theta_g, gpack, pilots[c], pop, seeds[c]) for c in ids}, ids=ids)
-        return n_calls * (theta_g.nbytes + message_nbytes(pop))
+        return n_calls * theta_g.nbytes + max(n_calls - held, 0) * message_nbytes(pop)
 
     def _book_up(self, comm, replies):
         """Add the replies of a set-up call to the round-0 record ``comm``.
@@ -6624,6 +6777,7 @@ class _StructuredRun:
             if good:
                 pop.input_lengthscale = _median_lengthscale(
                     [np.log(p.lengthscale) for p in good], np.ones(len(good)))
+                self._input_scale_check(pilots, pop, list(summaries), comm)
         theta_g, gpack, M, M_local = server.structured_initialise(pop)
         comm["bytes_down"] += self._initialise_clients(list(self.active), M_local, theta_g,
                                                        gpack, pilots, pop, seeds)

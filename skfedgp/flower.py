@@ -101,7 +101,8 @@ CODEC_TYPES = {
         _fed.ClientStatistics, _fed.ModelConfig, _fed.PilotSummary,
         _fed.StructuredStatistics, _fed.PosteriorBroadcast, _fed.GlobalGradient,
         _fed.LocalHyperparameters, _fed.ClientUpdateValue, _fed._PopulationPilot,
-        _fed.ClientState, _fed.DesignResidual, _fed.PoolEvidence, _fed.LocalKernelSummary,
+        _fed.ClientState, _fed.DesignResidual, _fed.InputScaleReport, _fed.PoolEvidence,
+        _fed.LocalKernelSummary,
     )
 }
 _ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "t", "m", "v")
@@ -364,8 +365,8 @@ MESSAGE_CATEGORY = "train"
 #: :class:`~skfedgp.federated.StructuredClient` the training loop uses),
 #: plus ``"hello"`` (client id, numbers of features and of outputs, the
 #: first exchange).
-METHODS = ("hello", "summary", "prepare", "pilot", "pool_evidence", "initialise",
-           "design_residual",
+METHODS = ("hello", "summary", "prepare", "pilot", "pool_evidence", "input_scale_check",
+           "initialise", "design_residual",
            "statistics", "global_gradient", "local_phase", "finish", "close", "get_state",
            "set_state", "local_prior_summary", "set_local_prior")
 _STATE_KEY = "skfedgp"
@@ -936,8 +937,8 @@ class FlowerTransport:
 
 
 #: Set-up exchanges: their bytes are round 0 of ``communication_``.
-SETUP_METHODS = ("summary", "prepare", "pilot", "pool_evidence", "initialise",
-                 "design_residual")
+SETUP_METHODS = ("summary", "prepare", "pilot", "pool_evidence", "input_scale_check",
+                 "initialise", "design_residual")
 
 
 def payload_per_round(log):

@@ -287,15 +287,20 @@ class InputScaleWarning(UserWarning):
     The usual cause is that input recorded in other units at that client
     (per cent beside fractions, seconds beside days, metres beside
     kilometres). The shared global and deviation parts have one lengthscale
-    per input for every client, so they cannot serve both scales: the fit
-    then shares less than it could, and may predict the other clients
-    worse than it would without that client (one of three inputs in per
-    cent at one client of four: the others' RMSE 1.1-2.9 times their value
-    without it). Convert the input to the others' units before fitting; if
-    the client's function really varies on that scale, compare the fit
-    with one without that client by a held-out score. A diagnostic: the
-    fit is not changed. Beyond the pFedHGP paper (the package's
-    diagnostics).
+    per input for every client, so they cannot serve both scales. With
+    client scales on (``client_scale="auto"``, the default, or True) the
+    fit has already kept that client from harming the others: it learns its
+    own scale on the shared parts (and detaches from them where they cannot
+    serve it), starts its local kernel from its own pilot, and its box is
+    left out of the region where the global inducing inputs are placed
+    (one of three inputs in per cent at one client of four: the others'
+    RMSE 0.8-1.07 times their value without it, 1.1-11.5 times before; that
+    client as accurate as an exact GP on its own rows). It then shares
+    little with the others: convert the input to their units before
+    fitting. With ``client_scale=False`` (the paper's model) nothing is
+    changed, and the others can be predicted several times worse. Beyond
+    the pFedHGP paper (the package's diagnostics; docs/maths.md,
+    section 10).
     """
 
 
@@ -323,22 +328,36 @@ def _warn_input_scale(est):
         names = _input_names(est)
     except (ValueError, IndexError):
         names = None
-    found = []
+    found, labels = [], []
     for lab, c in clients.items():
         for j, ratio in sorted((getattr(c, "input_scale_ratios", None) or {}).items()):
             name = f"input {j}" + (f" ({names[j]!r})" if names and j < len(names) else "")
             found.append(f"client {lab!r}, {name}: {ratio:.3g} times")
+            labels.append(lab)
     if not found:
         return
+    # with client scales on, such a client learned its own scale on the
+    # shared parts; those the server left out of the global design at set-up
+    left_out = set(getattr(getattr(est, "server_", None), "input_scale_excluded_", None) or ())
+    if not getattr(est, "client_scale", False):
+        acted = (" (client_scale=False: the fit is unchanged, and the others can be predicted "
+                 "worse than without that client)")
+    else:
+        out = [lab for lab in dict.fromkeys(labels) if lab in left_out]
+        acted = ("; so that such a client does not harm the others, it learned its own scale "
+                 "on the shared parts (client_scale)"
+                 + (f", the inputs of {', '.join(repr(lab) for lab in out)} were left out of "
+                    "the global inducing design" if out else "")
+                 + ", and it shares little with them")
     warnings.warn(
         f"{len(found)} client input(s) along which the client's own data vary on a lengthscale "
         f"far from the typical client's ({'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}"
         "; its own exact GP against the clients' median, over a range of inputs far from "
         "theirs the same way, confirmed by a likelihood-ratio test on its rows). The shared "
-        "parts have one lengthscale per input for all clients and cannot follow both: if "
-        "that input is in other units at that client (per cent against fractions, seconds "
-        "against days), convert it before fitting; otherwise compare with a fit without "
-        "that client by a held-out score",
+        "parts have one lengthscale per input for all clients and cannot follow both"
+        + acted + ". If that input is in other units at that client (per cent against "
+        "fractions, seconds against days), convert it before fitting; otherwise compare with "
+        "a fit without that client by a held-out score",
         InputScaleWarning, stacklevel=user_stacklevel())
 
 
@@ -1171,10 +1190,14 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         shorter (inputs on another scale: the others' function stretched
         over a far wider box; ``federated.lengthscale_mismatch``, a
         likelihood-ratio test on the client's own rows, whose local kernel
-        then also keeps its own lengthscales' prior and restart);
-        the others keep ``s_i = 1``. True: every client. A learned ``s_i`` starts at the
-        square root of that ratio (1 for a client within it) and is
-        parametrised by the client's amplitude ``s_i sqrt(variance_g)``
+        then also keeps its own lengthscales' prior and restart), or whose
+        own data vary along one input on another scale and range than the
+        typical client's (``federated.input_scale_mismatch``, the test of
+        ``InputScaleWarning``; at a fresh fit such a client is also left
+        out of the boxes the global inducing inputs are placed in, with
+        True as well); the others keep ``s_i = 1``. True: every client. A
+        learned ``s_i`` starts at the square root of that ratio (1 for a
+        client within it) and is parametrised by the client's amplitude ``s_i sqrt(variance_g)``
         with a weak log-normal prior (sd 3, natural log) centred at its start
         (``noise_prior_scale=None`` removes it). A never-seen client takes
         the median of the clients' log scales
@@ -1888,7 +1911,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             own data vary along an input on a
             lengthscale more than 10 times the typical client's, over a range
             more than 3 times the typical one the same way (usually that
-            input in other units at that client; the fit is unchanged).
+            input in other units at that client). With ``client_scale`` on,
+            that client has learned its own scale on the shared parts and
+            (at a fresh fit) was left out of the global inducing design;
+            with ``client_scale=False`` the fit is unchanged.
         ClientLabelWarning
             When ``groups`` differs from the ``client_column``, or an int
             ``client_column`` (a position) is also the name of another

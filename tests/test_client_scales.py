@@ -446,6 +446,74 @@ def test_flat_or_rescaled_client_does_not_harm_the_others_2d(ab2, kind):
         assert 0.5 * ratio <= s_rel <= 2 * ratio
 
 
+@pytest.mark.parametrize("width", [100.0, 1000.0])
+def test_a_client_stretched_far_wider_in_2d_leaves_the_others_alone(ab2, width):
+    """Beside A and B (a 2-D function on ``[0, 1]^2``), a client W of 30 rows
+    of the same function stretched over ``[0, width]^2``. Its own data reject
+    the population's lengthscales, so it learns its scale on the shared parts
+    (about 0.01 here: it detaches from them). Its rows still counted fully in
+    the set-up check of ``learn_inducing_locations="auto"``, where the global
+    design, at the population's lengthscales, leaves nearly all of the prior
+    variance at its inputs unexplained: ``Z_g`` was learned from the start,
+    and A's RMSE was 1.52 times its value without W at 1000 (100: 1.05, after
+    100 rounds). Such a client is now left out of the set-up check and
+    counted at its learned scale later (``federated.StructuredClient.
+    design_residual``): the design is held and A is unharmed."""
+    X, y, g, Xt, r0 = ab2
+    U = np.random.default_rng(7).uniform(size=(30, 2))
+    yW = _f2(U) + 0.05 * np.random.default_rng(8).normal(size=30)
+    est = _fit(np.r_[X, width * U], np.r_[y, yW], np.r_[g, ["W"] * 30])
+    m, s = est.predict(Xt, ["A"] * 200, return_std=True)
+    assert np.sqrt(np.mean((m - _f2(Xt)) ** 2)) <= 1.2 * r0
+    assert np.mean(np.abs(m - _f2(Xt)) > 3 * s) <= 0.01
+    assert est.client_scales_["W"] < 0.1
+    # the set-up share is A's and B's alone: the design covers them
+    assert est.server_.design_residual_history_[0][1] < 0.01
+    assert not est.learn_inducing_locations_
+
+
+def test_design_residual_weights_a_client_by_its_scale_on_the_shared_parts(ab2, monkeypatch):
+    """The check's four numbers from a client that learns a scale ``s_i``:
+    residual and total weighted by ``min(s_i^2, 1)`` (0 at set-up when its
+    own data rejected the population's lengthscales), the trace term by
+    ``s_i^2`` (the bound's own term, as in ``trace_terms``). Checked on every
+    message of a fit, inside the clients (the fitted model keeps no rows)."""
+    from skfedgp import federated
+
+    X, y, g, _, _ = ab2
+    U = np.random.default_rng(7).uniform(size=(30, 2))
+    original = federated.StructuredClient.design_residual
+    seen = []
+
+    def checked(self, theta_g, gpack, config=None):
+        msg = original(self, theta_g, gpack, config)
+        G = gpack.unpack(theta_g)
+        res, tot = self._global_residuals(G, self._jitter if config is None else config.jitter)
+        s2 = federated.shared_scale(self.local_values(), G) ** 2
+        w = 0.0 if config is None and self.client_id == "W" else min(s2, 1.0)
+        expected = [w * res.sum(), w * tot * res.shape[1]]
+        got = [msg.residual, msg.total]
+        if config is not None and msg.nats:
+            total, local, _ = self.trace_terms(theta_g, gpack, config)
+            expected.append(total - local)
+            got.append(msg.nats)
+        # recorded, checked after the fit (a failure inside a later,
+        # advisory check would only leave the client out of it)
+        seen.append((self.client_id, config is None, s2, msg.nats, got, expected))
+        return msg
+
+    monkeypatch.setattr(federated.StructuredClient, "design_residual", checked)
+    est = _fit(np.r_[X, 1000 * U], np.r_[y, _f2(U)], np.r_[g, ["W"] * 30], n_jobs=1)
+    assert est.failed_clients_ == []
+    for *_, got, expected in seen:
+        np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-300)
+    seen = [t[:4] for t in seen]
+    assert {c for c, setup, _, _ in seen if setup} == {"A", "B", "W"}
+    # later checks saw W at its learned scale, with a trace term
+    assert any(c == "W" and not setup and s2 < 0.01 and nats > 0 for c, setup, s2, nats in seen)
+    assert est.client_scales_["W"] < 0.1
+
+
 @pytest.mark.parametrize("components", [("global", "deviation", "local"), ("global", "local"),
                                         ("global",), ("deviation", "local")])
 def test_client_scale_chain_rule_matches_finite_differences(ab, components):

@@ -205,8 +205,8 @@ def test_harmless_hook_changes_nothing_and_sees_every_protocol_step(data, refere
     assert est.communication_ == reference.communication_
     assert est.failed_clients_ == [] and est.excluded_clients_ == []
     methods = {m for _, m, _ in hook.calls}
-    assert methods == {"summary", "prepare", "pilot", "initialise", "design_residual", "statistics",
-                       "global_gradient", "local_phase", "finish"}
+    assert methods == {"summary", "prepare", "pilot", "input_scale_check", "initialise",
+                       "design_residual", "statistics", "global_gradient", "local_phase", "finish"}
     for c in est.clients_.values():  # "close" forgot every client's data
         assert getattr(c, "_Xs", None) is None and getattr(c, "_y", None) is None
 

@@ -506,10 +506,11 @@ def test_no_client_data_in_fitted_model(two_clients):
 @pytest.fixture
 def structured_spy(monkeypatch):
     log = {"pilot": [], "statistics": [], "gradients": [], "final": [], "design": [],
-           "pool": []}
+           "pool": [], "input_scale": []}
     S = fed.StructuredClient
     orig = {name: getattr(S, name) for name in ("pilot", "statistics", "global_gradient",
-                                                "finish", "design_residual", "pool_evidence")}
+                                                "finish", "design_residual", "pool_evidence",
+                                                "input_scale_check")}
 
     def wrap(name, key):
         def f(self, *a, **k):
@@ -524,6 +525,7 @@ def structured_spy(monkeypatch):
     monkeypatch.setattr(S, "finish", wrap("finish", "final"))
     monkeypatch.setattr(S, "design_residual", wrap("design_residual", "design"))
     monkeypatch.setattr(S, "pool_evidence", wrap("pool_evidence", "pool"))
+    monkeypatch.setattr(S, "input_scale_check", wrap("input_scale_check", "input_scale"))
     return log
 
 
@@ -546,7 +548,7 @@ def test_server_bound_messages_fixed_size_and_free_of_raw_data(structured_spy):
     est, X, y, g = _fit_sizes((8, 10, 14, 300))
     M, P = 8, est.server_.global_pack.size
     log = structured_spy
-    for key in ("pilot", "statistics", "gradients", "final", "design", "pool"):
+    for key in ("pilot", "statistics", "gradients", "final", "design", "pool", "input_scale"):
         assert log[key], key
         by_client = {}
         for cid, msg in log[key]:
@@ -578,8 +580,10 @@ def test_communication_accounts_for_every_upload(structured_spy, monkeypatch):
     # learn_inducing_locations="auto": four numbers per client at set-up and
     # at every re-check while Z_g is held
     assert len(log["design"]) == len(sizes) * len(est.server_.design_residual_history_)
-    up_setup = sum(message_nbytes(m) for key in ("pilot", "pool") for _, m in log[key]
-                   if m is not None)
+    up_setup = sum(message_nbytes(m) for key in ("pilot", "pool", "input_scale")
+                   for _, m in log[key] if m is not None)
+    # the input-scale check: d numbers per client (client scales on by default)
+    assert [message_nbytes(m) for _, m in log["input_scale"]] == [2 * 8] * len(sizes)
     assert {c for c, _ in log["pool"]} == {"c0", "c2", "c3"}  # 20, 9 and 12 rows
     summaries = len(sizes) * (3 * 8 + 2 * 2 * 8)  # n, sum, centred sum of squares, box
     assert sum(c["bytes_up"] for c in est.communication_) == up + up_setup + summaries
