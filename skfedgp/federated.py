@@ -4522,6 +4522,7 @@ class StructuredClient:
         self._client.prepare(init)
         self._take(self._client)
         self._client = None
+        self._input_scale_checked = False  # a new set-up: no input-scale check of it yet
 
     def close(self):
         """Forget the private data (end of training). Returns None."""
@@ -5073,9 +5074,9 @@ class StructuredClient:
         # one (s_i = 1 unless it learns its scale): its trace term carries
         # s_i^2 (as in trace_terms), and its share of the population's
         # residual is weighted by s_i^2, at most 1 (a client in a far larger
-        # unit does not decide for every client). At set-up, a client whose
-        # own data rejected the population's lengthscales (lengthscale_mismatch)
-        # is left out: the residual at those lengthscales says nothing about
+        # unit does not decide for every client). At set-up, a client that
+        # learns its scale because its own data rejected the population's
+        # lengthscales (lengthscale_mismatch, input_scale_mismatch) is left out: the residual at those lengthscales says nothing about
         # the part it will keep, and the checks before later rounds count it
         # at its learned scale
         a2 = float(shared_scale(L, G)) ** 2
@@ -6405,9 +6406,10 @@ class _StructuredRun:
         """Set-up, before the global design: which clients vary along an input on another scale.
 
         Only with client scales on (``client_scale`` not False) and shared
-        parts (the global or deviation component); otherwise each client
-        runs the same test in :meth:`StructuredClient.initialise`, as a
-        diagnostic. Every client runs :meth:`StructuredClient.input_scale_check`
+        parts (the global or deviation component); with shared parts and
+        ``client_scale=False`` each client runs the same test in
+        :meth:`StructuredClient.initialise`, as a diagnostic (without shared
+        parts, none). Every client runs :meth:`StructuredClient.input_scale_check`
         with its own pilot and the typical client's lengthscales and widths
         and answers ``d`` lengthscale ratios. A client that reports an input
         leaves the boxes the global inducing inputs are placed in (as long as
@@ -6416,11 +6418,13 @@ class _StructuredRun:
         its own scale ``s_i`` on them (:meth:`StructuredClient.initialise`),
         and the design would otherwise spend inducing points on its range
         (docs/maths.md, section 10). An advisory exchange: a client that
-        fails it is taken as reporting nothing (its ``initialise`` runs the
-        test again). ``order`` gives the clients of ``server.client_boxes``.
+        fails it keeps its box in the design (its ``initialise`` runs the
+        test again, and a client it flags still learns its scale). The
+        reports are kept in ``server.input_scale_reports_`` (client id to
+        ``{input: ratio}``). ``order`` gives the clients of
+        ``server.client_boxes``.
         """
         cfg, server = self.config, self.server
-        server.input_scale_excluded_ = []
         if (pop.input_width is None or pop.input_lengthscale is None
                 or not getattr(cfg, "client_scale", False)
                 or not {"global", "deviation"} & set(cfg.components)):
@@ -6433,6 +6437,9 @@ class _StructuredRun:
         self._population_sent = set(replies)
         self._book_up(comm, replies)
         flagged = [c for c, r in replies.items() if np.any(r.ratios > 0)]
+        server.input_scale_reports_ = {
+            c: {int(k): float(replies[c].ratios[k]) for k in np.flatnonzero(replies[c].ratios)}
+            for c in flagged}
         if not flagged or not server.client_boxes or len(order) != len(server.client_boxes):
             return
         kept = [b for c, b in zip(order, server.client_boxes) if c not in flagged]
@@ -6721,6 +6728,9 @@ class _StructuredRun:
     # -- set-up ---------------------------------------------------------------------
     def setup(self, seeds):
         server, cfg = self.server, self.config
+        # the set-up's input-scale check (_input_scale_check) fills these
+        server.input_scale_excluded_, server.input_scale_reports_ = [], {}
+        self._population_sent = set()
         summaries, _ = self.setup_all("summary", ())
         init = server.standardise(list(summaries.values()))
         if (self.setup_warnings and "global" in cfg.components

@@ -291,8 +291,10 @@ class InputScaleWarning(UserWarning):
     client scales on (``client_scale="auto"``, the default, or True) the
     fit has already kept that client from harming the others: it learns its
     own scale on the shared parts (and detaches from them where they cannot
-    serve it), starts its local kernel from its own pilot, and its box is
-    left out of the region where the global inducing inputs are placed
+    serve it), starts its local kernel from its own pilot, and (at a fresh
+    fit, when it answered the set-up's check and not every client is
+    reported) its box is left out of the region where the global inducing
+    inputs are placed
     (one of three inputs in per cent at one client of four: the others'
     RMSE 0.8-1.07 times their value without it, 1.1-11.5 times before; that
     client as accurate as an exact GP on its own rows). It then shares
@@ -328,9 +330,15 @@ def _warn_input_scale(est):
         names = _input_names(est)
     except (ValueError, IndexError):
         names = None
+    # the set-up's reports, kept by the server: a fit that tried several
+    # lengthscale starts restored its clients from their states, which
+    # clears their own record (set_state)
+    server = getattr(est, "server_", None)
+    reports = getattr(server, "input_scale_reports_", None) or {}
     found, labels = [], []
     for lab, c in clients.items():
-        for j, ratio in sorted((getattr(c, "input_scale_ratios", None) or {}).items()):
+        own = getattr(c, "input_scale_ratios", None) or reports.get(lab) or {}
+        for j, ratio in sorted(own.items()):
             name = f"input {j}" + (f" ({names[j]!r})" if names and j < len(names) else "")
             found.append(f"client {lab!r}, {name}: {ratio:.3g} times")
             labels.append(lab)
@@ -338,7 +346,7 @@ def _warn_input_scale(est):
         return
     # with client scales on, such a client learned its own scale on the
     # shared parts; those the server left out of the global design at set-up
-    left_out = set(getattr(getattr(est, "server_", None), "input_scale_excluded_", None) or ())
+    left_out = set(getattr(server, "input_scale_excluded_", None) or ())
     if not getattr(est, "client_scale", False):
         acted = (" (client_scale=False: the fit is unchanged, and the others can be predicted "
                  "worse than without that client)")

@@ -472,6 +472,45 @@ def test_a_client_stretched_far_wider_in_2d_leaves_the_others_alone(ab2, width):
     assert not est.learn_inducing_locations_
 
 
+@pytest.mark.parametrize("case", ["noise-free x1000", "8, 12, 15 rows x60"])
+def test_stretched_clients_do_not_make_the_design_learned_for_everyone(case):
+    """Three clients of 40 rows of ``sin 6x`` on ``[0, 1]``, plus a noise-free
+    client of 40 rows of the same curve over ``[0, 1000]``, or three clients
+    of 8, 12 and 15 rows over ``[0, 60]``. Their residuals at set-up made
+    ``Z_g`` learned from the start, and one of the others ended 1.7 (resp.
+    1.38) times its RMSE without them (the second after the 100-round cap,
+    69 s). Weighted by their learned scales, and left out at set-up when
+    their data rejected the population's lengthscales, they no longer
+    decide the design: every other client within 1.2x."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(120, 1))
+    y = np.sin(6 * X[:, 0]) + 0.05 * rng.normal(size=120)
+    g = np.repeat(["c0", "c1", "c2"], 40)
+    U = rng.uniform(size=40)
+    if case == "noise-free x1000":
+        Xc, yc, gc = 1000 * U[:, None], np.sin(6 * U), ["W"] * 40
+    else:
+        Xs, ys, gc = [], [], []
+        for j, n in enumerate((8, 12, 15)):
+            U = rng.uniform(size=n)
+            Xs.append(60 * U[:, None])
+            ys.append(np.sin(6 * U) + 0.05 * rng.normal(size=n))
+            gc += [f"s{j}"] * n
+        Xc, yc = np.vstack(Xs), np.concatenate(ys)
+    xg = np.linspace(0, 1, 41)[:, None]
+
+    def rmse(est, lab):
+        return np.sqrt(np.mean((est.predict(xg, [lab] * 41) - np.sin(6 * xg[:, 0])) ** 2))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, g)
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(
+            np.r_[X, Xc], np.r_[y, yc], np.r_[g, gc])
+    for lab in ("c0", "c1", "c2"):
+        assert rmse(est, lab) <= 1.2 * rmse(ref, lab)
+
+
 def test_design_residual_weights_a_client_by_its_scale_on_the_shared_parts(ab2, monkeypatch):
     """The check's four numbers from a client that learns a scale ``s_i``:
     residual and total weighted by ``min(s_i^2, 1)`` (0 at set-up when its

@@ -170,6 +170,17 @@ def test_a_reported_client_leaves_the_global_design_only_with_client_scales(monk
     assert max(b[1] for b in paper) > 50 and max(b[1] for b in auto) < 2
 
 
+def test_the_report_survives_several_lengthscale_starts():
+    """Trying several starts restores the clients from their states, which
+    clears their own record; the warning is built from the server's copy of
+    the set-up's reports (``server_.input_scale_reports_``)."""
+    X, y, g = _three_clients(100.0)
+    est, rec = _fit(X, y, g, lengthscale_starts=(0.5, 1.0))
+    assert len(rec) == 1 and "client 'C', input 1" in str(rec[0].message)
+    assert set(est.server_.input_scale_reports_) == {"C"}
+    assert set(est.server_.input_scale_reports_["C"]) == {1}
+
+
 def _client(rng, width, n=80):
     """Rows of sin(8 x1 / width) on a box of ``width`` along x1 (x0 irrelevant)."""
     X = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, width, n)])
