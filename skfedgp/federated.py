@@ -5076,9 +5076,10 @@ class StructuredClient:
         # residual is weighted by s_i^2, at most 1 (a client in a far larger
         # unit does not decide for every client). At set-up, a client that
         # learns its scale because its own data rejected the population's
-        # lengthscales (lengthscale_mismatch, input_scale_mismatch) is left out: the residual at those lengthscales says nothing about
-        # the part it will keep, and the checks before later rounds count it
-        # at its learned scale
+        # lengthscales (lengthscale_mismatch, input_scale_mismatch) is left
+        # out: the residual at those lengthscales says nothing about the part
+        # it will keep, and the checks before later rounds count it at its
+        # learned scale
         a2 = float(shared_scale(L, G)) ** 2
         weight = (0.0 if config is None and getattr(self, "_lengthscales_rejected", False)
                   else min(a2, 1.0))
