@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import numbers
 import warnings
@@ -875,10 +876,8 @@ def _check_curve_lengths(X):
                for row in X]
     if None in lengths or len(set(lengths)) < 2:
         return
-    counts = {}
-    for n in lengths:
-        counts[n] = counts.get(n, 0) + 1
-    common = max(counts, key=counts.get)
+    counts = collections.Counter(lengths)
+    common = counts.most_common(1)[0][0]
     odd = [i for i, n in enumerate(lengths) if n != common]
     raise ValueError(
         f"the curves in X have different lengths: {counts[common]} of {common} values, and "

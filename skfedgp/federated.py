@@ -4679,14 +4679,16 @@ class StructuredClient:
             noise_identified(own) or not getattr(population, "noise_identified", True)
             or not white_at_inputs(self._Xs, own.lengthscale))
 
-    def _tests_scale(self, own, population, config):
-        """Whether the lengthscale tests apply: shared parts and an own pilot with signal."""
+    @staticmethod
+    def _tests_scale(starts_own, own, config):
+        """Whether the lengthscale tests apply: shared parts, and an own pilot
+        (``starts_own``, :meth:`_starts_own`) that found signal."""
         return bool(("global" in config.components or "deviation" in config.components)
-                    and self._starts_own(own, population) and own.variance > own.noise_variance)
+                    and starts_own and own.variance > own.noise_variance)
 
-    def _input_scale_ratios(self, own, population, config):
+    def _input_scale_ratios(self, own, population, config, starts_own):
         """:func:`input_scale_mismatch` of this client against the typical client's."""
-        if not self._tests_scale(own, population, config):
+        if not self._tests_scale(starts_own, own, config):
             return {}
         return input_scale_mismatch(self._Xs, self._y, own,
                                     getattr(population, "input_lengthscale", None),
@@ -4717,7 +4719,8 @@ class StructuredClient:
             of the global design when client scales are on (docs/maths.md,
             section 10).
         """
-        self.input_scale_ratios = self._input_scale_ratios(own, population, config)
+        self.input_scale_ratios = self._input_scale_ratios(
+            own, population, config, self._starts_own(own, population))
         self._input_scale_checked = True
         out = np.zeros(self._Xs.shape[1])
         for k, r in self.input_scale_ratios.items():
@@ -4853,7 +4856,7 @@ class StructuredClient:
         # a client whose own pilot found signal on an input scale the
         # population's lengthscales clearly do not fit (lengthscale_mismatch)
         # both lengthscale tests need shared parts and a pilot that found signal
-        tests_scale = self._tests_scale(own, population, config)
+        tests_scale = self._tests_scale(starts_own, own, config)
         mismatch = (getattr(config, "client_scale", False) == "auto" and tests_scale
                     and lengthscale_mismatch(self._Xs, self._y, own, population.lengthscale))
         # inputs along which the client's own rows vary on another scale than
@@ -4862,7 +4865,8 @@ class StructuredClient:
         # (input_scale_check), else here (a client joining a warm start)
         checked, self._input_scale_checked = getattr(self, "_input_scale_checked", False), False
         if not checked:
-            self.input_scale_ratios = self._input_scale_ratios(own, population, config)
+            self.input_scale_ratios = self._input_scale_ratios(own, population, config,
+                                                               starts_own)
         # with client scales on, such a client too learns its scale on the
         # shared parts (it detaches from them where they cannot serve it) and
         # starts its local kernel from its own pilot: one input in other units
@@ -6431,9 +6435,9 @@ class _StructuredRun:
                 or not {"global", "deviation"} & set(cfg.components)):
             return
         ids = [c for c in self.active if c in pilots]
+        # (only the clients' usable replies: failures are recorded by call)
         replies, n_calls, _ = self.call(
             "input_scale_check", {c: (cfg, pilots[c], pop) for c in ids}, ids, 0)
-        replies = {c: r for c, r in replies.items() if isinstance(r, InputScaleReport)}
         comm["bytes_down"] += n_calls * message_nbytes(pop)
         self._population_sent = set(replies)
         self._book_up(comm, replies)
