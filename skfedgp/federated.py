@@ -644,9 +644,12 @@ class InputScaleReport:
 
     Notes
     -----
-    Beyond the pFedHGP paper (docs/maths.md, section 10). With client scales
-    on, the server leaves a client with a reported input out of the boxes
-    the global inducing inputs are placed in.
+    Beyond the pFedHGP paper (H. Yan, "Personalized Federated Hierarchical
+    Gaussian Processes for Privacy-Preserving Modeling of Heterogeneous
+    Distributed Systems", arXiv:2609.19337, 2026), whose model has one
+    lengthscale per input for every client; docs/maths.md, section 10. With
+    client scales on, the server leaves a client with a reported input out
+    of the boxes the global inducing inputs are placed in.
     """
 
     ratios: np.ndarray
@@ -4705,19 +4708,33 @@ class StructuredClient:
         Parameters
         ----------
         config : ModelConfig
+            The model's settings (its ``components`` decide whether the
+            test applies: only with the global or deviation part).
         own : PilotSummary or None
             The client's own pilot (:meth:`pilot`; None if it ran none).
         population : _PopulationPilot
-            The population's pilot values.
+            The population's pilot values, with the typical client's
+            ``input_lengthscale`` and ``input_width`` (scaled input units).
 
         Returns
         -------
         InputScaleReport
             Per input, the ratio of the client's pilot lengthscale to the
             typical client's where the test reports it, else 0 (``d``
-            numbers). The server leaves a client with a reported input out
-            of the global design when client scales are on (docs/maths.md,
-            section 10).
+            numbers, dimensionless). The server leaves a client with a
+            reported input out of the global design when client scales are
+            on.
+
+        Notes
+        -----
+        Raises nothing of its own: an exact GP of the test that cannot be
+        fitted (a failed factorisation) leaves that input unreported
+        (:func:`input_scale_mismatch`). Beyond the pFedHGP paper (H. Yan, "Personalized Federated
+        Hierarchical Gaussian Processes for Privacy-Preserving Modeling of
+        Heterogeneous Distributed Systems", arXiv:2609.19337, 2026), whose
+        model has one lengthscale per input for every client: the package's
+        extension of docs/maths.md, section 10 (the likelihood-ratio test of
+        S. S. Wilks, Annals of Mathematical Statistics 9(1), 1938).
         """
         self.input_scale_ratios = self._input_scale_ratios(
             own, population, config, self._starts_own(own, population))
