@@ -1262,7 +1262,10 @@ class Server:
         variance (medians weighted by the clients' numbers of observations,
         the set-up of :func:`run_structured_training`); ``phi``: the given
         one, else 0.1; ``n_inducing="auto"``:
-        :func:`auto_inducing` from the global lengthscales
+        :func:`auto_inducing` from the global lengthscales (with
+        ``self.global_sizing``, set with ``global_start`` below, the larger
+        of it and them, per input, also for the padding of the clients'
+        boxes; used once and removed)
         (:data:`AUTO_PER_LENGTHSCALE` points per lengthscale and dimension,
         at least :data:`AUTO_MIN_INDUCING`, at most the total number of
         observations and at most the larger of :data:`AUTO_MAX_INDUCING` and
@@ -1298,6 +1301,13 @@ class Server:
                else _default_lengthscale(cfg.lengthscale, self.x_scale, 0.0))
         ell = check_in_bounds("lengthscale_g", ell, cfg.lengthscale is not None,
                               self.lengthscale_range())
+        sizing = self.__dict__.pop("global_sizing", None)
+        if sizing is not None and cfg.lengthscale is None and cfg.n_inducing == "auto":
+            # multi-output targets after a global-only fit: the design is
+            # sized and placed for the shortest scale the shared latents
+            # showed there, not for the clients' own faster variation that
+            # the pilots see (never for less than the pilots' lengthscales)
+            ell = np.maximum(ell, np.asarray(sizing, dtype=float).reshape(d))
         cand, frac = self._union_candidates(ell)
         self.inducing_growth_ = []  # (M, share) of each check (_grow_inducing)
         if not {"global", "deviation"} & set(cfg.components):
@@ -3767,7 +3777,9 @@ def start_lengthscale(lengthscale, span):
     kernel still varies by less than 2 % across the data (the input is as
     good as switched off) while the gradient can bring it back. The
     inducing-point budget (``n_inducing="auto"``) still uses the pilot's
-    values.
+    values (with multi-output targets, the larger of those and the
+    global-only fit's shortest live latent, which this cap applies to:
+    :func:`~skfedgp.regressor.shortest_live_latent`).
 
     Parameters
     ----------

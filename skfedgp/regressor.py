@@ -749,6 +749,20 @@ def smoothest_latent_start(lengthscales, loadings=None):
     --------
     skfedgp.federated.start_lengthscale : the cap applied to the pilots' start.
     """
+    ell, live = _live_latents(lengthscales, loadings)
+    score = np.sum(np.log(np.minimum(ell, START_MAX_SPANS)), axis=1)
+    score[~live] = -np.inf
+    smooth = start_lengthscale(ell[int(np.argmax(score))], np.ones(ell.shape[1]))
+    return np.tile(smooth, (ell.shape[0], 1))
+
+
+def _live_latents(lengthscales, loadings):
+    """``(ell, live)``: the checked ``(R_g, d)`` lengthscales and which latents carry loadings.
+
+    A latent is live when the squared norm of its column of ``loadings``
+    is at least :data:`LIVE_LATENT_SHARE` times the largest (every latent
+    when ``loadings`` is None or all zero).
+    """
     ell = np.asarray(lengthscales, dtype=float)
     if ell.ndim != 2 or ell.size == 0 or not np.all(np.isfinite(ell) & (ell > 0)):
         raise ValueError("lengthscales must be a non-empty (R_g, d) array of positive "
@@ -762,10 +776,50 @@ def smoothest_latent_start(lengthscales, loadings=None):
         share = np.sum(B**2, axis=0)
         if share.max() > 0:
             live = share >= LIVE_LATENT_SHARE * share.max()
-    score = np.sum(np.log(np.minimum(ell, START_MAX_SPANS)), axis=1)
-    score[~live] = -np.inf
-    smooth = start_lengthscale(ell[int(np.argmax(score))], np.ones(ell.shape[1]))
-    return np.tile(smooth, (ell.shape[0], 1))
+    return ell, live
+
+
+def shortest_live_latent(lengthscales, loadings=None):
+    """Lengthscales that size the global inducing design of a multi-output full model.
+
+    Per input, the shortest lengthscale among the global-only fit's latents
+    that carry loadings (as :func:`smoothest_latent_start` chooses them),
+    capped at :data:`~skfedgp.federated.START_MAX_SPANS` spans. The global
+    inducing points carry the global and the deviation parts, whose kernels
+    are the global latents'; the pilots' lengthscales, which
+    ``n_inducing="auto"`` otherwise uses, follow whichever part varies
+    fastest, often the clients' own. The global-only fit sees only what the
+    clients share, and in the cases measured its shortest live latent was
+    at most as long as the full model's shared latents needed, including a
+    periodic deviation that the smoothest latent missed (pFedHGP scenario B,
+    seed 2). It is not a guarantee: a weak short shared latent below the
+    loadings filter, or ``R_g`` latents all spent on smooth parts, would
+    leave it long. The server sizes the design for the larger, per input,
+    of these and the pilots' lengthscales (never for a shorter lengthscale
+    than the pilots'; docs/maths.md, section 12). Only when the model has a
+    local part, which carries the clients' own faster variation; without
+    one the deviation must, on the global inducing points.
+
+    Parameters
+    ----------
+    lengthscales : array-like of shape (R_g, d)
+        The global-only fit's per-latent lengthscales, in the model's units
+        (inputs scaled to the clients' joint unit box).
+    loadings : array-like of shape (Q, R_g), optional
+        Its loadings ``B_g`` (latents below :data:`LIVE_LATENT_SHARE` of the
+        largest squared column norm are left out).
+
+    Returns
+    -------
+    ndarray of shape (d,)
+
+    Raises
+    ------
+    ValueError
+        As :func:`smoothest_latent_start`.
+    """
+    ell, live = _live_latents(lengthscales, loadings)
+    return start_lengthscale(ell[live].min(axis=0), np.ones(ell.shape[1]))
 
 
 def _is_fit_attribute(name):
@@ -894,7 +948,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     n_inducing : int or "auto", default="auto"
         Number ``M`` of global inducing points (shared by the global and the
         deviation parts). "auto": about 2.5 per global lengthscale along each
-        input dimension over the region covered by the clients' inputs,
+        input dimension over the region covered by the clients' inputs
+        (the pilots' lengthscales; with multi-output targets after the
+        global-only fit of ``restart_from_global`` and a ``"local"``
+        component, per input the larger of those and that fit's shortest
+        latent with loadings, capped at 5 spans,
+        :func:`shortest_live_latent`),
         at least 10, at most the number of observations ``N``, at most
         ``max(64, N / 4)`` (more costs far more and gains nothing where the
         design already covers the inputs), except that where this cap binds
@@ -2067,7 +2126,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         part varies fastest (often the clients' own), and a full model started
         there lets the clients' parts take the shared signal (the global
         loadings shrink to zero); the global-only fit sees only what the
-        clients share. Returns the global-only fit (its traffic is booked by
+        clients share. With a ``"local"`` component it also sizes the global
+        inducing design (``n_inducing="auto"``; :func:`shortest_live_latent`,
+        ``server.global_sizing``). Returns the global-only fit (its traffic is booked by
         the caller), or None when none was made or it raised (then the
         pilots' start is used; the failure's message is appended to
         ``failed``, for a ``UserWarning`` once the full run has succeeded:
@@ -2091,6 +2152,11 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return None
         values = ref.server_.global_values()
         server.global_start = smoothest_latent_start(values["lengthscale_g"], values["B_g"])
+        if "local" in config.components:
+            # the clients' own faster variation, which the pilots see, is the
+            # local part's to carry; without one, the global inducing points
+            # must resolve it (through the deviation) and keep the pilots' size
+            server.global_sizing = shortest_live_latent(values["lengthscale_g"], values["B_g"])
         if self.verbose > 0:
             print(f"[skfedgp] global-only fit ({ref.n_iter_} rounds): ELBO "
                   f"{float(ref.elbo_history_[-1]):.6g}; the full model's global latents "

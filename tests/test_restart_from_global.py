@@ -13,6 +13,7 @@ of the full model starts from its smoothest latent's lengthscales (one full
 run).
 """
 
+import sys
 import warnings
 
 import numpy as np
@@ -387,3 +388,99 @@ def test_smoothest_latent_start():
             smoothest_latent_start(bad)
     with pytest.raises(ValueError, match="loadings"):
         smoothest_latent_start(ell, np.ones((2, 2)))
+
+
+def test_shortest_live_latent():
+    """Per input, the shortest lengthscale among the latents with loadings
+    (a latent without loadings is left out, however short), capped at
+    START_MAX_SPANS; the same checks of its arguments as the start."""
+    from skfedgp.federated import START_MAX_SPANS
+    from skfedgp.regressor import shortest_live_latent
+
+    ell = np.array([[0.17, 0.02], [0.01, 0.5], [0.05, 0.05]])
+    np.testing.assert_array_equal(shortest_live_latent(ell), [0.01, 0.02])
+    B = np.array([[1.0, 0.0, 1e-3], [0.5, 0.0, 0.0]])  # only latent 0 live
+    np.testing.assert_array_equal(shortest_live_latent(ell, B), [0.17, 0.02])
+    B = np.array([[1.0, 0.0, 1.0], [0.5, 0.0, 0.0]])  # latents 0 and 2 live
+    np.testing.assert_array_equal(shortest_live_latent(ell, B), [0.05, 0.02])
+    np.testing.assert_array_equal(shortest_live_latent([[1e3, 2.0], [1e4, 1e3]]),
+                                  [START_MAX_SPANS, 2.0])
+    for bad in ([1.0, 2.0], [[1.0], [0.0]], [[np.nan]]):
+        with pytest.raises(ValueError, match="positive finite"):
+            shortest_live_latent(bad)
+    with pytest.raises(ValueError, match="loadings"):
+        shortest_live_latent(ell, np.ones((2, 2)))
+
+
+def test_multioutput_design_is_sized_for_the_shared_latents(monkeypatch):
+    """With multi-output targets the global-only fit also sizes the global
+    inducing design: ``n_inducing="auto"`` from the larger of the pilots'
+    lengthscales and that fit's shortest live latent. Data whose shared part
+    is smooth and whose clients' own parts vary fast get fewer global
+    inducing points than from the pilots (restart_from_global=False), sized
+    for exactly the lengthscales the rule gives; the record is not kept on
+    the server."""
+    from skfedgp import federated as fed
+    from skfedgp.regressor import shortest_live_latent
+
+    # the paper's scenario A (smooth shared latents, short client latents)
+    X, y, g = make_hierarchical_regression(n_clients=6, n_samples=50, n_outputs=4,
+                                           scenario="A", random_state=1)[:3]
+    seen = {}
+    orig_auto = fed.auto_inducing
+
+    def auto(lengthscale, *args, **kw):
+        if sys._getframe(1).f_code.co_name == "structured_initialise":  # the global design
+            seen.setdefault("sized", []).append(np.array(lengthscale, dtype=float))
+        return orig_auto(lengthscale, *args, **kw)
+
+    monkeypatch.setattr(fed, "auto_inducing", auto)
+    spy = _spy_global_first(monkeypatch)
+    est = _fit(X, y, g, n_rounds=4)  # (the global-only fit gets as many)
+    values = spy["ref"].server_.global_values()
+    rule = shortest_live_latent(values["lengthscale_g"], values["B_g"])
+    sized_full = seen["sized"][-1]  # the full run's design (the global-only run's first)
+    assert np.all(sized_full >= rule - 1e-12)
+    seen.clear()
+    off = _fit(X, y, g, n_rounds=1, restart_from_global=False)
+    pilots = seen["sized"][-1]
+    # the same pilots (same data and seed): the full run used the larger of the two
+    np.testing.assert_allclose(sized_full, np.maximum(pilots, rule), rtol=1e-12)
+    assert np.all(rule > pilots)  # these data: the shared part is the smoother
+    assert est.n_inducing_ < off.n_inducing_
+    assert not hasattr(est.server_, "global_sizing")
+    assert not hasattr(est.server_, "global_start")
+
+
+@pytest.mark.parametrize("params", [dict(components=("global", "deviation")),
+                                    dict(n_inducing=30)])
+def test_multioutput_design_keeps_the_pilots_scale_without_local_part_or_auto(
+        params, monkeypatch):
+    """Without a local part (the deviation must then carry the clients' own
+    variation on the global inducing points) or with a given number of
+    points, the global design is placed for the pilots' lengthscales, as
+    without the global-only fit, although that fit's shortest live latent
+    is longer on these data."""
+    from skfedgp import federated as fed
+    from skfedgp.regressor import shortest_live_latent
+
+    X, y, g = make_hierarchical_regression(n_clients=6, n_samples=50, n_outputs=4,
+                                           scenario="A", random_state=1)[:3]
+    placed = []
+    orig = fed.Server._union_candidates
+
+    def union(self, ell, at_least=0):
+        if sys._getframe(1).f_code.co_name == "structured_initialise" and not at_least:
+            placed.append(np.array(ell, dtype=float))
+        return orig(self, ell, at_least)
+
+    monkeypatch.setattr(fed.Server, "_union_candidates", union)
+    spy = _spy_global_first(monkeypatch)
+    _fit(X, y, g, n_rounds=4, **params)
+    values = spy["ref"].server_.global_values()
+    rule = shortest_live_latent(values["lengthscale_g"], values["B_g"])
+    with_global_only = placed[-1]
+    placed.clear()
+    _fit(X, y, g, n_rounds=1, restart_from_global=False, **params)
+    np.testing.assert_array_equal(with_global_only, placed[-1])
+    assert np.all(rule > placed[-1])  # the rule would have changed the design
