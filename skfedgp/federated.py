@@ -1263,9 +1263,9 @@ class Server:
         the set-up of :func:`run_structured_training`); ``phi``: the given
         one, else 0.1; ``n_inducing="auto"``:
         :func:`auto_inducing` from the global lengthscales (with
-        ``self.global_sizing``, set with ``global_start`` below, the larger
-        of it and them, per input, also for the padding of the clients'
-        boxes; used once and removed)
+        ``self.global_sizing``, set with ``global_start`` below, and a
+        ``"local"`` component, the larger of it and them, per input, also
+        for the padding of the clients' boxes; used once and removed)
         (:data:`AUTO_PER_LENGTHSCALE` points per lengthscale and dimension,
         at least :data:`AUTO_MIN_INDUCING`, at most the total number of
         observations and at most the larger of :data:`AUTO_MAX_INDUCING` and
@@ -1302,11 +1302,15 @@ class Server:
         ell = check_in_bounds("lengthscale_g", ell, cfg.lengthscale is not None,
                               self.lengthscale_range())
         sizing = self.__dict__.pop("global_sizing", None)
-        if sizing is not None and cfg.lengthscale is None and cfg.n_inducing == "auto":
+        if (sizing is not None and cfg.lengthscale is None and cfg.n_inducing == "auto"
+                and "local" in cfg.components):
             # multi-output targets after a global-only fit: the design is
             # sized and placed for the shortest scale the shared latents
             # showed there, not for the clients' own faster variation that
-            # the pilots see (never for less than the pilots' lengthscales)
+            # the pilots see (never for less than the pilots' lengthscales).
+            # That variation is the local part's to carry; without one the
+            # global inducing points must resolve it (through the deviation)
+            # and keep the pilots' size
             ell = np.maximum(ell, np.asarray(sizing, dtype=float).reshape(d))
         cand, frac = self._union_candidates(ell)
         self.inducing_growth_ = []  # (M, share) of each check (_grow_inducing)

@@ -2133,9 +2133,12 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         part varies fastest (often the clients' own), and a full model started
         there lets the clients' parts take the shared signal (the global
         loadings shrink to zero); the global-only fit sees only what the
-        clients share. With a ``"local"`` component it also sizes the global
-        inducing design (``n_inducing="auto"``; :func:`shortest_live_latent`,
-        ``server.global_sizing``). Returns the global-only fit (its traffic is booked by
+        clients share. Its shortest live latent also goes to the server
+        (:func:`shortest_live_latent`, ``server.global_sizing``), which sizes
+        the global inducing design with it (``n_inducing="auto"`` and a
+        ``"local"`` component:
+        :meth:`skfedgp.federated.Server.structured_initialise`). Returns the
+        global-only fit (its traffic is booked by
         the caller), or None when none was made or it raised (then the
         pilots' start is used; the failure's message is appended to
         ``failed``, for a ``UserWarning`` once the full run has succeeded:
@@ -2159,11 +2162,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return None
         values = ref.server_.global_values()
         server.global_start = smoothest_latent_start(values["lengthscale_g"], values["B_g"])
-        if "local" in config.components:
-            # the clients' own faster variation, which the pilots see, is the
-            # local part's to carry; without one, the global inducing points
-            # must resolve it (through the deviation) and keep the pilots' size
-            server.global_sizing = shortest_live_latent(values["lengthscale_g"], values["B_g"])
+        server.global_sizing = shortest_live_latent(values["lengthscale_g"], values["B_g"])
         if self.verbose > 0:
             print(f"[skfedgp] global-only fit ({ref.n_iter_} rounds): ELBO "
                   f"{float(ref.elbo_history_[-1]):.6g}; the full model's global latents "
