@@ -108,7 +108,10 @@ def user_stacklevel():
     is level 1); frames of this package and of :mod:`contextlib` (the
     decorators around ``fit``) are skipped. The frame found is the first
     outside them: the user's line for a direct call, a scikit-learn line
-    for a call through a ``Pipeline`` or a search.
+    for a call through a ``Pipeline`` or a search. Every warning of the
+    package is issued with it (one policy: a ``module=`` filter names the
+    caller's module, a ``category=`` filter selects one kind everywhere). In
+    a worker thread of a pool the first such frame is the pool's.
 
     Returns
     -------
@@ -574,7 +577,7 @@ def warn_groups_overridden(groups, labels, column, where):
         warnings.warn(
             f"groups passed to {where} differs from client_column={column!r} in {differ} of "
             f"{len(b)} rows; the column is used (groups is ignored when client_column is "
-            "set)", ClientLabelWarning, stacklevel=4)
+            "set)", ClientLabelWarning, stacklevel=user_stacklevel())
 
 
 def split_client_column(estimator, X, column, *, reset):
@@ -866,7 +869,7 @@ class _TypeMismatch:
         return repr(self.label)
 
 
-def match_labels(groups, fitted, where, stacklevel=2, population=None):
+def match_labels(groups, fitted, where, population=None):
     """Distinct labels of ``groups`` at prediction and their fitted clients.
 
     As :func:`unique_labels`, but a bool label is never a numeric fitted
@@ -883,7 +886,6 @@ def match_labels(groups, fitted, where, stacklevel=2, population=None):
         Labels of the fitted clients.
     where : str
         Method name for the message.
-    stacklevel : int, default=2
     population : str, optional
         Passed to :func:`warn_unmatched_labels`.
 
@@ -921,12 +923,11 @@ def match_labels(groups, fitted, where, stacklevel=2, population=None):
         _TypeMismatch(lab) if lab in own and _is_bool(lab) != _is_bool(own[lab]) else lab
         for lab in labels
     ]
-    warn_unmatched_labels(labels, fitted, where, stacklevel=stacklevel + 1,
-                          population=population)
+    warn_unmatched_labels(labels, fitted, where, population=population)
     return labels, inv
 
 
-def warn_unmatched_labels(labels, fitted, where, stacklevel=2, population=None):
+def warn_unmatched_labels(labels, fitted, where, population=None):
     """Warn about labels that are not fitted clients but look like one.
 
     Parameters
@@ -938,7 +939,6 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2, population=None):
         Labels of the fitted clients.
     where : str
         Method name for the message.
-    stacklevel : int, default=2
     population : str, optional
         What the model predicts for an unfitted label, for the message
         (default: the hierarchical model's global part plus the prior of the
@@ -987,11 +987,11 @@ def warn_unmatched_labels(labels, fitted, where, stacklevel=2, population=None):
         "client's. Convert the labels to the type used in fit (for the population "
         "prediction on purpose, pass a never-fitted label of that type).",
         ClientLabelWarning,
-        stacklevel=stacklevel + 1,
+        stacklevel=user_stacklevel(),
     )
 
 
-def warn_groups_missing(fitted, where, stacklevel=2):
+def warn_groups_missing(fitted, where):
     """Warn that ``groups=None`` on a several-client model means population rows.
 
     Parameters
@@ -1000,7 +1000,6 @@ def warn_groups_missing(fitted, where, stacklevel=2):
         Labels of the fitted clients (more than one).
     where : str
         Method name for the message.
-    stacklevel : int, default=2
 
     Warns
     -----
@@ -1014,7 +1013,7 @@ def warn_groups_missing(fitted, where, stacklevel=2):
         "label of their type that was never fitted (e.g. 'new-site' for text labels) to "
         "ask for the population prediction without this warning.",
         ClientLabelWarning,
-        stacklevel=stacklevel + 1,
+        stacklevel=user_stacklevel(),
     )
 
 

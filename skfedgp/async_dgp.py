@@ -45,7 +45,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import (check_bool, check_count, check_not_strings, check_real,
-                          keep_state_on_error)
+                          keep_state_on_error, user_stacklevel)
 from .kernels import se_ard
 from .regressor import check_target_values
 
@@ -1155,7 +1155,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
                 f"{empty.size} of {self.n_experts} experts received no data ({why}): "
                 f"experts {empty.tolist()[:10]}{'...' if empty.size > 10 else ''}; they are "
                 "left out of the aggregation (an expert without data predicts the prior)",
-                UserWarning)
+                UserWarning, stacklevel=user_stacklevel())
         self._finish()
         return self
 
@@ -1270,7 +1270,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
                     default=float(self.rkhs_bound),
                 )
                 if not b > 0:
-                    warnings.warn("Lemma 1 gives beta = 0; using beta = 1", RuntimeWarning)
+                    warnings.warn("Lemma 1 gives beta = 0; using beta = 1", RuntimeWarning,
+                                  stacklevel=user_stacklevel())
                     b = 1.0
             else:
                 b = float(self.beta)

@@ -44,6 +44,7 @@ from ._linalg import cholesky_inverse
 from ._parallel import single_threaded_blas
 from ._validation import (
     ClientLabelWarning,
+    user_stacklevel,
     _object_array,
     check_finite_scalar,
     check_groups,
@@ -839,12 +840,13 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
                     f"predict was called with groups=None on a PFedGPRegressor fitted with "
                     f"{len(self.clients_)} clients: every row gets the population prior "
                     "(average loadings and channel means), not any client's posterior. Pass "
-                    "groups= to predict for fitted clients.", ClientLabelWarning, stacklevel=2)
+                    "groups= to predict for fitted clients.", ClientLabelWarning,
+                    stacklevel=user_stacklevel())
                 groups = np.array([_UNSEEN] * n, dtype=object)
             labels, inv = unique_labels(groups)  # no user label to match
         else:  # True is not client 1 (nor 1 client True), though True == 1
             labels, inv = match_labels(
-                groups, self.clients_, "predict", stacklevel=2,
+                groups, self.clients_, "predict",
                 population="the population prior: the clients' averaged means and loadings")
         Xs = (X - self.x_offset_) / self.x_scale_
         mean = np.zeros((n, Q))

@@ -16,7 +16,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import (_object_array, check_finite_scalar, keep_state_on_error,
-                          normalise_labels, unique_labels)
+                          normalise_labels, unique_labels, user_stacklevel)
 from .federated import default_sizes_quiet
 from .kernels import se_ard
 from .regressor import FederatedHierarchicalGPRegressor
@@ -672,7 +672,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 f"all {T} clients are equally dissimilar (every dissimilarity is "
                 f"{float(off.max()):.3g}; e.g. clients with identical data): no partition "
                 f"into {self.n_clusters} clusters is preferred and client_labels_ are "
-                "arbitrary", UserWarning, stacklevel=3)
+                "arbitrary", UserWarning, stacklevel=user_stacklevel())
         med = float(np.median(off))
         med = med if med > 0 else 1.0
         W = np.exp(-rho / med) if self.affinity == "rbf" else 1.0 / (1.0 + rho / med)

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.utils import Bunch, check_random_state
 
+from ._validation import user_stacklevel
+
 __all__ = [
     "DEFAULT_URL",
     "load_beijing_air_quality",
@@ -107,7 +109,7 @@ def _find_station_files(data_dir):
                 f"several files for station {station!r} in {data_dir}: "
                 f"{[p.name for _, p in items]}; using {items[0][1].name}",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
     return chosen
 

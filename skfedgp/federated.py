@@ -63,6 +63,7 @@ from ._hierarchy import (
 )
 from ._linalg import DEFAULT_JITTER, cholesky_inverse, jittered_cholesky, solve_lower
 from ._parallel import single_threaded_blas
+from ._validation import user_stacklevel
 from .kernels import se_ard, se_ard_grad_sym
 from .optim import Adam
 
@@ -1176,7 +1177,7 @@ class Server:
                 "family may lose floating-point precision (predictive bands far too wide or "
                 "too narrow); use variational_family='structured', or subtract a rough level "
                 "per client (e.g. its median) before fitting and add it back to the "
-                "predictions", UserWarning, stacklevel=2)
+                "predictions", UserWarning, stacklevel=user_stacklevel())
         self.n_total = int(n)
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         return InitBroadcast(self.y_offset, self.y_scale, np.zeros(0), *self._input_box(summaries))
@@ -3869,7 +3870,7 @@ def warn_flat_clients(summaries, ratio=FLAT_CLIENT_RATIO):
         "other clients' fits worse. Use client_scale='auto' (the default), or if a client "
         "measures in another unit, convert its targets first; if "
         "its targets are flat because its inputs cover a flat part of the shared function, "
-        "this warning can be ignored.", UserWarning, stacklevel=2)
+        "this warning can be ignored.", UserWarning, stacklevel=user_stacklevel())
 
 
 def union_design(lo, hi, n, random_state):
@@ -4216,7 +4217,7 @@ def cap_inducing(M, n_total, name="n_inducing"):
     if M > n_total:
         warnings.warn(f"{name}={M} exceeds the number of training observations "
                       f"({n_total}); {n_total} inducing points are used", UserWarning,
-                      stacklevel=4)
+                      stacklevel=user_stacklevel())
         return int(n_total)
     return int(M)
 
@@ -6419,7 +6420,8 @@ class _StructuredRun:
                 warnings.warn(
                     f"client {c!r} is left out of the model: it failed in "
                     + (f"{last[-1].method} (round {last[-1].round}): {last[-1].error}"
-                       if last else "the set-up"), ClientExcludedWarning, stacklevel=5)
+                       if last else "the set-up"), ClientExcludedWarning,
+                       stacklevel=user_stacklevel())
             self.messages.pop(c, None)
             self.fresh.discard(c)
         if not self.active:
@@ -6992,7 +6994,7 @@ class _StructuredRun:
             warnings.warn(
                 f"round {r}: fewer than min_clients={self.min_clients} clients answered "
                 f"({answered}); the round is skipped (global vector unchanged)",
-                RoundSkippedWarning, stacklevel=4)
+                RoundSkippedWarning, stacklevel=user_stacklevel())
             self.theta_g, self.last = start_theta, start_last
             self.messages = saved_msgs
             self.fresh = set()

@@ -1085,7 +1085,7 @@ def fit_over_transport(transport, est, config, n_rounds):
                            res.get("local_phase_done", ()))
     trace = trace_summary(res.get("trace_terms", ()))
     if res["converged"]:
-        warn_loose_bound(trace, server.n_inducing_, stacklevel=2)
+        warn_loose_bound(trace, server.n_inducing_)
     post = res["posterior"]
     return {
         "client_ids": ids,

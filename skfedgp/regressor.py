@@ -116,7 +116,7 @@ def _warn_diagnostics(est, converged, n_rounds):
         warnings.warn(
             f"training stopped after n_rounds={n_rounds} rounds before the ELBO converged "
             f"(tol={tol if tol is None else format(tol, 'g')}); increase n_rounds or tol",
-            ConvergenceWarning, stacklevel=3)
+            ConvergenceWarning, stacklevel=user_stacklevel())
     at = []
     why = {
         ("noise_variance", "lower"): (
@@ -193,7 +193,7 @@ def _warn_diagnostics(est, converged, n_rounds):
         warnings.warn(
             "hyperparameters ended at a bound of their range: " + ", ".join(at[:10])
             + (" ..." if len(at) > 10 else "") + ("; " + "; ".join(reasons) if reasons else ""),
-            ConvergenceWarning, stacklevel=3)
+            ConvergenceWarning, stacklevel=user_stacklevel())
     _warn_shared_off(est, G)
     _warn_input_scale(est)
     if converged:  # stopped early, the noise says more about the budget than the model
@@ -263,7 +263,7 @@ def _warn_fitted_as_noise(est):
         "the same units and ranges as the other clients' (e.g. per cent against fractions, "
         "seconds against days), or raise n_inducing_local for a function rougher than the "
         "others'; compare with an exact GP on those clients' rows by a held-out score",
-        ClientFittedAsNoiseWarning, stacklevel=4)
+        ClientFittedAsNoiseWarning, stacklevel=user_stacklevel())
 
 
 class InputScaleWarning(UserWarning):
@@ -405,7 +405,7 @@ def _warn_shared_off(est, G):
             f"every client's targets are constant (no spread within any of the "
             f"{len(est.clients_)} clients): there is no function to fit, so the global part "
             f"was switched off (variance_g = {var_g:.3g}) and each client is predicted by its "
-            "own constant level", SharedPartsOffWarning, stacklevel=4)
+            "own constant level", SharedPartsOffWarning, stacklevel=user_stacklevel())
         return
     dev = ""
     if "deviation" in comps and "phi" in G:
@@ -418,7 +418,7 @@ def _warn_shared_off(est, G):
         "have nothing in common; otherwise check that every client's inputs are in the "
         "same units and ranges and its targets on a comparable scale, and compare with a "
         "pooled model or components=('local',) by a held-out score",
-        SharedPartsOffWarning, stacklevel=4)
+        SharedPartsOffWarning, stacklevel=user_stacklevel())
 
 
 #: :class:`SparseApproximationWarning` when the trace term of the collapsed
@@ -480,7 +480,7 @@ def trace_summary(sent):
             "n_observations": int(n)}
 
 
-def warn_loose_bound(summary, n_inducing, *, stacklevel=3):
+def warn_loose_bound(summary, n_inducing):
     """:class:`SparseApproximationWarning` when the summed trace term is large.
 
     Parameters
@@ -489,8 +489,6 @@ def warn_loose_bound(summary, n_inducing, *, stacklevel=3):
         From :func:`trace_summary`.
     n_inducing : int
         The number of global inducing points (to say whether more can help).
-    stacklevel : int
-        Frames above the caller that the warning points at.
 
     Warns
     -----
@@ -531,10 +529,10 @@ def warn_loose_bound(summary, n_inducing, *, stacklevel=3):
         f"a trace term of {t:.3g} nats ({t / n:.3g} per observation) in the bound, "
         f"{why}. The fit then favours smaller signal variances than an exact GP's, and "
         "the predictive std can be too small away from the data",
-        SparseApproximationWarning, stacklevel=stacklevel + 1)
+        SparseApproximationWarning, stacklevel=user_stacklevel())
 
 
-def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
+def warn_untrained_clients(client_ids, failures, first, done):
     """ConvergenceWarning naming the clients whose local phase never succeeded.
 
     Such a client stays in the model (it answered the set-up and the final
@@ -557,8 +555,6 @@ def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
         Rounds already in the history before this fit (resume, warm start).
     done : iterable
         Clients with at least one successful local phase in this fit.
-    stacklevel : int, default=3
-        Passed to :func:`warnings.warn`.
 
     Warns
     -----
@@ -579,7 +575,7 @@ def warn_untrained_clients(client_ids, failures, first, done, *, stacklevel=3):
             f"client(s) {stuck[:5]} failed their local phase whenever asked in this fit "
             "(see failed_clients_): their own hyperparameters are still the values this fit "
             "started from",
-            ConvergenceWarning, stacklevel=stacklevel)
+            ConvergenceWarning, stacklevel=user_stacklevel())
 
 
 def _n_target_columns(y):
@@ -870,7 +866,8 @@ def _warn_copied_rows(X, y, inv, labels):
             "the data? The likelihood reads exact repeats as measurements that agree "
             "to the last digit, which pulls the noise variance down and the "
             "lengthscales short; drop the copies (e.g. DataFrame.drop_duplicates()) "
-            "unless they are real repeated measurements", UserWarning, stacklevel=4)
+            "unless they are real repeated measurements", UserWarning,
+            stacklevel=user_stacklevel())
 
 
 #: Below this many fitted clients, predicting for a never-seen client warns:
@@ -1689,7 +1686,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             warnings.warn(
                 f"global_steps={self.global_steps!r} is ignored: it applies to the structured "
                 "family; variational_family='mean_field' takes one Adam step on the global "
-                "block per round (the paper's Algorithm 1)", UserWarning, stacklevel=4)
+                "block per round (the paper's Algorithm 1)", UserWarning,
+                stacklevel=user_stacklevel())
             return 1
         return steps
 
@@ -2188,10 +2186,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         try:
             est._fit(X, y, groups)
         except Exception as exc:  # the first run stands
-            # (stacklevel: the caller of fit, through keep_state_on_error)
             message = f"restart_from_global: {what} failed ({exc!r}); {fallback}"
             if failed is None:
-                warnings.warn(message, UserWarning, stacklevel=5)
+                warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
             else:
                 failed.append(message)
             return None
@@ -2283,8 +2280,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ref = self._global_start(config, Xf, y, groups, server, failed)
             out = self._fit_structured(clients, server, config, n_rounds, client_seeds,
                                        int(rng.randint(0, 2**31 - 1)))
-            for message in failed:  # (stacklevel: the caller of fit)
-                warnings.warn(message, UserWarning, stacklevel=4)
+            for message in failed:
+                warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
             if ref is not None:
                 self._book_extra_runs([ref])
                 self._global_first = (float(ref.elbo_history_[-1]), True)
@@ -2467,7 +2464,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """The end-of-fit warnings of the structured family (see :meth:`fit`, Warns)."""
         _warn_diagnostics(self, converged, n_rounds)
         if converged:  # else the values are not the bound's maximum (a warning says so)
-            warn_loose_bound(trace, self.n_inducing_, stacklevel=2)
+            warn_loose_bound(trace, self.n_inducing_)
         warn_untrained_clients(self.clients_, failed, n_rounds0, done)
 
     def _population_block(self):
@@ -2494,23 +2491,19 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
     # ------------------------------------------------------------------
     # prediction
     # ------------------------------------------------------------------
-    def _prepare_predict(self, X, groups, where, stacklevel):
-        """Standardised features, distinct labels and the row-to-label index.
-
-        ``stacklevel`` counts the frames from this method up to the user's
-        call, for the :class:`ClientLabelWarning` of unmatched labels.
-        """
+    def _prepare_predict(self, X, groups, where):
+        """Standardised features, distinct labels and the row-to-label index."""
         check_is_fitted(self, "clients_")
         Xf, groups = self._validate_predict_X(X, groups, where)
         if groups is None:
             if len(self.clients_) == 1:
                 groups = _object_array([next(iter(self.clients_))] * Xf.shape[0])
             else:
-                warn_groups_missing(list(self.clients_), where, stacklevel=stacklevel)
+                warn_groups_missing(list(self.clients_), where)
                 groups = np.array([_Population] * Xf.shape[0], dtype=object)
             labels, inv = unique_labels(groups)
         else:  # True is not client 1 (nor 1 client True), though True == 1
-            labels, inv = match_labels(groups, self.clients_, where, stacklevel=stacklevel)
+            labels, inv = match_labels(groups, self.clients_, where)
         T = len(self.clients_)
         if T < MIN_CLIENTS_FOR_NEW and any(lab not in self.clients_ for lab in labels):
             warnings.warn(
@@ -2518,7 +2511,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"spread of the fitted clients' levels, estimated here from {T} client(s) "
                 f"(not identifiable from one, poorly from two): their predictive band is "
                 f"unreliable; fit at least {MIN_CLIENTS_FOR_NEW} clients to predict for new ones",
-                UserWarning, stacklevel=stacklevel + 1)
+                UserWarning, stacklevel=user_stacklevel())
         Xs = np.ascontiguousarray((Xf - self.server_.x_offset) / self.server_.x_scale)
         return Xs, labels, inv
 
@@ -2760,7 +2753,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if getattr(self, "n_outputs_", 1) < 2 or not hasattr(self, "loadings_"):
             raise ValueError("predict_joint needs a multi-output model; use "
                              "predict(..., return_cov=True)")
-        Xf, labels, inv = self._prepare_predict(X, groups, "predict_joint", stacklevel=4)
+        Xf, labels, inv = self._prepare_predict(X, groups, "predict_joint")
         if len(labels) > 1:
             raise ValueError(
                 f"predict_joint takes the rows of one client; got {len(labels)} labels "
@@ -2809,7 +2802,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         """Body of :meth:`predict` and :meth:`score` (``where`` names the caller)."""
         if return_std and return_cov:
             raise ValueError("only one of return_std and return_cov can be requested")
-        Xf, labels, inv = self._prepare_predict(X, groups, where, stacklevel=5)
+        Xf, labels, inv = self._prepare_predict(X, groups, where)
         n = Xf.shape[0]
         if getattr(self, "n_outputs_", 1) > 1 and hasattr(self, "loadings_"):
             return self._predict_ilmm(Xf, labels, inv, return_std, return_cov)
@@ -3111,7 +3104,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             (``client_scales_``) ``"global"`` and ``"deviation"`` are
             ``s_i g`` and ``s_i d_i``, in that client's units.
         """
-        Xf, labels, inv = self._prepare_predict(X, groups, "predict_components", stacklevel=4)
+        Xf, labels, inv = self._prepare_predict(X, groups, "predict_components")
         n = Xf.shape[0]
         if getattr(self, "n_outputs_", 1) > 1 and hasattr(self, "loadings_"):
             Q = self.n_outputs_
