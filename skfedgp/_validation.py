@@ -31,12 +31,10 @@ Conventions
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import decimal
 import functools
 import numbers
-import os
 import sys
 import warnings
 
@@ -105,24 +103,25 @@ def user_stacklevel():
     """The ``stacklevel`` that points a warning at the first caller outside the package.
 
     Called by the function that calls :func:`warnings.warn` (its own frame
-    is level 1); frames of this package and of :mod:`contextlib` (the
-    decorators around ``fit``) are skipped. The frame found is the first
+    is level 1); frames of this package's modules and of :mod:`contextlib`
+    (the decorators around ``fit``) are skipped, by module name (so a user's
+    script run from inside the package's folder, or ``python -m skfedgp``,
+    whose module is ``__main__``, is not skipped). The frame found is the first
     outside them: the user's line for a direct call, a scikit-learn line
     for a call through a ``Pipeline`` or a search. Every warning of the
     package is issued with it (one policy: a ``module=`` filter names the
-    caller's module, a ``category=`` filter selects one kind everywhere). In
-    a worker thread of a pool the first such frame is the pool's.
+    caller's module, a ``category=`` filter selects one kind everywhere).
 
     Returns
     -------
     int
         At least 1.
     """
-    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    pkg = __name__.partition(".")[0]
     frame, level = sys._getframe(1), 1
     while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not (name.startswith(pkg) or name == os.path.abspath(contextlib.__file__)):
+        module = frame.f_globals.get("__name__") or ""
+        if module.partition(".")[0] not in (pkg, "contextlib"):
             return level
         frame, level = frame.f_back, level + 1
     return 1

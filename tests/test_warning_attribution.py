@@ -6,6 +6,8 @@ through a ``Pipeline``. So ``warnings.filterwarnings(..., category=...)``
 selects one kind everywhere, and the reported location is the call to change.
 """
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -48,8 +50,25 @@ def test_fit_warnings_point_at_the_callers_line():
         conv = _of(caught, ConvergenceWarning)
         assert conv, "the one-round fit should warn that it stopped at n_rounds"
         assert {w.filename for w in conv} == {__file__}
-    # none of the fit's warnings is attributed inside the package
-    assert not [w for w in caught if os.path.abspath(w.filename).startswith(PACKAGE)]
+        # none of the fit's warnings is attributed inside the package
+        assert not [w for w in caught if os.path.abspath(w.filename).startswith(PACKAGE)]
+
+
+def test_a_script_run_from_inside_the_package_folder_is_the_caller():
+    # frames are told apart by module name, not by path: code run with the
+    # package's folder as working directory is still the user's
+    code = (
+        "import warnings\n"
+        "from skfedgp import FederatedHierarchicalGPRegressor\n"
+        "from skfedgp.datasets import make_hierarchical_regression\n"
+        "X, y, g = make_hierarchical_regression(n_clients=3, n_samples=25, random_state=1)[:3]\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    FederatedHierarchicalGPRegressor(n_rounds=1, random_state=0).fit(X, y, g)\n"
+        "print(sorted({w.filename for w in caught}))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    assert out.strip() == "['<string>']"
 
 
 def test_a_warning_from_the_training_loop_points_at_the_callers_line():
