@@ -3539,10 +3539,16 @@ def _pilot_fit(X, y, random_state):
         own = marginal_lengthscales(X, y - y.mean())
         if np.any(own < PILOT_MAX_MARGINAL_START):  # not flat in every input
             starts.append(own)
+    starts = [(start, 0.1) for start in starts]
+    if multi and PILOT_GRID_START:
+        # the best point of a coarse grid of the profile likelihood: an
+        # optimum far from every start (a fast wiggle on a steep trend, whose
+        # noise is a tiny share of the variance) is found from there
+        starts.append(profile_grid_start(X, y - y.mean()))
     fits, error = [], None
-    for start in starts:
+    for start, share in starts:
         try:
-            fits.append(_pilot_gp(X, y - y.mean(), v, np.array(start, dtype=float), 0.1))
+            fits.append(_pilot_gp(X, y - y.mean(), v, np.array(start, dtype=float), share))
         except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
             error = exc
     if not fits:
@@ -3565,6 +3571,101 @@ def _pilot_fit(X, y, random_state):
         noise_variance=noise,
         residual_dof=residual_dof if np.isfinite(residual_dof) else None,
     )
+
+
+#: A pilot on at least :data:`PILOT_MULTI_START_POINTS` points also starts
+#: from the best point of a grid of the profile likelihood
+#: (:func:`profile_grid_start`).
+PILOT_GRID_START = True
+#: Noise-to-signal ratios of that grid.
+PILOT_GRID_RATIOS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+#: Number of isotropic lengthscales of that grid.
+PILOT_GRID_LENGTHSCALES = 8
+
+
+def profile_grid_start(X, y):
+    """The best point of a grid of (isotropic lengthscale, noise-to-signal ratio).
+
+    Scored by :func:`profile_log_marginal_likelihood` (the scale maximised
+    out): :data:`PILOT_GRID_LENGTHSCALES` lengthscales log-spaced from the
+    finest to the coarsest of :func:`pilot_starts` (``sqrt(d)`` standard
+    deviations and the median nearest-neighbour distance; from ``sqrt(d) /
+    10`` when that range is empty) times :data:`PILOT_GRID_RATIOS`.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Inputs standardised per feature.
+    y : ndarray of shape (n,)
+        Centred targets.
+
+    Returns
+    -------
+    lengthscale : float
+        Standardised units.
+    ratio : float
+        Noise variance over signal variance, within ``[1e-6, 10]``.
+
+    Notes
+    -----
+    The pilot's starts (:func:`pilot_starts`) all begin at a noise share of
+    0.1. Five clients of a steep linear trend plus a small fast wiggle (50
+    points each, noise 1e-4 of the variance): every client's pilot ended
+    in the smooth optimum that calls the wiggle noise, 10-25 nats below the
+    wiggle's optimum at a lengthscale between two starts (and the fit,
+    started from the pilots, at 3-6 times the RMSE of a pooled exact GP).
+    The grid costs ``56`` Cholesky factorisations of the pilot's rows
+    (at most :data:`PILOT_MAX_POINTS`), one more L-BFGS-B run for the fit.
+    """
+    starts = pilot_starts(X)
+    hi, lo = float(np.max(starts)), float(np.min(starts))
+    if not lo < hi / 3:
+        lo = hi / 10.0
+    d = X.shape[1]
+    best, arg = -np.inf, (hi, 0.1)
+    for ell in np.geomspace(hi, lo, PILOT_GRID_LENGTHSCALES):
+        for r in PILOT_GRID_RATIOS:
+            v = profile_log_marginal_likelihood(X, y, np.full(d, ell), r)
+            if v > best:
+                best, arg = v, (float(ell), float(r))
+    return arg
+
+
+def profile_log_marginal_likelihood(X, y, lengthscale, ratio):
+    """Exact GP log marginal likelihood with the overall scale maximised out.
+
+    ``y ~ N(0, s (k_ell(X, X) + ratio I))`` (unit-variance SE-ARD kernel
+    ``k_ell``) at its optimal scale ``s = y^T C^-1 y / n``, ``C = k_ell +
+    ratio I``: ``-n/2 (log(2 pi s) + 1) - 1/2 log|C|``. It scores a
+    lengthscale and a noise-to-signal ratio whatever the units of ``y``.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    y : ndarray of shape (n,)
+        Centred targets.
+    lengthscale : ndarray of shape (d,)
+        Units of ``X``.
+    ratio : float
+        Noise variance over signal variance (positive).
+
+    Returns
+    -------
+    float
+        ``-inf`` when ``C`` is not positive definite or ``y`` is 0.
+    """
+    n = X.shape[0]
+    K = se_ard(X, X, np.asarray(lengthscale, dtype=float), 1.0)
+    K[np.diag_indices(n)] += ratio + PILOT_JITTER
+    try:
+        L = cholesky(K, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return -np.inf
+    a = solve_triangular(L, y, lower=True, check_finite=False)
+    s = float(a @ a) / n
+    if not (np.isfinite(s) and s > 0):
+        return -np.inf
+    return float(-0.5 * n * (np.log(2.0 * np.pi * s) + 1.0) - np.sum(np.log(np.diag(L))))
 
 
 def marginal_lengthscales(X, y):
