@@ -1879,7 +1879,17 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return X, y, groups
 
     def _validate_multioutput_fit_data(self, X, y, groups):
-        """Features, (n, Q) targets with NaN for missing outputs, and client labels."""
+        """Features, (n, Q) targets with NaN for missing outputs, and client labels.
+
+        Raises
+        ------
+        ValueError
+            As :func:`check_multioutput_targets`, and if an output is missing
+            (NaN) in every row: ``"output q has no observed (non-NaN) value in
+            any client"``, the server's set-up error, raised here so that a
+            ``warm_start`` continuation (which skips that set-up) refuses it
+            too and leaves the fitted model as it was.
+        """
         labels = None
         if self.client_column is None:
             X = validate_data(self, X, reset=True, ensure_min_samples=1, dtype=np.float64)
@@ -1887,6 +1897,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             X, labels = split_client_column(self, X, self.client_column, reset=True)
             X = check_array(X, ensure_min_samples=1, dtype=np.float64, estimator=self)
         y = check_multioutput_targets(y, X.shape[0], estimator=self)
+        unobserved = np.flatnonzero(np.all(np.isnan(y), axis=0))
+        if unobserved.size:
+            raise ValueError(
+                f"output {int(unobserved[0])} has no observed (non-NaN) value in any client")
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
             groups = labels_from_column(groups, labels, self.client_column, "fit")
