@@ -389,13 +389,29 @@ class SharedPartsOffWarning(UserWarning):
     pooled model or ``components=("local",)`` by a held-out score. When
     every client's targets are constant, the message says so instead: there
     is no function to fit, and each client is predicted at its own level.
+    With multi-output targets it is issued when outputs are constant in
+    every client, naming them.
     """
 
 
 def _warn_shared_off(est, G):
-    """:class:`SharedPartsOffWarning` when the global part ended switched off."""
+    """:class:`SharedPartsOffWarning` when the global part ended switched off
+    (multi-output targets: when outputs are constant in every client)."""
     comps = getattr(est, "components_", ())
-    if "global" not in comps or "variance_g" not in G or len(est.clients_) < 2:
+    if "global" not in comps or len(est.clients_) < 2:
+        return
+    flat = list(getattr(est.server_, "flat_outputs", None) or ())
+    if flat:
+        several = len(flat) > 1
+        warnings.warn(
+            f"output{'s' if several else ''} {', '.join(map(str, flat))} of y "
+            f"{'are' if several else 'is'} constant in every client (no spread within any "
+            f"of the {len(est.clients_)} clients): there is no function to fit for "
+            f"{'them' if several else 'it'}, so each client is predicted by its own "
+            f"constant level of {'those outputs' if several else 'that output'}",
+            SharedPartsOffWarning, stacklevel=user_stacklevel())
+        return
+    if "variance_g" not in G:
         return
     var_g = float(np.max(G["variance_g"]))
     if var_g > SHARED_OFF_VARIANCE:
