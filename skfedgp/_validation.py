@@ -45,6 +45,7 @@ from sklearn.utils.validation import check_array, validate_data
 __all__ = [
     "ClientLabelWarning",
     "unique_labels",
+    "as_label_array",
     "check_groups",
     "normalise_labels",
     "check_labels_present",
@@ -297,6 +298,36 @@ def _object_array(labels):
     return np.asarray(list(labels) + [None], dtype=object)[:-1]
 
 
+def as_label_array(groups):
+    """Client labels as an array, a list keeping its labels' types.
+
+    An array (or a pandas Series) is taken as it is; a list or tuple becomes
+    an object array, so ``[0, 1, "new"]`` keeps its int labels as ints. A
+    list holding tuples is a list of tuple labels, one a row: it becomes a
+    1-D object array of those tuples (``np.asarray`` would read
+    ``[("site", 0), ("site", 1)]`` as a 2-D array of shape ``(2, 2)``).
+
+    Parameters
+    ----------
+    groups : array-like of shape (n,) or (n, 1)
+
+    Returns
+    -------
+    ndarray
+        Of shape ``(n,)``, or as ``np.asarray`` gives it (the caller checks
+        the shape).
+
+    Notes
+    -----
+    Input validation of the package (no paper source).
+    """
+    if hasattr(groups, "dtype"):
+        return np.asarray(groups)
+    if isinstance(groups, (list, tuple)) and any(isinstance(lab, tuple) for lab in groups):
+        return _object_array(groups)
+    return np.asarray(groups, dtype=object)
+
+
 def label_source(client_column):
     """How ``fit``'s labels are named in messages: ``"groups passed to fit"``
     or ``"client_column='station'"``."""
@@ -467,6 +498,7 @@ def check_groups(groups, n, where):
     Parameters
     ----------
     groups : array-like of shape (n,) or (n, 1), or None
+        A list of tuples is one tuple label a row (:func:`as_label_array`).
     n : int
         Number of rows of ``X``.
     where : str
@@ -487,7 +519,7 @@ def check_groups(groups, n, where):
     """
     if groups is None:
         return None
-    groups = np.asarray(groups, dtype=object if not hasattr(groups, "dtype") else None)
+    groups = as_label_array(groups)
     if groups.ndim != 1:
         groups = groups.reshape(-1) if groups.ndim == 2 and 1 in groups.shape else groups
     if groups.ndim != 1 or groups.shape[0] != n:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import numbers
+import re
 import warnings
 from collections.abc import Mapping
 
@@ -31,6 +32,10 @@ __all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "fold_order", "im
            "select_rank_by_accuracy"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
+#: The regressor's error for targets float64 cannot standardise
+#: (:func:`skfedgp.regressor.check_target_values`).
+_TARGET_SCALE = re.compile(r"y is too (small|large) to standardise: (.*) \(largest \|y\| = "
+                           r"([^)]*)\); rescale the targets")
 _CHANNEL_MODES = ("concatenate", "multioutput")
 _VARIATIONS = ("ppca", "none")
 #: Jitter tries (relative to the mean diagonal) if a predictive covariance
@@ -886,6 +891,38 @@ def _check_curve_lengths(X):
         "values on the shared grid (mark missing points as NaN)")
 
 
+def _curve_scale_message(text):
+    """The regressor's "y is too small (large) to standardise" error in the
+    classifier's terms, or None for any other error.
+
+    The classifier's regressor takes the curves' values as its targets
+    ``y``; its message would tell a classifier user, whose ``y`` holds class
+    labels, to rescale the targets.
+
+    Parameters
+    ----------
+    text : str
+        The regressor's error message.
+
+    Returns
+    -------
+    str or None
+        The message naming the curves ``X``.
+
+    Notes
+    -----
+    Input validation of the package (no paper source).
+    """
+    match = _TARGET_SCALE.fullmatch(text)
+    if match is None:
+        return None
+    size, detail, largest = match.groups()
+    detail = detail.replace("its values", "the curves' values")
+    return (f"the curves X are too {size} to standardise: {detail} (largest |X| = "
+            f"{largest}); rescale the curves X (e.g. by a power of ten), not the class "
+            "labels y")
+
+
 class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     """Classify whole curves by the class model that explains them best.
 
@@ -1311,8 +1348,10 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             dict whose keys are not the classes), an ``estimator`` with a
             ``client_column``, NaN points or a regressor without multi-output
             support with ``channel_mode="multioutput"``, a class whose client
-            the regressor excluded after failed calls, or as the regressor's
-            ``fit``.
+            the regressor excluded after failed calls, curves whose values
+            are too small (below about 1e-146) or too large for float64 to
+            standardise (``"the curves X are too small to standardise ...
+            rescale the curves X"``), or as the regressor's ``fit``.
         TypeError
             If ``estimator`` is not a
             :class:`~skfedgp.FederatedHierarchicalGPRegressor` (or None), or
@@ -1402,6 +1441,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             try:
                 reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
             except ValueError as exc:
+                curves = _curve_scale_message(str(exc))
+                if curves is not None:  # the regressor's targets are the curves' values
+                    raise ValueError(curves) from exc
                 if "initial lengthscale" not in str(exc):
                     raise
                 raise ValueError(

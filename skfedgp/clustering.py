@@ -15,7 +15,7 @@ from sklearn.cluster import SpectralClustering
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import (_object_array, check_finite_scalar, keep_state_on_error,
+from ._validation import (_object_array, as_label_array, check_finite_scalar, keep_state_on_error,
                           normalise_labels, unique_labels, user_stacklevel)
 from .federated import default_sizes_quiet
 from .kernels import se_ard
@@ -571,8 +571,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
                 "of every row of X)"
             )
         # a list keeps its labels' types (as the regressor's check_groups does):
-        # [0, 1, "a"] is not ["0", "1", "a"]
-        groups = np.asarray(groups, dtype=object if not hasattr(groups, "dtype") else None)
+        # [0, 1, "a"] is not ["0", "1", "a"], and a list of tuples is tuple labels
+        groups = as_label_array(groups)
         if groups.ndim != 1 or groups.shape[0] != X.shape[0]:
             raise ValueError(
                 f"groups must be 1-D with one label per row of X ({X.shape[0]}), "

@@ -1224,6 +1224,7 @@ class Server:
         self.n_total = int(sum(s.n_samples for s in summaries))
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         self.n_outputs = Q
+        self.flat_outputs = flat_outputs(summaries)
         w = np.array([max(s.n_samples, 1) for s in summaries], dtype=float)
         self.channel_covariance = np.average(
             [s.y_cov / np.outer(scale, scale) for s in summaries], axis=0, weights=w)
@@ -4081,6 +4082,39 @@ def flat_targets(summaries):
         return False
     tiny = _pooled_target_moments(summaries)[3]
     return all(s.n_samples >= 2 and s.y_centred_sumsq <= tiny * s.n_samples for s in summaries)
+
+
+def flat_outputs(summaries):
+    """Outputs of multi-output targets that are constant in every client, from the set-up summaries.
+
+    Output ``q`` is flat when every client that observes it has at least two
+    observations of it and no spread beyond round-off (``1e-24`` of that
+    output's magnitude, as :meth:`Server.standardise` measures it): there is
+    no function to fit for it, only the clients' levels
+    (:class:`~skfedgp.SharedPartsOffWarning` says so). The multi-output
+    counterpart of :func:`flat_targets`.
+
+    Parameters
+    ----------
+    summaries : sequence of ClientSummary
+
+    Returns
+    -------
+    list of int
+        The flat outputs, in order; empty for 1-D targets.
+    """
+    if not summaries or any(s.y_count is None for s in summaries):
+        return []
+    count = np.sum([s.y_count for s in summaries], axis=0)
+    flat = []
+    for q in np.flatnonzero(count > 0):
+        mean = sum(s.y_sum[q] for s in summaries) / count[q]
+        within = sum(s.y_centred_sumsq[q] for s in summaries) / count[q]
+        tiny = 1e-24 * max(mean**2, within)
+        if all(s.y_count[q] >= 2 and s.y_centred_sumsq[q] <= tiny * s.y_count[q]
+               for s in summaries if s.y_count[q] > 0):
+            flat.append(int(q))
+    return flat
 
 
 def reserved_design(lo, hi, lengthscale, fraction, random_state):
@@ -6979,6 +7013,7 @@ class _StructuredRun:
             M * cfg.n_latent[0] if cfg.n_outputs else M)
         summaries, n_calls = self.setup_all("summary", ())
         server.flat_clients = flat_targets(list(summaries.values()))
+        server.flat_outputs = flat_outputs(list(summaries.values()))
         # the server needs the clients' counts again; the standardisation is kept
         self.counter["up"] += int(sum(message_nbytes(s) for s in summaries.values()))
         self.counter["msgs"] += len(summaries)

@@ -389,13 +389,29 @@ class SharedPartsOffWarning(UserWarning):
     pooled model or ``components=("local",)`` by a held-out score. When
     every client's targets are constant, the message says so instead: there
     is no function to fit, and each client is predicted at its own level.
+    With multi-output targets it is issued when outputs are constant in
+    every client, naming them.
     """
 
 
 def _warn_shared_off(est, G):
-    """:class:`SharedPartsOffWarning` when the global part ended switched off."""
+    """:class:`SharedPartsOffWarning` when the global part ended switched off
+    (multi-output targets: when outputs are constant in every client)."""
     comps = getattr(est, "components_", ())
-    if "global" not in comps or "variance_g" not in G or len(est.clients_) < 2:
+    if "global" not in comps or len(est.clients_) < 2:
+        return
+    flat = list(getattr(est.server_, "flat_outputs", None) or ())
+    if flat:
+        several = len(flat) > 1
+        warnings.warn(
+            f"output{'s' if several else ''} {', '.join(map(str, flat))} of y "
+            f"{'are' if several else 'is'} constant in every client (no spread within any "
+            f"of the {len(est.clients_)} clients): there is no function to fit for "
+            f"{'them' if several else 'it'}, so each client is predicted by its own "
+            f"constant level of {'those outputs' if several else 'that output'}",
+            SharedPartsOffWarning, stacklevel=user_stacklevel())
+        return
+    if "variance_g" not in G:
         return
     var_g = float(np.max(G["variance_g"]))
     if var_g > SHARED_OFF_VARIANCE:
@@ -1879,7 +1895,17 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         return X, y, groups
 
     def _validate_multioutput_fit_data(self, X, y, groups):
-        """Features, (n, Q) targets with NaN for missing outputs, and client labels."""
+        """Features, (n, Q) targets with NaN for missing outputs, and client labels.
+
+        Raises
+        ------
+        ValueError
+            As :func:`check_multioutput_targets`, and if an output is missing
+            (NaN) in every row: ``"output q has no observed (non-NaN) value in
+            any client"``, the server's set-up error, raised here so that a
+            ``warm_start`` continuation (which skips that set-up) refuses it
+            too and leaves the fitted model as it was.
+        """
         labels = None
         if self.client_column is None:
             X = validate_data(self, X, reset=True, ensure_min_samples=1, dtype=np.float64)
@@ -1887,6 +1913,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             X, labels = split_client_column(self, X, self.client_column, reset=True)
             X = check_array(X, ensure_min_samples=1, dtype=np.float64, estimator=self)
         y = check_multioutput_targets(y, X.shape[0], estimator=self)
+        unobserved = np.flatnonzero(np.all(np.isnan(y), axis=0))
+        if unobserved.size:
+            raise ValueError(
+                f"output {int(unobserved[0])} has no observed (non-NaN) value in any client")
         groups = check_groups(groups, X.shape[0], "fit")
         if labels is not None:
             groups = labels_from_column(groups, labels, self.client_column, "fit")

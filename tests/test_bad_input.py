@@ -426,6 +426,36 @@ def test_constant_targets_are_reported_as_constant_not_as_unrelated_clients(leve
     assert len(texts) == 1 and "targets are constant" in texts[0]
 
 
+def test_constant_multioutput_targets_are_reported_per_constant_output():
+    """Multi-output targets constant in every client fitted silently (1-D ones
+    give a SharedPartsOffWarning): the warning names each such output, also
+    after a warm start, and only those outputs."""
+    from skfedgp import SharedPartsOffWarning
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (30, 1))
+    g = np.repeat([0, 1, 2], 10)
+
+    def texts(est, Y):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            est.fit(X, Y, groups=g)
+        return [str(w.message) for w in caught if issubclass(w.category, SharedPartsOffWarning)]
+
+    both = ("outputs 0, 1 of y are constant in every client (no spread within any of the 3 "
+            "clients): there is no function to fit for them, so each client is predicted by "
+            "its own constant level of those outputs")
+    est = FederatedHierarchicalGPRegressor(random_state=0)
+    assert texts(est, np.zeros((30, 2))) == [both]
+    est.set_params(warm_start=True, n_rounds=2)  # the server is rebuilt from the fitted state
+    assert texts(est, np.zeros((30, 2))) == [both]
+    Y = np.c_[np.sin(X[:, 0]) + 0.05 * rng.normal(size=30), np.repeat([3.0, -1.0, 250.0], 10)]
+    assert texts(FederatedHierarchicalGPRegressor(random_state=0), Y) == [
+        "output 1 of y is constant in every client (no spread within any of the 3 clients): "
+        "there is no function to fit for it, so each client is predicted by its own constant "
+        "level of that output"]
+
+
 @pytest.mark.parametrize("value", ["False", "yes", 0, None])
 def test_flags_must_be_booleans(value):
     """A string such as "False" must not count as True (it did, silently)."""

@@ -98,6 +98,27 @@ def test_curves_of_unequal_length_in_a_list_are_named():
         clf.predict(ragged)
 
 
+@pytest.mark.parametrize("factor, size, detail", [
+    (1e-160, "small", "the squares of the curves' values underflow float64"),
+    (1e200, "large", "the variance of the curves' values overflows float64"),
+])
+def test_curves_too_small_or_large_to_standardise_are_named_as_the_curves(factor, size,
+                                                                           detail):
+    """The regressor's targets are the curves' values: its "y is too small to
+    standardise ... rescale the targets" told a classifier user, whose y holds
+    class labels, to rescale them. The message names the curves X (the
+    regressor's own error is kept as the cause)."""
+    X, y = _curves()
+    clf = MaxEvidenceClassifier(_reg())
+    with pytest.raises(ValueError, match=rf"^the curves X are too {size} to standardise: "
+                                         rf"{detail} \(largest \|X\| = [0-9.e+-]+\); "
+                                         r"rescale the curves X \(e\.g\. by a power of ten\), "
+                                         r"not the class labels y$") as info:
+        clf.fit(X * factor, y)
+    assert str(info.value.__cause__).startswith(f"y is too {size} to standardise")
+    assert not hasattr(clf, "estimator_")
+
+
 # --------------------------------------------------------------------------
 # class_prior as a dict
 # --------------------------------------------------------------------------

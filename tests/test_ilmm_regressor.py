@@ -378,6 +378,30 @@ def test_resumed_or_warm_started_fit_keeps_the_noise_model():
         est.fit(X, Y, g)
 
 
+def test_warm_start_refuses_an_output_observed_nowhere_and_keeps_the_model():
+    """A warm-start refit skips the server's set-up, which refuses an output
+    that is NaN in every row; it accepted it and degraded that output. It is
+    refused as a fresh fit refuses it, and the fitted model stays as it was."""
+    X, Y, g = _small_multioutput()
+    Yn = Y.copy()
+    Yn[:, 1] = np.nan
+    message = r"^output 1 has no observed \(non-NaN\) value in any client$"
+    with pytest.raises(ValueError, match=message):
+        FederatedHierarchicalGPRegressor(n_latent=1, n_rounds=1, random_state=0).fit(X, Yn, g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(n_latent=1, n_rounds=1, random_state=0,
+                                               warm_start=True).fit(X, Y, g)
+    before = est.predict(X, g, return_std=True)
+    history = list(est.elbo_history_)
+    with pytest.raises(ValueError, match=message):
+        est.fit(X, Yn, g)
+    after = est.predict(X, g, return_std=True)
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+    assert est.elbo_history_ == history
+
+
 def _small_multioutput():
     rng = np.random.default_rng(5)
     X = rng.uniform(0, 6, (40, 1))

@@ -644,6 +644,22 @@ def test_frozenset_labels_are_three_clients():
         np.testing.assert_allclose(est.predict(X, groups), ref.predict(X, g), rtol=1e-10)
 
 
+def test_list_of_tuple_labels_is_one_tuple_label_a_row():
+    """A list of tuples was read as a 2-D array ("must be 1-D ... got shape
+    (30, 2)"); each tuple is one client label, in fit, predict and score."""
+    X, y, g = _small()
+    groups = [("site", int(k)) for k in g]
+    with _quiet():
+        est = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, groups)
+        ref = FederatedHierarchicalGPRegressor(**FAST).fit(X, y, g)
+    assert list(est.clients_) == [("site", 0), ("site", 1), ("site", 2)]
+    with _quiet():  # no ClientLabelWarning: the tuples are the fitted clients
+        assert_array_equal(est.predict(X, groups), ref.predict(X, g))
+        assert est.score(X, y, groups) == ref.score(X, y, g)
+        # an unseen tuple gets the population prediction, as an unseen int does
+        assert_array_equal(est.predict(X[:4], [("site", 9)] * 4), ref.predict(X[:4], [9] * 4))
+
+
 def test_date_labels_match_whatever_their_unit():
     X, y, g = _small()
     days = np.array(["2020-01-01", "2020-01-02", "2020-01-03"], dtype="datetime64[D]")
