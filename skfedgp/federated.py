@@ -1156,7 +1156,14 @@ class Server:
             var = max(m2 / n, 0.0)
             scale = float(np.sqrt(var)) if var > tiny else 1.0
         else:
-            mean, scale = 0.0, 1.0
+            # no offset, but the scale still comes from the data (initial
+            # values, bounds and floors are in standardised units, and Adam
+            # moves by fixed-size steps: unit scale never reaches targets in
+            # the thousands): the root mean square of the targets, the scale
+            # a zero-mean prior has to cover without an offset
+            ms = max(m2 / n, 0.0) + mean**2
+            scale = float(np.sqrt(ms)) if ms > tiny else 1.0
+            mean = 0.0
         self.y_offset, self.y_scale = float(mean), float(scale)
         # start of the clients' level variance (structured family): the
         # spread of the clients' means around that centre

@@ -1324,7 +1324,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         only sets the centre of the levels: the mean of the clients' means
         (each client counted once; for multi-output targets the pooled mean
         of each output), or 0. Mean-field family: standardise with the
-        pooled mean and standard deviation, or not at all.
+        pooled mean and standard deviation or, with ``normalize_y=False``,
+        divide by the root mean square of the targets without an offset (so
+        initial values, bounds and floors follow the data's scale either
+        way).
     client_column : int or str, default=None
         If given, this column of ``X`` holds each row's client label and is
         not used as a feature (so the estimator works inside a Pipeline or
