@@ -36,6 +36,7 @@ from .regressor import (
     InputScaleWarning,
     SharedPartsOffWarning,
     SparseApproximationWarning,
+    UnderObservedOutputWarning,
 )
 
 __version__ = "0.1.0"
@@ -52,5 +53,6 @@ __all__ = [
     "InputScaleWarning",
     "SharedPartsOffWarning",
     "SparseApproximationWarning",
+    "UnderObservedOutputWarning",
     "__version__",
 ]

@@ -50,6 +50,7 @@ import numpy as np
 from joblib import Parallel, delayed
 from scipy.linalg import cho_factor, cho_solve, cholesky, solve_triangular
 from scipy.stats import qmc
+from scipy.stats import t as student_t
 
 from ._hierarchy import (
     NOISE_FLOOR,
@@ -1156,7 +1157,14 @@ class Server:
             var = max(m2 / n, 0.0)
             scale = float(np.sqrt(var)) if var > tiny else 1.0
         else:
-            mean, scale = 0.0, 1.0
+            # no offset, but the scale still comes from the data (initial
+            # values, bounds and floors are in standardised units, and Adam
+            # moves by fixed-size steps: unit scale never reaches targets in
+            # the thousands): the root mean square of the targets, the scale
+            # a zero-mean prior has to cover without an offset
+            ms = max(m2 / n, 0.0) + mean**2
+            scale = float(np.sqrt(ms)) if ms > tiny else 1.0
+            mean = 0.0
         self.y_offset, self.y_scale = float(mean), float(scale)
         # start of the clients' level variance (structured family): the
         # spread of the clients' means around that centre
@@ -1218,6 +1226,10 @@ class Server:
                     if s.y_count[q] >= 2 and s.y_centred_sumsq[q] > tiny * s.y_count[q]]
             if stds:
                 scale[q] = float(np.median(stds))
+        self.output_variance_floor = under_observed_floor(summaries, mean, scale)
+        # per output: observed values and clients observing it (for the warning's message)
+        self.output_counts = np.array(
+            [count, np.sum([np.asarray(s.y_count) > 0 for s in summaries], axis=0)], dtype=int)
         if not self.config.normalize_y:
             mean = np.zeros(Q)
         self.y_offset, self.y_scale = mean.astype(float), scale
@@ -4061,6 +4073,61 @@ def _pooled_target_moments(summaries):
     return n, mean, m2, 1e-24 * max(mean**2, m2 / n)
 
 
+def under_observed_floor(summaries, mean, scale):
+    """Predictive variance floor of the outputs seen too rarely within the clients.
+
+    With its own constant mean per client and output, a client that
+    observes an output once fits that value exactly by its mean: nothing
+    about the output's variation within a client (its loadings, its noise)
+    can be learned from it, and the fit then predicts such an output as a
+    flat level with a band far too narrow. An output is *under-observed*
+    when the clients that observe it hold fewer than two of its values each
+    on average (``sum_i (n_iq - 1) < T_q``). Its predictive variance is
+    then at least that of a new value drawn from the pooled ``n_q`` values
+    with unknown mean and variance (Jeffreys prior: Student-t with
+    ``n_q - 1`` degrees of freedom, scale ``s_q sqrt(1 + 1/n_q)``, ``s_q``
+    the sample standard deviation), as the Gaussian with the same central
+    95 % interval. Computed from the set-up summaries (counts, sums and
+    centred sums of squares).
+
+    Parameters
+    ----------
+    summaries : sequence of ClientSummary
+        Multi-output summaries (``y_count`` per output).
+    mean : ndarray of shape (Q,)
+        The pooled mean of each output.
+    scale : ndarray of shape (Q,)
+        The outputs' scales (the floor is in standardised units).
+
+    Returns
+    -------
+    ndarray of shape (Q,)
+        Standardised variance floor; 0 for a well-observed output.
+
+    Raises
+    ------
+    ValueError
+        If an output has a single observed value over all clients.
+    """
+    counts = np.array([s.y_count for s in summaries], dtype=float)  # (T, Q)
+    floor = np.zeros(counts.shape[1])
+    for q in range(counts.shape[1]):
+        n_iq = counts[:, q]
+        n_q = float(n_iq.sum())
+        if n_q == 1:
+            raise ValueError(
+                f"output {q} has a single observed (non-NaN) value over all clients: at least "
+                "2 are needed to learn anything about it")
+        if np.sum(np.maximum(n_iq - 1, 0)) >= np.count_nonzero(n_iq):
+            continue
+        m2 = sum(float(s.y_centred_sumsq[q]) + float(s.y_count[q]) * (
+            float(s.y_sum[q]) / max(float(s.y_count[q]), 1.0) - float(mean[q])) ** 2
+            for s in summaries if s.y_count[q] > 0)
+        ratio = float(student_t.ppf(0.975, n_q - 1) / student_t.ppf(0.975, np.inf))
+        floor[q] = m2 / (n_q - 1) * (1 + 1 / n_q) * ratio**2 / float(scale[q]) ** 2
+    return floor
+
+
 def flat_targets(summaries):
     """Whether every client's (1-D) targets are constant, from the set-up summaries.
 
@@ -6434,7 +6501,8 @@ _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_in
                   "design_residual_", "design_residual_history_", "inducing_switch_round_",
                   "inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                   "held_last_round_", "lengthscale_start_", "local_prior_centre_",
-                  "local_prior_sent_", "local_fitted_", "inducing_growth_")
+                  "local_prior_sent_", "local_fitted_", "inducing_growth_",
+                  "output_variance_floor", "output_counts")
 #: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
 _RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                "held_last_round_", "local_prior_centre_", "local_prior_sent_", "local_fitted_")

@@ -196,6 +196,7 @@ def _warn_diagnostics(est, converged, n_rounds):
             ConvergenceWarning, stacklevel=user_stacklevel())
     _warn_shared_off(est, G)
     _warn_input_scale(est)
+    _warn_under_observed(est)
     if converged:  # stopped early, the noise says more about the budget than the model
         _warn_fitted_as_noise(est)
 
@@ -435,6 +436,46 @@ def _warn_shared_off(est, G):
         "same units and ranges and its targets on a comparable scale, and compare with a "
         "pooled model or components=('local',) by a held-out score",
         SharedPartsOffWarning, stacklevel=user_stacklevel())
+
+
+class UnderObservedOutputWarning(UserWarning):
+    """An output is observed too rarely within the clients to learn how it varies.
+
+    Issued by :meth:`FederatedHierarchicalGPRegressor.fit` (multi-output
+    targets) when, for some output, the clients that observe it hold fewer
+    than two of its values each on average. Every client has its own
+    constant mean per output, which fits a value seen once exactly: such an
+    output's loadings and noise are then learned from (almost) nothing, and
+    the fit alone would predict it as a flat level with a band far too
+    narrow (3 clients seeing an output once each: predictive sd 0.11 for
+    errors up to 4, max |z| 36). Its predictive variance is therefore
+    raised to at least that of a new value drawn from the output's pooled
+    values with unknown mean and variance (Student-t with ``n_q - 1``
+    degrees of freedom, as the Gaussian with the same 95 % interval;
+    :func:`skfedgp.federated.under_observed_floor`): wide, since little is
+    known, and its predictive mean is the clients' levels. Record more
+    values of that output per client, or fit it on its own. Beyond the
+    pFedHGP paper (the package's diagnostics).
+    """
+
+
+def _warn_under_observed(est):
+    """:class:`UnderObservedOutputWarning` for the outputs whose variance is floored."""
+    floor = getattr(est.server_, "output_variance_floor", None)
+    if floor is None or not np.any(np.asarray(floor) > 0):
+        return
+    counts = getattr(est.server_, "output_counts", None)
+    listed = "; ".join(
+        f"output {q}" + ("" if counts is None else
+                         f": {counts[0][q]} values in {counts[1][q]} client(s)")
+        for q in np.flatnonzero(np.asarray(floor) > 0))
+    warnings.warn(
+        f"outputs observed fewer than twice per client on average ({listed}): each client's "
+        "own constant mean fits such values exactly, so how the output varies within a "
+        "client (its loadings and noise) cannot be learned; its predictions are the "
+        "clients' levels, with the predictive variance raised to that of a new draw from "
+        "the output's pooled values (Student-t). Record more values of it per client, or "
+        "fit it on its own", UnderObservedOutputWarning, stacklevel=user_stacklevel())
 
 
 #: :class:`SparseApproximationWarning` when the trace term of the collapsed
@@ -1340,7 +1381,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         only sets the centre of the levels: the mean of the clients' means
         (each client counted once; for multi-output targets the pooled mean
         of each output), or 0. Mean-field family: standardise with the
-        pooled mean and standard deviation, or not at all.
+        pooled mean and standard deviation or, with ``normalize_y=False``,
+        divide by the root mean square of the targets without an offset (so
+        initial values, bounds and floors follow the data's scale either
+        way).
     client_column : int or str, default=None
         If given, this column of ``X`` holds each row's client label and is
         not used as a feature (so the estimator works inside a Pipeline or
@@ -2005,6 +2049,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             are regular outcomes. Also when a client's local phase failed
             whenever it was asked (its own hyperparameters are still those
             this fit started from).
+        UnderObservedOutputWarning
+            Multi-output targets: an output whose observing clients hold
+            fewer than two of its values each on average (its predictive
+            variance is raised to a floor from its pooled values).
         ClientFittedAsNoiseWarning
             When training converged (1-D targets, structured family) and a
             client's fitted noise variance is at least a tenth of its target
@@ -2821,6 +2869,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         # a never-seen client's level is shared by all its rows
         C += np.tile(np.broadcast_to(self._offset_variance(lab), (Q, Q)), (n, n))
         C[np.diag_indices_from(C)] += np.tile(np.broadcast_to(s2, (Q,)), n)
+        floor = getattr(self.server_, "output_variance_floor", None)
+        if floor is not None and np.any(np.asarray(floor) > 0):  # see _widen_under_observed
+            dg = np.diagonal(C).reshape(n, Q)
+            C[np.diag_indices_from(C)] += np.maximum(np.asarray(floor, float) - dg, 0.0).ravel()
         scale = np.asarray(self.y_scale_)
         sc = np.tile(scale, n)
         C *= np.outer(sc, sc)
@@ -2959,6 +3011,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             for rows in _chunks(np.flatnonzero(inv == k)):
                 m, C = self._ilmm_rows(Xf[rows], lab)
                 mean[rows], cov[rows] = m, C
+        self._widen_under_observed(cov)
         scale = np.asarray(self.y_scale_)
         y_mean = self.y_offset_ + scale * mean
         cov *= np.outer(scale, scale)
@@ -2972,6 +3025,25 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if return_cov:
             return y_mean, 0.5 * (cov + np.swapaxes(cov, 1, 2))
         return y_mean
+
+    def _widen_under_observed(self, cov):
+        """Raise the variance of under-observed outputs to their floor, in place.
+
+        ``cov`` holds (n, Q, Q) per-row blocks in standardised units; output
+        ``q``'s variance is raised to the server's
+        ``output_variance_floor[q]`` (:func:`skfedgp.federated.under_observed_floor`;
+        0 for a well-observed output) by adding the shortfall to the
+        diagonal, so every block stays positive semi-definite. Returns
+        ``cov``.
+        """
+        floor = getattr(self.server_, "output_variance_floor", None)
+        if floor is None or not np.any(np.asarray(floor) > 0):
+            return cov
+        dg = np.diagonal(cov, axis1=-2, axis2=-1)
+        short = np.maximum(np.asarray(floor, dtype=float) - dg, 0.0)
+        q = np.arange(cov.shape[-1])
+        cov[..., q, q] += short
+        return cov
 
     # -- structured family ---------------------------------------------------
     def _structured_client(self, lab):

@@ -647,3 +647,34 @@ def test_unobserved_output_takes_the_population_noise():
     # the observed output keeps the client's own noise
     m_obs, s_obs = est.predict(Xt, np.full(2000, 0), return_std=True)
     assert s_obs[:, 0].mean() < 0.2
+
+
+def test_output_seen_once_per_client_warns_and_is_widened():
+    """An output recorded once per client: each client's own constant mean
+    fits that value exactly, so nothing about how the output varies within a
+    client can be learned. The fit predicted it as a flat level with sd 0.11
+    (max |z| 36 on the true values); now it warns and the variance is raised
+    to that of a new draw from the output's pooled values (Student-t)."""
+    from skfedgp import UnderObservedOutputWarning
+
+    rng = np.random.RandomState(0)
+    X = rng.uniform(0, 5, (30, 1))
+    g = np.repeat([0, 1, 2], 10)
+    f = np.sin(X[:, 0]) + 0.3 * g
+    Y = np.c_[f, 2 * f] + 0.1 * rng.randn(30, 2)
+    Yobs = Y.copy()
+    Yobs[~np.isin(np.arange(30), [0, 10, 20]), 1] = np.nan
+    with pytest.warns(UnderObservedOutputWarning, match=r"output 1: 3 values in 3 client"):
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, Yobs, groups=g)
+    m, s = est.predict(X, groups=g, return_std=True)
+    assert np.max(np.abs(Y[:, 1] - m[:, 1]) / s[:, 1]) < 5
+    # the well-observed output is not widened
+    assert np.mean(s[:, 0]) < 0.5
+    # predict_joint gives the same marginal std
+    _, C = est.predict_joint(X[:10], groups=g[:10])
+    assert_allclose(np.sqrt(np.diag(C))[1::2], s[:10, 1], rtol=1e-6)
+    # a value seen once over all clients is refused
+    Y1 = Yobs.copy()
+    Y1[[10, 20], 1] = np.nan
+    with pytest.raises(ValueError, match="output 1 has a single observed"):
+        FederatedHierarchicalGPRegressor(random_state=0, n_rounds=1).fit(X, Y1, groups=g)
