@@ -3552,18 +3552,26 @@ def _pilot_fit(X, y, random_state):
         own = marginal_lengthscales(X, y - y.mean())
         if np.any(own < PILOT_MAX_MARGINAL_START):  # not flat in every input
             starts.append(own)
-    starts = [(start, 0.1) for start in starts]
+    fits, error = [], None
+    for start in starts:
+        try:
+            fits.append(_pilot_gp(X, y - y.mean(), v, np.array(start, dtype=float), 0.1))
+        except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
+            error = exc
     if multi and PILOT_GRID_START:
         # the best point of a coarse grid of the profile likelihood: an
         # optimum far from every start (a fast wiggle on a steep trend, whose
-        # noise is a tiny share of the variance) is found from there
-        starts.append(profile_grid_start(X, y - y.mean()))
-    fits, error = [], None
-    for start, share in starts:
-        try:
-            fits.append(_pilot_gp(X, y - y.mean(), v, np.array(start, dtype=float), share))
-        except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
-            error = exc
+        # noise is a tiny share of the variance) is found from there. Fitted
+        # only when that point is already above every fit so far (a fit
+        # from it at its optimal scale ends at least as high)
+        ell, ratio, value, scale = profile_grid_start(X, y - y.mean())
+        done = max((gp.log_marginal_likelihood for gp in fits
+                    if np.isfinite(gp.log_marginal_likelihood)), default=-np.inf)
+        if value > done:
+            try:
+                fits.append(_pilot_gp(X, y - y.mean(), scale, np.full(d, ell), ratio))
+            except (np.linalg.LinAlgError, ValueError) as exc:  # this start only
+                error = exc
     if not fits:
         raise error
     # the largest log marginal likelihood; the first start on a tie, and a
@@ -3618,6 +3626,12 @@ def profile_grid_start(X, y):
         Standardised units.
     ratio : float
         Noise variance over signal variance, within ``[1e-6, 10]``.
+    value : float
+        Its profile log marginal likelihood (``-inf`` if no grid point
+        could be scored).
+    scale : float
+        Its optimal signal variance ``s = y^T C^-1 y / n`` (units of ``y``
+        squared; ``var(y)`` if no grid point could be scored).
 
     Notes
     -----
@@ -3628,23 +3642,26 @@ def profile_grid_start(X, y):
     wiggle's optimum at a lengthscale between two starts (and the fit,
     started from the pilots, at 3-6 times the RMSE of a pooled exact GP).
     The grid costs ``56`` Cholesky factorisations of the pilot's rows
-    (at most :data:`PILOT_MAX_POINTS`), one more L-BFGS-B run for the fit.
+    (at most :data:`PILOT_MAX_POINTS`); :func:`pilot_fit` runs one more
+    L-BFGS-B fit from the best point, at its optimal scale, only when that
+    point's value is above every fit from the other starts (the fit then
+    ends at least as high).
     """
     starts = pilot_starts(X)
     hi, lo = float(np.max(starts)), float(np.min(starts))
     if not lo < hi / 3:
         lo = hi / 10.0
     d = X.shape[1]
-    best, arg = -np.inf, (hi, 0.1)
+    best, arg = -np.inf, (hi, 0.1, -np.inf, float(np.var(y)))
     for ell in np.geomspace(hi, lo, PILOT_GRID_LENGTHSCALES):
         for r in PILOT_GRID_RATIOS:
-            v = profile_log_marginal_likelihood(X, y, np.full(d, ell), r)
+            v, s = profile_log_marginal_likelihood(X, y, np.full(d, ell), r, return_scale=True)
             if v > best:
-                best, arg = v, (float(ell), float(r))
+                best, arg = v, (float(ell), float(r), float(v), float(s))
     return arg
 
 
-def profile_log_marginal_likelihood(X, y, lengthscale, ratio):
+def profile_log_marginal_likelihood(X, y, lengthscale, ratio, return_scale=False):
     """Exact GP log marginal likelihood with the overall scale maximised out.
 
     ``y ~ N(0, s (k_ell(X, X) + ratio I))`` (unit-variance SE-ARD kernel
@@ -3661,11 +3678,15 @@ def profile_log_marginal_likelihood(X, y, lengthscale, ratio):
         Units of ``X``.
     ratio : float
         Noise variance over signal variance (positive).
+    return_scale : bool, default=False
+        Also return the optimal scale ``s``.
 
     Returns
     -------
-    float
+    value : float
         ``-inf`` when ``C`` is not positive definite or ``y`` is 0.
+    scale : float
+        ``s`` (NaN where ``value`` is ``-inf``); only with ``return_scale``.
     """
     n = X.shape[0]
     K = se_ard(X, X, np.asarray(lengthscale, dtype=float), 1.0)
@@ -3673,12 +3694,13 @@ def profile_log_marginal_likelihood(X, y, lengthscale, ratio):
     try:
         L = cholesky(K, lower=True, check_finite=False)
     except np.linalg.LinAlgError:
-        return -np.inf
+        return (-np.inf, np.nan) if return_scale else -np.inf
     a = solve_triangular(L, y, lower=True, check_finite=False)
     s = float(a @ a) / n
     if not (np.isfinite(s) and s > 0):
-        return -np.inf
-    return float(-0.5 * n * (np.log(2.0 * np.pi * s) + 1.0) - np.sum(np.log(np.diag(L))))
+        return (-np.inf, np.nan) if return_scale else -np.inf
+    value = float(-0.5 * n * (np.log(2.0 * np.pi * s) + 1.0) - np.sum(np.log(np.diag(L))))
+    return (value, s) if return_scale else value
 
 
 def marginal_lengthscales(X, y):

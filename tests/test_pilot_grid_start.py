@@ -111,6 +111,34 @@ def test_the_grid_start_finds_the_wiggle_optimum_of_one_client(monkeypatch):
     assert np.sqrt(with_grid.noise_variance) * y.std() == pytest.approx(0.1, rel=0.3)
     assert np.sqrt(without.noise_variance) * y.std() > 0.25
     Xs = (Xc - Xc.mean()) / Xc.std()
-    ell, ratio = fed.profile_grid_start(Xs, yc - yc.mean())
+    ell, ratio, value, scale = fed.profile_grid_start(Xs, yc - yc.mean())
     assert with_grid.lengthscale[0] / Xc.std() == pytest.approx(ell, rel=1.0)
     assert ratio < 1e-2
+    # the value and scale are the profile likelihood's at that point
+    v, s = fed.profile_log_marginal_likelihood(Xs, yc - yc.mean(), np.array([ell]), ratio,
+                                               return_scale=True)
+    assert (value, scale) == (v, s)
+    # and the grid's start is fitted only because it is above the other starts' fits
+    assert value > fed.profile_log_marginal_likelihood(
+        Xs, yc - yc.mean(), without.lengthscale / Xc.std(),
+        without.noise_variance / without.variance)
+
+
+def test_the_grid_start_is_not_fitted_where_the_other_starts_are_better(monkeypatch):
+    """A smooth function with moderate noise: the other starts find the
+    optimum, the grid's best point is below their fit, and no extra fit is
+    made (the grid costs only its Cholesky factorisations)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (200, 2))
+    y = np.sin(6 * X[:, 0]) + X[:, 1] + 0.1 * rng.normal(size=200)
+    y = (y - y.mean()) / y.std()
+    calls = []
+    real = fed._pilot_gp
+    monkeypatch.setattr(fed, "_pilot_gp", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with_grid = fed.pilot_fit(X, y, 0)
+    n_with = len(calls)
+    monkeypatch.setattr(fed, "PILOT_GRID_START", False)
+    del calls[:]
+    without = fed.pilot_fit(X, y, 0)
+    assert n_with == len(calls)
+    np.testing.assert_array_equal(with_grid.lengthscale, without.lengthscale)
