@@ -305,7 +305,9 @@ def as_label_array(groups):
     an object array, so ``[0, 1, "new"]`` keeps its int labels as ints. A
     list holding tuples is a list of tuple labels, one a row: it becomes a
     1-D object array of those tuples (``np.asarray`` would read
-    ``[("site", 0), ("site", 1)]`` as a 2-D array of shape ``(2, 2)``).
+    ``[("site", 0), ("site", 1)]`` as a 2-D array of shape ``(2, 2)``),
+    except a list of 1-tuples only (``list(zip(g))``), which stays a column
+    of labels as before.
 
     Parameters
     ----------
@@ -323,7 +325,9 @@ def as_label_array(groups):
     """
     if hasattr(groups, "dtype"):
         return np.asarray(groups)
-    if isinstance(groups, (list, tuple)) and any(isinstance(lab, tuple) for lab in groups):
+    if (isinstance(groups, (list, tuple)) and any(isinstance(lab, tuple) for lab in groups)
+            and not all(isinstance(lab, tuple) and len(lab) == 1 for lab in groups)):
+        # (a list of 1-tuples, e.g. list(zip(g)), stays a column of labels)
         return _object_array(groups)
     return np.asarray(groups, dtype=object)
 

@@ -3324,7 +3324,9 @@ def pilot_fit(X, y, random_state):
     :data:`PILOT_MULTI_START_POINTS` points starts at ``sqrt(d)`` only: on
     a handful of points the rough optimum mostly interpolates them (the
     main job's 12-point clients, seed 1: held-out NLL -0.06 with every
-    start, -0.15 with one). With multi-output targets the rule applies to
+    start, -0.15 with one). A pilot on more points also starts from the
+    best point of a grid of the profile likelihood when that point is above
+    every fit from the other starts (:func:`profile_grid_start`). With multi-output targets the rule applies to
     each output's observed rows. A lengthscale that ends below
     :func:`resolution_floor` of the client's inputs (all its rows), where
     the likelihood is flat, is raised to it.
@@ -3625,7 +3627,7 @@ def profile_grid_start(X, y):
     lengthscale : float
         Standardised units.
     ratio : float
-        Noise variance over signal variance, within ``[1e-6, 10]``.
+        Noise variance over signal variance, one of :data:`PILOT_GRID_RATIOS`.
     value : float
         Its profile log marginal likelihood (``-inf`` if no grid point
         could be scored).
@@ -6524,7 +6526,7 @@ _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_in
                   "inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                   "held_last_round_", "lengthscale_start_", "local_prior_centre_",
                   "local_prior_sent_", "local_fitted_", "inducing_growth_",
-                  "output_variance_floor", "output_counts")
+                  "output_variance_floor", "output_counts", "output_client_counts")
 #: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
 _RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                "held_last_round_", "local_prior_centre_", "local_prior_sent_", "local_fitted_")
@@ -6998,6 +7000,9 @@ class _StructuredRun:
         self._population_sent = set()
         summaries, _ = self.setup_all("summary", ())
         init = server.standardise(list(summaries.values()))
+        if cfg.n_outputs:  # which clients saw each output how often (UnderObservedOutputWarning)
+            server.output_client_counts = {c: np.asarray(summaries[c].y_count, dtype=int)
+                                           for c in summaries}
         if (self.setup_warnings and "global" in cfg.components
                 and not getattr(cfg, "client_scale", False)):
             # with client scales each such client uses the shared parts at its own scale
@@ -7104,6 +7109,18 @@ class _StructuredRun:
         summaries, n_calls = self.setup_all("summary", ())
         server.flat_clients = flat_targets(list(summaries.values()))
         server.flat_outputs = flat_outputs(list(summaries.values()))
+        if cfg.n_outputs:
+            # this run's data decide which outputs are under-observed (a warm
+            # start may bring the values the first fit lacked)
+            sums = list(summaries.values())
+            count = np.sum([s.y_count for s in sums], axis=0)
+            pooled = np.sum([s.y_sum for s in sums], axis=0) / np.maximum(count, 1)
+            server.output_variance_floor = under_observed_floor(
+                sums, pooled, np.asarray(server.y_scale, dtype=float))
+            server.output_counts = np.array(
+                [count, np.sum([np.asarray(s.y_count) > 0 for s in sums], axis=0)], dtype=int)
+            server.output_client_counts = {c: np.asarray(summaries[c].y_count, dtype=int)
+                                           for c in summaries}
         # the server needs the clients' counts again; the standardisation is kept
         self.counter["up"] += int(sum(message_nbytes(s) for s in summaries.values()))
         self.counter["msgs"] += len(summaries)

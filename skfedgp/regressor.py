@@ -453,9 +453,13 @@ class UnderObservedOutputWarning(UserWarning):
     values with unknown mean and variance (Student-t with ``n_q - 1``
     degrees of freedom, as the Gaussian with the same 95 % interval;
     :func:`skfedgp.federated.under_observed_floor`): wide, since little is
-    known, and its predictive mean is the clients' levels. Record more
-    values of that output per client, or fit it on its own. Beyond the
-    pFedHGP paper (the package's diagnostics).
+    known, and its predictive mean is the clients' levels. A client that
+    observed the output at least twice itself keeps its own variance. The
+    floor applies to ``predict`` and ``predict_joint``, not to the parts of
+    ``predict_components``; the Flower server (:mod:`skfedgp.flower`) does
+    not issue this warning nor apply the floor. Record more values of that
+    output per client, or fit it on its own. Beyond the pFedHGP paper (the
+    package's diagnostics).
     """
 
 
@@ -1384,7 +1388,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         pooled mean and standard deviation or, with ``normalize_y=False``,
         divide by the root mean square of the targets without an offset (so
         initial values, bounds and floors follow the data's scale either
-        way).
+        way; with a level far above the spread, e.g. ``1e4 + sin x``, the
+        noise floor, ``1e-6`` of that scale squared, can then exceed the
+        noise and the band is too wide: use ``normalize_y=True`` there).
     client_column : int or str, default=None
         If given, this column of ``X`` holds each row's client label and is
         not used as a feature (so the estimator works inside a Pipeline or
@@ -2869,10 +2875,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         # a never-seen client's level is shared by all its rows
         C += np.tile(np.broadcast_to(self._offset_variance(lab), (Q, Q)), (n, n))
         C[np.diag_indices_from(C)] += np.tile(np.broadcast_to(s2, (Q,)), n)
-        floor = getattr(self.server_, "output_variance_floor", None)
-        if floor is not None and np.any(np.asarray(floor) > 0):  # see _widen_under_observed
+        floor = self._output_floor(lab)
+        if floor is not None:  # see _widen_under_observed
             dg = np.diagonal(C).reshape(n, Q)
-            C[np.diag_indices_from(C)] += np.maximum(np.asarray(floor, float) - dg, 0.0).ravel()
+            C[np.diag_indices_from(C)] += np.maximum(floor - dg, 0.0).ravel()
         scale = np.asarray(self.y_scale_)
         sc = np.tile(scale, n)
         C *= np.outer(sc, sc)
@@ -3010,8 +3016,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         for k, lab in enumerate(labels):
             for rows in _chunks(np.flatnonzero(inv == k)):
                 m, C = self._ilmm_rows(Xf[rows], lab)
-                mean[rows], cov[rows] = m, C
-        self._widen_under_observed(cov)
+                mean[rows], cov[rows] = m, self._widen_under_observed(C, lab)
         scale = np.asarray(self.y_scale_)
         y_mean = self.y_offset_ + scale * mean
         cov *= np.outer(scale, scale)
@@ -3026,21 +3031,36 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return y_mean, 0.5 * (cov + np.swapaxes(cov, 1, 2))
         return y_mean
 
-    def _widen_under_observed(self, cov):
-        """Raise the variance of under-observed outputs to their floor, in place.
+    def _output_floor(self, lab):
+        """Variance floor (Q,) of label ``lab``'s outputs, standardised units, or None.
 
-        ``cov`` holds (n, Q, Q) per-row blocks in standardised units; output
-        ``q``'s variance is raised to the server's
-        ``output_variance_floor[q]`` (:func:`skfedgp.federated.under_observed_floor`;
-        0 for a well-observed output) by adding the shortfall to the
-        diagonal, so every block stays positive semi-definite. Returns
-        ``cov``.
+        The server's ``output_variance_floor`` (:func:`skfedgp.federated.under_observed_floor`;
+        0 for a well-observed output), except for the outputs this client
+        observed at least twice itself (its own values inform them); a
+        never-seen label takes the whole floor.
         """
         floor = getattr(self.server_, "output_variance_floor", None)
         if floor is None or not np.any(np.asarray(floor) > 0):
+            return None
+        floor = np.array(floor, dtype=float)
+        counts = getattr(self.server_, "output_client_counts", None) or {}
+        if lab in counts:
+            floor[np.asarray(counts[lab]) >= 2] = 0.0
+        return floor if np.any(floor > 0) else None
+
+    def _widen_under_observed(self, cov, lab):
+        """Raise the variance of label ``lab``'s under-observed outputs to their floor, in place.
+
+        ``cov`` holds (n, Q, Q) per-row blocks in standardised units; output
+        ``q``'s variance is raised to :meth:`_output_floor`'s value by adding
+        the shortfall to the diagonal, so every block stays positive
+        semi-definite. Returns ``cov``.
+        """
+        floor = self._output_floor(lab)
+        if floor is None:
             return cov
         dg = np.diagonal(cov, axis1=-2, axis2=-1)
-        short = np.maximum(np.asarray(floor, dtype=float) - dg, 0.0)
+        short = np.maximum(floor - dg, 0.0)
         q = np.arange(cov.shape[-1])
         cov[..., q, q] += short
         return cov

@@ -248,7 +248,9 @@ def test_normalize_y_false_mean_field_follows_the_target_scale(factor):
         m, s = est.predict(X, groups=g, return_std=True)
         assert np.max(np.abs(y - m) / s) < 4.0
         sds[flag] = float(np.mean(s))
-    assert est.y_offset_ != 0.0
+        if not flag:  # no offset, the scale from the targets' root mean square
+            assert est.y_offset_ == 0.0
+            assert est.y_scale_ == pytest.approx(np.sqrt(np.mean(y**2)))
     assert 1 / 3 < sds[False] / sds[True] < 3
 
 

@@ -112,7 +112,8 @@ def test_the_grid_start_finds_the_wiggle_optimum_of_one_client(monkeypatch):
     assert np.sqrt(without.noise_variance) * y.std() > 0.25
     Xs = (Xc - Xc.mean()) / Xc.std()
     ell, ratio, value, scale = fed.profile_grid_start(Xs, yc - yc.mean())
-    assert with_grid.lengthscale[0] / Xc.std() == pytest.approx(ell, rel=1.0)
+    # the grid point is within a grid step (a factor of about 1.6) of the optimum
+    assert 1 / 1.7 < with_grid.lengthscale[0] / Xc.std() / ell < 1.7
     assert ratio < 1e-2
     # the value and scale are the profile likelihood's at that point
     v, s = fed.profile_log_marginal_likelihood(Xs, yc - yc.mean(), np.array([ell]), ratio,
