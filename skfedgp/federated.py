@@ -3326,7 +3326,8 @@ def pilot_fit(X, y, random_state):
     main job's 12-point clients, seed 1: held-out NLL -0.06 with every
     start, -0.15 with one). A pilot on more points also starts from the
     best point of a grid of the profile likelihood when that point is above
-    every fit from the other starts (:func:`profile_grid_start`). With multi-output targets the rule applies to
+    every fit from the other starts (:func:`profile_grid_start`). With
+    multi-output targets the rule applies to
     each output's observed rows. A lengthscale that ends below
     :func:`resolution_floor` of the client's inputs (all its rows), where
     the likelihood is flat, is raised to it.
@@ -3642,7 +3643,7 @@ def profile_grid_start(X, y):
     points each, noise 1e-4 of the variance): every client's pilot ended
     in the smooth optimum that calls the wiggle noise, 10-25 nats below the
     wiggle's optimum at a lengthscale between two starts (and the fit,
-    started from the pilots, at 3-6 times the RMSE of a pooled exact GP).
+    started from the pilots, at 3-7 times the RMSE of a pooled exact GP).
     The grid costs ``56`` Cholesky factorisations of the pilot's rows
     (at most :data:`PILOT_MAX_POINTS`); :func:`pilot_fit` runs one more
     L-BFGS-B fit from the best point, at its optimal scale, only when that
