@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import numbers
-import re
 import warnings
 from collections.abc import Mapping
 
@@ -25,17 +24,13 @@ from ._linalg import CholeskyError
 from ._parallel import single_threaded_blas
 from ._validation import keep_state_on_error
 from .federated import default_sizes_quiet, warning_filters_kept
-from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning
+from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning, TargetScaleError
 
 __all__ = ["MaxEvidenceClassifier", "default_curve_regressor", "fold_order", "impute_ppca",
            "ppca_fit", "ppca_loglik", "proba_floor", "proba_temperature", "select_ppca_rank",
            "select_rank_by_accuracy"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
-#: The regressor's error for targets float64 cannot standardise
-#: (:func:`skfedgp.regressor.check_target_values`).
-_TARGET_SCALE = re.compile(r"y is too (small|large) to standardise: (.*) \(largest \|y\| = "
-                           r"([^)]*)\); rescale the targets")
 _CHANNEL_MODES = ("concatenate", "multioutput")
 _VARIATIONS = ("ppca", "none")
 #: Jitter tries (relative to the mean diagonal) if a predictive covariance
@@ -891,38 +886,6 @@ def _check_curve_lengths(X):
         "values on the shared grid (mark missing points as NaN)")
 
 
-def _curve_scale_message(text):
-    """The regressor's "y is too small (large) to standardise" error in the
-    classifier's terms, or None for any other error.
-
-    The classifier's regressor takes the curves' values as its targets
-    ``y``; its message would tell a classifier user, whose ``y`` holds class
-    labels, to rescale the targets.
-
-    Parameters
-    ----------
-    text : str
-        The regressor's error message.
-
-    Returns
-    -------
-    str or None
-        The message naming the curves ``X``.
-
-    Notes
-    -----
-    Input validation of the package (no paper source).
-    """
-    match = _TARGET_SCALE.fullmatch(text)
-    if match is None:
-        return None
-    size, detail, largest = match.groups()
-    detail = detail.replace("its values", "the curves' values")
-    return (f"the curves X are too {size} to standardise: {detail} (largest |X| = "
-            f"{largest}); rescale the curves X (e.g. by a power of ten), not the class "
-            "labels y")
-
-
 class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     """Classify whole curves by the class model that explains them best.
 
@@ -1440,10 +1403,12 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                                         category=ConvergenceWarning)
             try:
                 reg.fit(fit_args[0], fit_args[1], groups=fit_args[2])
+            except TargetScaleError as exc:  # the regressor's targets are the curves' values
+                raise ValueError(exc.message(
+                    "the curves X are", "X", "the curves' values",
+                    "rescale the curves X (e.g. by a power of ten), not the class labels y"),
+                ) from exc
             except ValueError as exc:
-                curves = _curve_scale_message(str(exc))
-                if curves is not None:  # the regressor's targets are the curves' values
-                    raise ValueError(curves) from exc
                 if "initial lengthscale" not in str(exc):
                     raise
                 raise ValueError(

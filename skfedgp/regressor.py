@@ -650,6 +650,51 @@ def _n_target_columns(y):
     return int(shape[1]) if len(shape) == 2 else 1
 
 
+class TargetScaleError(ValueError):
+    """Targets too small or too large for float64 to standardise (a ``ValueError``).
+
+    Raised by :func:`check_target_values`. Its attributes let a caller whose
+    targets are something else (the curves of
+    :class:`~skfedgp.MaxEvidenceClassifier`) say so in its own terms.
+
+    Parameters
+    ----------
+    size : {"small", "large"}
+    failure : str
+        What overflows or underflows, with ``{}`` where the values are named
+        (``"the variance of {} overflows float64"``).
+    largest : float
+        Largest magnitude among the values.
+
+    Notes
+    -----
+    Input validation of the package (no paper source).
+    """
+
+    def __init__(self, size, failure, largest):
+        self.size, self.failure, self.largest = size, failure, float(largest)
+        super().__init__(self.message("y is", "y", "its values", "rescale the targets"))
+
+    def message(self, subject, symbol, values, advice):
+        """The error in other terms.
+
+        Parameters
+        ----------
+        subject, symbol, values, advice : str
+            What is too small or large, with its verb (``"y is"``), its
+            symbol (``"y"``), its values (``"its values"``) and what to do.
+
+        Returns
+        -------
+        str
+        """
+        return (f"{subject} too {self.size} to standardise: {self.failure.format(values)} "
+                f"(largest |{symbol}| = {self.largest:.3g}); {advice}")
+
+    def __reduce__(self):
+        return type(self), (self.size, self.failure, self.largest)
+
+
 def check_target_values(y):
     """Targets must be numbers whose spread float64 can hold.
 
@@ -662,11 +707,12 @@ def check_target_values(y):
     Raises
     ------
     ValueError
-        If ``y`` holds strings (a class label, not a number), or its values
-        are so large that their variance overflows float64, or so small
-        (all below about 1e-146 in magnitude) that their squares underflow
-        (the targets are standardised by their spread; rescale them, e.g.
-        by a power of ten).
+        If ``y`` holds strings (a class label, not a number).
+    TargetScaleError
+        (a ``ValueError``) If its values are so large that their variance
+        overflows float64, or so small (all below about 1e-146 in magnitude)
+        that their squares underflow (the targets are standardised by their
+        spread; rescale them, e.g. by a power of ten).
 
     Notes
     -----
@@ -681,16 +727,13 @@ def check_target_values(y):
         for q in range(a.shape[1]):
             col = a[seen[:, q], q]
             if col.size and not np.isfinite(np.var(col)):
-                raise ValueError(
-                    "y is too large to standardise: the variance of its values overflows "
-                    f"float64 (largest |y| = {np.max(np.abs(col)):.3g}); rescale the targets")
+                raise TargetScaleError("large", "the variance of {} overflows float64",
+                                       np.max(np.abs(col)))
             big = float(np.max(np.abs(col))) if col.size else 0.0
             if 0.0 < big and big**2 < np.finfo(float).tiny / np.finfo(float).eps:
                 # squares of the values underflow: their spread would read as
                 # 0 (constant targets) and the model would run in wrong units
-                raise ValueError(
-                    "y is too small to standardise: the squares of its values underflow "
-                    f"float64 (largest |y| = {big:.3g}); rescale the targets")
+                raise TargetScaleError("small", "the squares of {} underflow float64", big)
 
 
 def check_multioutput_targets(y, n_rows, estimator=None):
