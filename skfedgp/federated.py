@@ -1122,6 +1122,39 @@ class Server:
         return InitBroadcast(self.y_offset, self.y_scale, self.theta_global.copy(),
                              init.x_min, init.x_max)
 
+    def record_outputs(self, summaries):
+        """What the diagnostics of multi-output targets need, from this run's set-up summaries.
+
+        Sets ``flat_outputs`` (:func:`flat_outputs`), and with multi-output
+        targets ``output_variance_floor`` (:func:`under_observed_floor`, in
+        the units of ``y_scale``), ``output_counts`` (per output: observed
+        values, observing clients) and ``output_client_counts`` (client id
+        to its values per output). Called at a fresh set-up (after
+        :meth:`standardise`) and at a warm start or resume, whose data may
+        differ from the first fit's.
+
+        Parameters
+        ----------
+        summaries : dict
+            Client id to its ``ClientSummary``.
+
+        Raises
+        ------
+        ValueError
+            If an output has a single observed value over all clients.
+        """
+        sums = list(summaries.values())
+        self.flat_outputs = flat_outputs(sums)
+        if not sums or sums[0].y_count is None:
+            return
+        self.output_variance_floor = under_observed_floor(
+            sums, np.asarray(self.y_scale, dtype=float))
+        count = np.sum([s.y_count for s in sums], axis=0)
+        self.output_counts = np.array(
+            [count, np.sum([np.asarray(s.y_count) > 0 for s in sums], axis=0)], dtype=int)
+        self.output_client_counts = {c: np.asarray(summaries[c].y_count, dtype=int)
+                                     for c in summaries}
+
     def standardise(self, summaries):
         """Target standardisation and input scaling from the client summaries.
 
@@ -1226,17 +1259,12 @@ class Server:
                     if s.y_count[q] >= 2 and s.y_centred_sumsq[q] > tiny * s.y_count[q]]
             if stds:
                 scale[q] = float(np.median(stds))
-        self.output_variance_floor = under_observed_floor(summaries, mean, scale)
-        # per output: observed values and clients observing it (for the warning's message)
-        self.output_counts = np.array(
-            [count, np.sum([np.asarray(s.y_count) > 0 for s in summaries], axis=0)], dtype=int)
         if not self.config.normalize_y:
             mean = np.zeros(Q)
         self.y_offset, self.y_scale = mean.astype(float), scale
         self.n_total = int(sum(s.n_samples for s in summaries))
         self.client_sizes = [int(s.n_samples) for s in summaries]  # for the "auto" M budget
         self.n_outputs = Q
-        self.flat_outputs = flat_outputs(summaries)
         w = np.array([max(s.n_samples, 1) for s in summaries], dtype=float)
         self.channel_covariance = np.average(
             [s.y_cov / np.outer(scale, scale) for s in summaries], axis=0, weights=w)
@@ -3547,7 +3575,8 @@ def _pilot_fit(X, y, random_state):
     # below PILOT_MULTI_START_POINTS the rough optimum mostly interpolates a
     # handful of points
     multi = n >= PILOT_MULTI_START_POINTS
-    starts = [np.full(d, s) for s in (pilot_starts(X) if multi else [np.sqrt(d)])]
+    iso = pilot_starts(X) if multi else np.array([np.sqrt(d)])
+    starts = [np.full(d, s) for s in iso]
     if (multi and d > 1 and PILOT_MARGINAL_START
             and X.shape[0] >= OWN_NOISE_POINTS_PER_PARAMETER * (d + 2)):
         # an input on which the targets vary fast while the others are
@@ -3567,7 +3596,7 @@ def _pilot_fit(X, y, random_state):
         # noise is a tiny share of the variance) is found from there. Fitted
         # only when that point is already above every fit so far (a fit
         # from it at its optimal scale ends at least as high)
-        ell, ratio, value, scale = profile_grid_start(X, y - y.mean())
+        ell, ratio, value, scale = profile_grid_start(X, y - y.mean(), iso)
         done = max((gp.log_marginal_likelihood for gp in fits
                     if np.isfinite(gp.log_marginal_likelihood)), default=-np.inf)
         if value > done:
@@ -3607,7 +3636,7 @@ PILOT_GRID_RATIOS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 PILOT_GRID_LENGTHSCALES = 8
 
 
-def profile_grid_start(X, y):
+def profile_grid_start(X, y, starts=None):
     """The best point of a grid of (isotropic lengthscale, noise-to-signal ratio).
 
     Scored by :func:`profile_log_marginal_likelihood` (the scale maximised
@@ -3622,6 +3651,9 @@ def profile_grid_start(X, y):
         Inputs standardised per feature.
     y : ndarray of shape (n,)
         Centred targets.
+    starts : ndarray of shape (k,), optional
+        :func:`pilot_starts` of ``X`` when the caller has them (None:
+        computed here).
 
     Returns
     -------
@@ -3650,7 +3682,7 @@ def profile_grid_start(X, y):
     point's value is above every fit from the other starts (the fit then
     ends at least as high).
     """
-    starts = pilot_starts(X)
+    starts = pilot_starts(X) if starts is None else starts
     hi, lo = float(np.max(starts)), float(np.min(starts))
     if not lo < hi / 3:
         lo = hi / 10.0
@@ -4098,7 +4130,7 @@ def _pooled_target_moments(summaries):
     return n, mean, m2, 1e-24 * max(mean**2, m2 / n)
 
 
-def under_observed_floor(summaries, mean, scale):
+def under_observed_floor(summaries, scale):
     """Predictive variance floor of the outputs seen too rarely within the clients.
 
     With its own constant mean per client and output, a client that
@@ -4119,8 +4151,6 @@ def under_observed_floor(summaries, mean, scale):
     ----------
     summaries : sequence of ClientSummary
         Multi-output summaries (``y_count`` per output).
-    mean : ndarray of shape (Q,)
-        The pooled mean of each output.
     scale : ndarray of shape (Q,)
         The outputs' scales (the floor is in standardised units).
 
@@ -4135,6 +4165,7 @@ def under_observed_floor(summaries, mean, scale):
         If an output has a single observed value over all clients.
     """
     counts = np.array([s.y_count for s in summaries], dtype=float)  # (T, Q)
+    mean = np.sum([s.y_sum for s in summaries], axis=0) / np.maximum(counts.sum(axis=0), 1.0)
     floor = np.zeros(counts.shape[1])
     for q in range(counts.shape[1]):
         n_iq = counts[:, q]
@@ -7001,9 +7032,7 @@ class _StructuredRun:
         self._population_sent = set()
         summaries, _ = self.setup_all("summary", ())
         init = server.standardise(list(summaries.values()))
-        if cfg.n_outputs:  # which clients saw each output how often (UnderObservedOutputWarning)
-            server.output_client_counts = {c: np.asarray(summaries[c].y_count, dtype=int)
-                                           for c in summaries}
+        server.record_outputs(summaries)
         if (self.setup_warnings and "global" in cfg.components
                 and not getattr(cfg, "client_scale", False)):
             # with client scales each such client uses the shared parts at its own scale
@@ -7109,19 +7138,8 @@ class _StructuredRun:
             M * cfg.n_latent[0] if cfg.n_outputs else M)
         summaries, n_calls = self.setup_all("summary", ())
         server.flat_clients = flat_targets(list(summaries.values()))
-        server.flat_outputs = flat_outputs(list(summaries.values()))
-        if cfg.n_outputs:
-            # this run's data decide which outputs are under-observed (a warm
-            # start may bring the values the first fit lacked)
-            sums = list(summaries.values())
-            count = np.sum([s.y_count for s in sums], axis=0)
-            pooled = np.sum([s.y_sum for s in sums], axis=0) / np.maximum(count, 1)
-            server.output_variance_floor = under_observed_floor(
-                sums, pooled, np.asarray(server.y_scale, dtype=float))
-            server.output_counts = np.array(
-                [count, np.sum([np.asarray(s.y_count) > 0 for s in sums], axis=0)], dtype=int)
-            server.output_client_counts = {c: np.asarray(summaries[c].y_count, dtype=int)
-                                           for c in summaries}
+        # this run's data decide (a warm start may bring values the first fit lacked)
+        server.record_outputs(summaries)
         # the server needs the clients' counts again; the standardisation is kept
         self.counter["up"] += int(sum(message_nbytes(s) for s in summaries.values()))
         self.counter["msgs"] += len(summaries)

@@ -121,8 +121,7 @@ def test_small_client_pilot_starts_once(monkeypatch):
     assert calls == []
     X, y, _ = _rough_series(3, n=fed.PILOT_MULTI_START_POINTS)
     fed.pilot_fit(X, y, 0)
-    # the starts, and the range of the grid's start (profile_grid_start)
-    assert calls == [fed.PILOT_MULTI_START_POINTS] * 2
+    assert calls == [fed.PILOT_MULTI_START_POINTS]
 
 
 def test_a_non_finite_pilot_reply_is_booked(monkeypatch):
