@@ -3680,7 +3680,9 @@ def profile_grid_start(X, y, starts=None):
     (at most :data:`PILOT_MAX_POINTS`); :func:`pilot_fit` runs one more
     L-BFGS-B fit from the best point, at its optimal scale, only when that
     point's value is above every fit from the other starts (the fit then
-    ends at least as high).
+    ends at least as high). Beyond the pFedHGP paper (Yan 2026 sets the
+    initial values by hand): the package's data-derived initialisation. No
+    error is raised: a grid point that cannot be scored is skipped.
     """
     starts = pilot_starts(X) if starts is None else starts
     hi, lo = float(np.max(starts)), float(np.min(starts))
@@ -3722,6 +3724,14 @@ def profile_log_marginal_likelihood(X, y, lengthscale, ratio, return_scale=False
         ``-inf`` when ``C`` is not positive definite or ``y`` is 0.
     scale : float
         ``s`` (NaN where ``value`` is ``-inf``); only with ``return_scale``.
+
+    Notes
+    -----
+    Rasmussen and Williams, *Gaussian Processes for Machine Learning* (MIT
+    Press, 2006), section 5.4.1, eq. 5.8, with the signal variance set to
+    its maximiser in closed form. Beyond the pFedHGP paper: it scores the
+    pilots' grid start (:func:`profile_grid_start`). No error is raised: a
+    covariance that is not positive definite scores ``-inf``.
     """
     n = X.shape[0]
     K = se_ard(X, X, np.asarray(lengthscale, dtype=float), 1.0)
@@ -4163,6 +4173,13 @@ def under_observed_floor(summaries, scale):
     ------
     ValueError
         If an output has a single observed value over all clients.
+
+    Notes
+    -----
+    The predictive law of a new draw from a normal sample with unknown mean
+    and variance under the noninformative prior: Gelman et al., *Bayesian
+    Data Analysis* (3rd ed., CRC Press, 2013), section 3.2. Beyond the
+    pFedHGP paper (the package's diagnostics).
     """
     counts = np.array([s.y_count for s in summaries], dtype=float)  # (T, Q)
     mean = np.sum([s.y_sum for s in summaries], axis=0) / np.maximum(counts.sum(axis=0), 1.0)
@@ -4225,6 +4242,11 @@ def flat_outputs(summaries):
     -------
     list of int
         The flat outputs, in order; empty for 1-D targets.
+
+    Notes
+    -----
+    Input diagnostics of the package (beyond the pFedHGP paper); raises
+    nothing.
     """
     if not summaries or any(s.y_count is None for s in summaries):
         return []
