@@ -149,7 +149,8 @@ def test_client_with_more_signal_in_the_same_units_keeps_the_population_noise(ab
     assert 0.5 * 0.05 <= noise_sd <= 2 * 0.05
     assert c.prior_noise <= 2 * est.clients_["A"].prior_noise
 
-@pytest.mark.parametrize("where", [100.0, -40.0, 1e3, 1e4, -1e5])
+@pytest.mark.parametrize("where", [100.0, -40.0, 1e3, pytest.param(1e4, marks=pytest.mark.slow),
+                                   pytest.param(-1e5, marks=pytest.mark.slow)])
 def test_client_far_away_in_input_space_does_not_harm_the_others(ab, reference, where):
     """A client far from the others in input space.
 
@@ -187,7 +188,8 @@ def far_2d_reference():
     return X, y, g, Xt, r0, rng.bit_generator.state
 
 
-@pytest.mark.parametrize("where", [50.0, 1e4, -1e5])
+@pytest.mark.parametrize("where", [50.0, pytest.param(1e4, marks=pytest.mark.slow),
+                                   pytest.param(-1e5, marks=pytest.mark.slow)])
 def test_far_client_2d(where, far_2d_reference):
     """In 2-D a far client of the same function leaves client A's fit alone.
 
@@ -230,7 +232,7 @@ def test_normalize_y_false_still_fits(level, amp):
     assert np.max(np.abs(mt - ft) / st) <= 3.0
 
 
-@pytest.mark.parametrize("factor", [1e3, 1e-3])
+@pytest.mark.parametrize("factor", [1e3, pytest.param(1e-3, marks=pytest.mark.slow)])
 def test_normalize_y_false_mean_field_follows_the_target_scale(factor):
     """The mean-field family with ``normalize_y=False`` takes its scale from
     the data (the targets' root mean square; no offset). It used scale 1, so

@@ -138,7 +138,7 @@ def test_small_client_keeps_the_population_centre():
     assert v1 < v0 and np.all(g1[sl] < 0)
 
 
-@pytest.mark.parametrize("n_features, seed", [(2, 2), (2, 5), (3, 0)])
+@pytest.mark.parametrize("n_features, seed", [(2, 2), (2, 5), pytest.param(3, 0, marks=pytest.mark.slow)])
 def test_hierarchical_generator_against_the_oracle(n_features, seed):
     """The package's own generator, 6 clients of 40 points (each client's
     function has a part on a lengthscale far below its inputs' spacing).

@@ -95,6 +95,7 @@ def _beijing(seed=0, sizes=(400, 200, 50, 20, 8, 5), kelvin=0):
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="shared Beijing data folder absent")
+@pytest.mark.slow
 def test_a_client_with_inputs_in_other_units_keeps_the_shared_parts():
     Xtr, ytr, gtr, Xte, yte, gte = _beijing()
     with warnings.catch_warnings():

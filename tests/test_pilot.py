@@ -168,6 +168,7 @@ def _ten_inputs_two_relevant(seed, n, K=4):
     return make(n), make(50)
 
 
+@pytest.mark.slow
 def test_high_dimensional_pilots_find_the_signal_and_keep_the_shared_part():
     """10 inputs of which 2 matter, 4 clients of 200 points sharing one
     function (seed 4): started at sqrt(d) alone every pilot ended with noise
@@ -285,7 +286,7 @@ def test_pilot_on_a_grid_stops_at_the_resolution():
     assert p.lengthscale[0] >= fed.resolution_floor(Xs)[0] > 0.125 / 9.0
 
 
-@pytest.mark.parametrize("seed", [0, 2])
+@pytest.mark.parametrize("seed", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_inputs_on_a_grid_match_the_exact_gp(seed):
     """Pilots at their bound (0.003 units, from the flat likelihood below
     the gap) made the set-up grow the global design to 75 points and learn

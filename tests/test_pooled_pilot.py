@@ -779,6 +779,7 @@ def test_the_pooled_lengthscales_stand_for_the_small_clients_own(seed, monkeypat
     assert np.sum(ell > 50.0) < np.sum(own_median > 50.0), (ell, own_median)
 
 
+@pytest.mark.slow
 def test_an_unidentified_pooled_noise_leaves_the_pilots_value(monkeypatch):
     """30 clients of 10 rows in 5 inputs, each departing smoothly from the
     shared function. The pool sees only pairs of points within a client,

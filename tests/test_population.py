@@ -98,6 +98,7 @@ def test_population_variance_in_common_units_with_client_scales():
     assert pop["variance_l"] == pytest.approx((1.0 + 2.0 + 4.0) / 3)
 
 
+@pytest.mark.slow
 def test_small_clients_do_not_set_the_starting_lengthscales():
     """Clients of 300, 60, 20, 20 and 8 points of one function of 3 of 24
     inputs. The starting global lengthscales are the pilots' median, now

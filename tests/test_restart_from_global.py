@@ -42,6 +42,7 @@ def _traffic(est):
             for k in ("bytes_up", "bytes_down", "n_messages")}
 
 
+@pytest.mark.slow
 def test_many_inputs_few_relevant_match_the_exact_gp():
     X, y, g, Xt, yt, gt = restart_benchmark_case("dim20", 0)
     est = _fit(X, y, g)
@@ -415,6 +416,7 @@ def test_shortest_live_latent():
         shortest_live_latent(ell, np.ones((2, 2)))
 
 
+@pytest.mark.slow
 def test_multioutput_design_is_sized_for_the_shared_latents(monkeypatch):
     """With multi-output targets the global-only fit also sizes the global
     inducing design: ``n_inducing="auto"`` from the larger of the pilots'
