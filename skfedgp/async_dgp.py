@@ -83,7 +83,17 @@ def _reference_lengthscale(X):
     ``exp(-32)``: a flat, white-noise start the optimiser cannot leave).
     """
     d = X.shape[1]
-    s = X.std(axis=0) if X.shape[0] > 1 else np.ones(d)
+    if X.shape[0] > 1:
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = X.std(axis=0)
+        if not np.all(np.isfinite(s)):
+            # inputs of magnitude 1e160 or more are finite, their squares
+            # are not: the spread of X / m, times m
+            m = np.max(np.abs(X), axis=0)
+            m = np.where(m > 0, m, 1.0)
+            s = (X / m).std(axis=0) * m
+    else:
+        s = np.ones(d)
     return np.sqrt(d) * np.where(s > 0, s, 1.0)
 
 
@@ -682,7 +692,15 @@ class InformationSet:
         diff = np.asarray(xs, dtype=float) - x
         if self.scale is not None:
             diff = diff * self.scale
-        return np.sqrt((diff**2).sum(axis=-1))
+        with np.errstate(over="ignore"):
+            dist = np.sqrt((diff**2).sum(axis=-1))
+        if diff.size and not np.all(np.isfinite(dist)):
+            # inputs of magnitude 1e160 or more are finite, their squares
+            # are not: the norm of diff / m, times m
+            m = np.max(np.abs(diff), axis=-1, keepdims=True)
+            m = np.where(m > 0, m, 1.0)
+            dist = m[..., 0] * np.sqrt(((diff / m) ** 2).sum(axis=-1))
+        return dist
 
     def _eta(self, x):
         if not self.mu:

@@ -245,3 +245,37 @@ def test_information_set_rejected_update_leaves_the_set_unchanged(convention, ba
     assert len(s) == 1
     s.update(x, [_GOOD_ITEM])  # the set still works
     assert s.mu == [1.0, 2.0]
+
+
+# --------------------------------------------------------------------------
+# inputs whose squares overflow float64
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("unit", [1e160, 1e200])
+def test_inputs_whose_squares_overflow_fit_as_in_ordinary_units(rng, unit):
+    """Inputs of magnitude 1e160 or more are finite, but their squares are
+    not: the default lengthscales (each input's spread) and the information
+    set's distances overflowed, and fit failed with "lengthscale must be
+    finite and positive". Fitted with learned hyperparameters, the same data
+    in units 1 and ``unit`` must give the same predictions (the kernel
+    depends on the inputs only through distances in lengthscale units)."""
+    X, y = _data(rng)
+    Xt = rng.uniform(0, 10, (30, 2))
+    kw = dict(n_experts=2, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no overflow on the way
+        ref = AsyncDGPRegressor(**kw).fit(X, y)
+        big = AsyncDGPRegressor(**kw).fit(X * unit, y)
+        m0, s0 = ref.predict(Xt, return_std=True)
+        m1, s1 = big.predict(Xt * unit, return_std=True)
+    assert np.all(np.isfinite(m1)) and np.all(s1 > 0)
+    np.testing.assert_allclose(m1, m0, atol=0.05 * np.std(y))
+    np.testing.assert_allclose(s1, s0, rtol=0.1, atol=0.01 * np.std(y))
+    # the information set's distance, in both conventions
+    for conv in ("paper", "gpgym"):
+        info = InformationSet(max_info=3, beta=2.0, sigma_f=1.0, lipschitz=1.0,
+                              lengthscale=unit, convention=conv)
+        d = info._dist(np.array([[0.0, 0.0], [3 * unit, 4 * unit]]), np.zeros(2))
+        expect = 5.0 if conv == "gpgym" else 5.0 * unit
+        np.testing.assert_allclose(d, [0.0, expect], rtol=1e-12)
