@@ -80,6 +80,7 @@ __all__ = [
     "Client",
     "Server",
     "run_federated_training",
+    "null_log_likelihood",
     "PilotSummary",
     "DesignResidual",
     "InputScaleReport",
@@ -1098,6 +1099,9 @@ class Server:
         InitBroadcast
         """
         init = self.standardise(summaries)
+        # the yardstick of a failed fit (the regressor warns below it)
+        self.null_log_likelihood = (null_log_likelihood(summaries, self.y_scale)
+                                    if all(s.y_count is None for s in summaries) else None)
         self.client_boxes = None  # the mean-field set-up places Z_g in the joint box
         ranges = self.x_scale
         values = {}
@@ -1701,8 +1705,32 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
     elbo_history = []
     gpack = server.global_pack
     closed_global = config.variational_update == "closed_form" and "m_g" in gpack.slices
+    where = [0]
+    try:
+        clients = _mean_field_rounds(clients, server, config, n_rounds, n_jobs, verbose, gpack,
+                                     closed_global, communication, elbo_history, where)
+    except (ValueError, FloatingPointError, np.linalg.LinAlgError) as exc:
+        stage = f"in round {where[0]}" if where[0] <= n_rounds else "in its final polish"
+        raise ValueError(
+            f"the mean-field fit failed {stage}: {exc}. With Adam steps this means the "
+            "parameters left their valid range: lower learning_rate (now "
+            f"{config.learning_rate:g}) or global_learning_rate (now "
+            f"{config.global_learning_rate:g})") from exc
+    return clients, elbo_history, communication
+
+
+def _mean_field_rounds(clients, server, config, n_rounds, n_jobs, verbose, gpack,
+                       closed_global, communication, elbo_history, where):
+    """The rounds and the final polish of :func:`run_federated_training`.
+
+    Appends to ``communication`` and ``elbo_history`` and keeps the round
+    under way in ``where[0]`` (``n_rounds + 1``: the polish); returns the
+    clients (copies under process-based backends).
+    """
+    T = len(clients)
     with Parallel(n_jobs=n_jobs) as parallel:
         for r in range(1, n_rounds + 1):
+            where[0] = r
             t0 = time.perf_counter()
             up = down = n_msg = 0
             if closed_global:
@@ -1733,6 +1761,7 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
                     f"up {communication[-1]['bytes_up']} B  down {communication[-1]['bytes_down']} B",
                     flush=True,
                 )
+        where[0] = n_rounds + 1
         # -- polish: every Gaussian factor to its exact optimum at the final
         #    hyperparameters (coordinate ascent on cached Gram matrices), then
         #    the ELBO of exactly the returned model --------------------------------
@@ -1775,11 +1804,13 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
         communication.append({"round": n_rounds + 1, "bytes_up": int(up),
                               "bytes_down": int(down), "n_messages": n_msg + 2 * T,
                               "final": True})
+        if not np.isfinite(elbo):
+            raise FloatingPointError(f"the final ELBO is not finite ({elbo})")
         if elbo_history:
             elbo_history[-1] = float(elbo)
         else:
             elbo_history.append(float(elbo))
-    return clients, elbo_history, communication
+    return clients
 
 
 #: The final polish of the mean-field factors stops when no whitened
@@ -4199,6 +4230,50 @@ def under_observed_floor(summaries, scale):
         ratio = float(student_t.ppf(0.975, n_q - 1) / student_t.ppf(0.975, np.inf))
         floor[q] = m2 / (n_q - 1) * (1 + 1 / n_q) * ratio**2 / float(scale[q]) ** 2
     return floor
+
+
+def null_log_likelihood(summaries, y_scale):
+    """Log likelihood of each client's targets as independent noise about its own mean.
+
+    The yardstick of a failed fit: a model whose ELBO ends below this has
+    explained less than white noise around each client's mean with the
+    client's own variance (the maximum likelihood Gaussian of each client's
+    targets, no function at all) would. In standardised units (targets
+    divided by ``y_scale``), as the ELBO is reported; a client's variance
+    is taken at least ``NOISE_FLOOR``, the model's own noise floor.
+
+    Parameters
+    ----------
+    summaries : sequence of ClientSummary
+        1-D targets' set-up summaries (count and centred sum of squares).
+    y_scale : float
+        The standardisation's scale (target units).
+
+    Returns
+    -------
+    float
+        ``sum_i -n_i / 2 log(2 pi v_i) - css_i / (2 v_i)``, with
+        ``css_i`` the centred sum of squares in standardised units and
+        ``v_i = max(css_i / n_i, NOISE_FLOOR)``.
+
+    Notes
+    -----
+    A diagnostic of the package (beyond the paper): the ELBO is a lower
+    bound on the log marginal likelihood (Titsias, "Variational Learning of
+    Inducing Variables in Sparse Gaussian Processes", AISTATS 2009, eq. 9),
+    and a model with its signal switched off and each client's level and
+    noise at their estimates comes within a few nats of this value.
+    """
+    total = 0.0
+    s2 = float(y_scale) ** 2
+    for s in summaries:
+        n = int(s.n_samples)
+        if n == 0:
+            continue
+        css = float(s.y_centred_sumsq) / s2
+        v = max(css / n, NOISE_FLOOR)
+        total += -0.5 * n * np.log(2.0 * np.pi * v) - 0.5 * css / v
+    return float(total)
 
 
 def flat_targets(summaries):

@@ -104,6 +104,27 @@ TOL = 1e-4
 MULTIOUTPUT_TOL = 3e-3
 
 
+def _warn_below_null(est, server):
+    """ConvergenceWarning when the mean-field fit ends below white noise.
+
+    The final ELBO below :func:`~skfedgp.federated.null_log_likelihood`
+    (each client's targets as independent noise about its own mean) means a
+    failed fit, in practice Adam steps too large for the problem, which
+    oscillate or diverge without raising.
+    """
+    null = getattr(server, "null_log_likelihood", None)
+    final = float(est.elbo_history_[-1])
+    if null is None or final >= null:
+        return
+    warnings.warn(
+        f"the final ELBO, {final:.6g}, is below the log likelihood of each client's targets "
+        f"as independent noise about its own mean, {null:.6g} (standardised units): the fit "
+        "failed. The mean-field family's Adam steps may be too large for these data: lower "
+        f"learning_rate (now {est.learning_rate:g}) or global_learning_rate (now "
+        f"{est.global_learning_rate:g}), or use the default variational_family='structured'",
+        ConvergenceWarning, stacklevel=user_stacklevel())
+
+
 def _warn_diagnostics(est, converged, n_rounds):
     """ConvergenceWarning when the budget ended first or a value sits at a bound.
 
@@ -2071,7 +2092,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``resume_from`` with other model settings (or another number of
             target columns), a ``checkpoint`` path that names a folder or
             lies in a missing one, or ``min_clients`` above the number of
-            clients.
+            clients. Mean-field family: a round (or the final polish) whose
+            computation failed (a parameter outside its valid range, a
+            non-finite value), named with the round and the step sizes; the
+            estimator keeps its earlier fitted state.
         TypeError
             If ``resume_from`` is a file that cannot be read as a saved
             :class:`~skfedgp.federated.TrainingState`.
@@ -2097,7 +2121,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             lengthscale at its upper bound (an input switched off): these
             are regular outcomes. Also when a client's local phase failed
             whenever it was asked (its own hyperparameters are still those
-            this fit started from).
+            this fit started from). Mean-field family: when the final ELBO is
+            below each client's targets taken as independent noise about its
+            own mean (:func:`skfedgp.federated.null_log_likelihood`), in
+            practice Adam steps too large (``learning_rate``).
         UnderObservedOutputWarning
             Multi-output targets: an output whose observing clients hold
             fewer than two of its values each on average (its predictive
@@ -2445,6 +2472,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         if "phi" in G and "deviation" in config.components:
             self.phi_ = float(G["phi"])
         self._population_local = self._population_block()
+        _warn_below_null(self, server)
         return self
 
     def _drop_fit_attributes(self, keep=("n_features_in_", "feature_names_in_",
