@@ -32,6 +32,7 @@ from .clustering import OperatorClustering
 from .regressor import (
     ClientFittedAsNoiseWarning,
     ClientLabelWarning,
+    CollinearOutputsWarning,
     FederatedHierarchicalGPRegressor,
     InputScaleWarning,
     SharedPartsOffWarning,
@@ -50,6 +51,7 @@ __all__ = [
     "CholeskyError",
     "ClientFittedAsNoiseWarning",
     "ClientLabelWarning",
+    "CollinearOutputsWarning",
     "InputScaleWarning",
     "SharedPartsOffWarning",
     "SparseApproximationWarning",
