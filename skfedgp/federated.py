@@ -82,6 +82,7 @@ __all__ = [
     "run_federated_training",
     "null_log_likelihood",
     "collinear_outputs",
+    "under_observed_outputs",
     "PilotSummary",
     "DesignResidual",
     "InputScaleReport",
@@ -1133,7 +1134,8 @@ class Server:
         Sets ``flat_outputs`` (:func:`flat_outputs`), ``collinear_outputs``
         (:func:`collinear_outputs`), and with multi-output
         targets ``output_variance_floor`` (:func:`under_observed_floor`, in
-        the units of ``y_scale``), ``output_counts`` (per output: observed
+        the units of ``y_scale``), ``under_observed_outputs``
+        (:func:`under_observed_outputs`), ``output_counts`` (per output: observed
         values, observing clients) and ``output_client_counts`` (client id
         to its values per output). Called at a fresh set-up (after
         :meth:`standardise`) and at a warm start or resume, whose data may
@@ -1156,6 +1158,7 @@ class Server:
             return
         self.output_variance_floor = under_observed_floor(
             sums, np.asarray(self.y_scale, dtype=float))
+        self.under_observed_outputs = under_observed_outputs(sums)
         count = np.sum([s.y_count for s in sums], axis=0)
         self.output_counts = np.array(
             [count, np.sum([np.asarray(s.y_count) > 0 for s in sums], axis=0)], dtype=int)
@@ -1712,7 +1715,12 @@ def run_federated_training(clients, server, config, *, n_rounds, n_jobs=None,
     try:
         clients = _mean_field_rounds(clients, server, config, n_rounds, n_jobs, verbose, gpack,
                                      closed_global, communication, elbo_history, where)
-    except (ValueError, FloatingPointError, np.linalg.LinAlgError) as exc:
+    except ValueError as exc:
+        # a kernel parameter out of its valid range (e.g. a variance sent to
+        # exp(-1000) = 0); FloatingPointError and CholeskyError already name
+        # the client and round, and keep their types
+        if isinstance(exc, np.linalg.LinAlgError):  # a ValueError subclass
+            raise
         stage = f"in round {where[0]}" if where[0] <= n_rounds else "in its final polish"
         raise ValueError(
             f"the mean-field fit failed {stage}: {exc}. With Adam steps this means the "
@@ -4174,6 +4182,35 @@ def _pooled_target_moments(summaries):
     return n, mean, m2, 1e-24 * max(mean**2, m2 / n)
 
 
+def under_observed_outputs(summaries):
+    """Which outputs are seen too rarely within the clients to learn how they vary.
+
+    Output ``q`` is under-observed when the clients that observe it hold
+    fewer than two of its values each on average: ``sum_i (n_iq - 1) <
+    T_q`` over the ``T_q`` clients with ``n_iq > 0`` (see
+    :func:`under_observed_floor`). Whatever its values: an output seen once
+    per client with the same value everywhere is under-observed too (its
+    floor is then 0, as its pooled spread).
+
+    Parameters
+    ----------
+    summaries : sequence of ClientSummary
+        Multi-output summaries (``y_count`` per output).
+
+    Returns
+    -------
+    ndarray of shape (Q,), bool
+
+    Notes
+    -----
+    Input diagnostics of the package (beyond the pFedHGP paper); raises
+    nothing.
+    """
+    counts = np.array([s.y_count for s in summaries], dtype=float)  # (T, Q)
+    return np.array([bool(np.count_nonzero(c)) and
+                     np.sum(np.maximum(c - 1, 0)) < np.count_nonzero(c) for c in counts.T])
+
+
 def under_observed_floor(summaries, scale):
     """Predictive variance floor of the outputs seen too rarely within the clients.
 
@@ -4218,6 +4255,7 @@ def under_observed_floor(summaries, scale):
     counts = np.array([s.y_count for s in summaries], dtype=float)  # (T, Q)
     mean = np.sum([s.y_sum for s in summaries], axis=0) / np.maximum(counts.sum(axis=0), 1.0)
     floor = np.zeros(counts.shape[1])
+    under = under_observed_outputs(summaries)
     for q in range(counts.shape[1]):
         n_iq = counts[:, q]
         n_q = float(n_iq.sum())
@@ -4225,7 +4263,7 @@ def under_observed_floor(summaries, scale):
             raise ValueError(
                 f"output {q} has a single observed (non-NaN) value over all clients: at least "
                 "2 are needed to learn anything about it")
-        if np.sum(np.maximum(n_iq - 1, 0)) >= np.count_nonzero(n_iq):
+        if not under[q]:
             continue
         m2 = sum(float(s.y_centred_sumsq[q]) + float(s.y_count[q]) * (
             float(s.y_sum[q]) / max(float(s.y_count[q]), 1.0) - float(mean[q])) ** 2
@@ -6712,7 +6750,8 @@ _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_in
                   "inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                   "held_last_round_", "lengthscale_start_", "local_prior_centre_",
                   "local_prior_sent_", "local_fitted_", "inducing_growth_",
-                  "output_variance_floor", "output_counts", "output_client_counts")
+                  "output_variance_floor", "under_observed_outputs", "output_counts",
+                  "output_client_counts")
 #: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
 _RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
                "held_last_round_", "local_prior_centre_", "local_prior_sent_", "local_fitted_")

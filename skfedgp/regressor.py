@@ -433,10 +433,19 @@ def _warn_shared_off(est, G):
             f"{'them' if several else 'it'}, so each client is predicted by its own "
             f"constant level of {'those outputs' if several else 'that output'}",
             SharedPartsOffWarning, stacklevel=user_stacklevel())
+    if "variance_g" in G:
+        var_g = float(np.max(G["variance_g"]))
+    elif "B_g" in G:
+        # multi-output: each output's global variance is the sum of its squared
+        # global loadings (unit-variance latents); the constant outputs, named
+        # above, have none to switch off
+        per_output = np.sum(np.asarray(G["B_g"], dtype=float) ** 2, axis=1)
+        rest = np.setdiff1d(np.arange(per_output.shape[0]), flat)
+        if rest.size == 0:
+            return
+        var_g = float(np.max(per_output[rest]))
+    else:
         return
-    if "variance_g" not in G:
-        return
-    var_g = float(np.max(G["variance_g"]))
     if var_g > SHARED_OFF_VARIANCE:
         return
     if getattr(est.server_, "flat_clients", False):
@@ -447,12 +456,16 @@ def _warn_shared_off(est, G):
             "own constant level", SharedPartsOffWarning, stacklevel=user_stacklevel())
         return
     dev = ""
-    if "deviation" in comps and "phi" in G:
+    if "deviation" in comps and "phi" in G and "variance_g" in G:
         dev = (" and the deviations with it (variance phi * variance_g = "
                f"{float(G['phi']) * var_g:.3g})")
+    what = (f"variance_g = {var_g:.3g} of the standardised targets' variance"
+            if "variance_g" in G else
+            f"largest global variance over the non-constant outputs = {var_g:.3g} of their "
+            "standardised variance, the sum of an output's squared global loadings")
     warnings.warn(
-        f"the global part was switched off (variance_g = {var_g:.3g} of the standardised "
-        f"targets' variance){dev}: the {len(est.clients_)} clients share no function, "
+        f"the global part was switched off ({what}){dev}: the "
+        f"{len(est.clients_)} clients share no function, "
         "each is predicted from its own data alone. Expected if the clients' functions "
         "have nothing in common; otherwise check that every client's inputs are in the "
         "same units and ranges and its targets on a comparable scale, and compare with a "
@@ -488,20 +501,29 @@ class UnderObservedOutputWarning(UserWarning):
 def _warn_under_observed(est):
     """:class:`UnderObservedOutputWarning` for the outputs whose variance is floored."""
     floor = getattr(est.server_, "output_variance_floor", None)
-    if floor is None or not np.any(np.asarray(floor) > 0):
+    if floor is None:
+        return
+    floor = np.asarray(floor)
+    under = getattr(est.server_, "under_observed_outputs", None)
+    under = floor > 0 if under is None else np.asarray(under, dtype=bool)  # older checkpoints
+    if not np.any(under):
         return
     counts = getattr(est.server_, "output_counts", None)
     listed = "; ".join(
         f"output {q}" + ("" if counts is None else
                          f": {counts[0][q]} values in {counts[1][q]} client(s)")
-        for q in np.flatnonzero(np.asarray(floor) > 0))
+        + ("" if floor[q] > 0 else ", all equal")
+        for q in np.flatnonzero(under))
+    same = ("; an output whose values are all equal has no spread to raise it by, so its "
+            "band is the model's own and means nothing" if np.any(floor[under] <= 0) else "")
     warnings.warn(
         f"outputs observed fewer than twice per client on average ({listed}): each client's "
         "own constant mean fits such values exactly, so how the output varies within a "
         "client (its loadings and noise) cannot be learned; its predictions are the "
         "clients' levels, with the predictive variance raised to that of a new draw from "
-        "the output's pooled values (Student-t). Record more values of it per client, or "
-        "fit it on its own", UnderObservedOutputWarning, stacklevel=user_stacklevel())
+        f"the output's pooled values (Student-t){same}. Record more values of it per "
+        "client, or fit it on its own", UnderObservedOutputWarning,
+        stacklevel=user_stacklevel())
 
 
 class CollinearOutputsWarning(UserWarning):
@@ -2124,10 +2146,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``resume_from`` with other model settings (or another number of
             target columns), a ``checkpoint`` path that names a folder or
             lies in a missing one, or ``min_clients`` above the number of
-            clients. Mean-field family: a round (or the final polish) whose
-            computation failed (a parameter outside its valid range, a
-            non-finite value), named with the round and the step sizes; the
-            estimator keeps its earlier fitted state.
+            clients. Mean-field family: a round (or the final polish) that
+            sent a parameter outside its valid range, named with the round
+            and the step sizes; the estimator keeps its earlier fitted
+            state.
         TypeError
             If ``resume_from`` is a file that cannot be read as a saved
             :class:`~skfedgp.federated.TrainingState`.

@@ -456,6 +456,33 @@ def test_constant_multioutput_targets_are_reported_per_constant_output():
         "level of that output"]
 
 
+def test_multioutput_global_part_switched_off_is_reported_also_beside_constant_outputs():
+    """Multi-output targets that are pure noise at every client switch the
+    global part off (every global loading 0) silently, where 1-D targets
+    warn; and a constant output's message used to be the only one, hiding
+    the other outputs' global part switched off. Both are reported now;
+    outputs sharing a function get neither."""
+    from skfedgp import SharedPartsOffWarning
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (90, 1))
+    g = np.repeat(["a", "b", "c"], 30)
+
+    def texts(Y):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            FederatedHierarchicalGPRegressor(random_state=0).fit(X, Y, groups=g)
+        return [str(w.message) for w in caught if issubclass(w.category, SharedPartsOffWarning)]
+
+    off = "the global part was switched off (largest global variance over the non-constant"
+    t = texts(rng.normal(size=(90, 2)))
+    assert len(t) == 1 and t[0].startswith(off)
+    t = texts(np.c_[rng.normal(size=90), np.repeat([1.0, 2.0, 3.0], 30)])
+    assert len(t) == 2 and t[0].startswith("output 1 of y is constant") and t[1].startswith(off)
+    shared = np.c_[np.sin(6 * X[:, 0]), np.cos(6 * X[:, 0])] + 0.05 * rng.normal(size=(90, 2))
+    assert texts(shared) == []
+
+
 @pytest.mark.parametrize("value", ["False", "yes", 0, None])
 def test_flags_must_be_booleans(value):
     """A string such as "False" must not count as True (it did, silently)."""

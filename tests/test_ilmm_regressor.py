@@ -674,6 +674,14 @@ def test_output_seen_once_per_client_warns_and_is_widened():
     # predict_joint gives the same marginal std
     _, C = est.predict_joint(X[:10], groups=g[:10])
     assert_allclose(np.sqrt(np.diag(C))[1::2], s[:10, 1], rtol=1e-6)
+    # seen once per client with the same value everywhere: no spread to raise
+    # the variance by, but the warning still says the output is under-observed
+    # (it said nothing)
+    Ysame = Yobs.copy()
+    Ysame[[0, 10, 20], 1] = 1.5
+    with pytest.warns(UnderObservedOutputWarning, match=r"output 1: 3 values in 3 client"
+                      r"\(s\), all equal.*no spread to raise it by"):
+        FederatedHierarchicalGPRegressor(random_state=0, n_rounds=2).fit(X, Ysame, groups=g)
     # a value seen once over all clients is refused
     Y1 = Yobs.copy()
     Y1[[10, 20], 1] = np.nan
