@@ -143,3 +143,30 @@ def test_the_grid_start_is_not_fitted_where_the_other_starts_are_better(monkeypa
     without = fed.pilot_fit(X, y, 0)
     assert n_with == len(calls)
     np.testing.assert_array_equal(with_grid.lengthscale, without.lengthscale)
+
+
+def test_a_winning_grid_start_in_two_inputs_ends_in_an_ard_fit(monkeypatch):
+    """Two inputs, each a steep trend plus a fast wiggle of its own period
+    (3 and 2 per unit: lengthscales in the ratio 1.5), 250 points, noise sd
+    0.1. The pilot's own starts end in the smooth optimum that calls both
+    wiggles noise (noise sd 0.51); the grid's best isotropic point starts a
+    fit that finds them: noise sd about 0.1, a higher log marginal
+    likelihood, and lengthscales of their own per input (the grid point is
+    isotropic, the fit from it ARD), in about the truth's ratio."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (250, 2))
+    y = (3 * X[:, 0] + 0.5 * np.sin(3 * X[:, 0]) + 2 * X[:, 1] + 0.5 * np.sin(2 * X[:, 1])
+         + 0.1 * rng.normal(size=250))
+    Xc, yc = X / 10.0, (y - y.mean()) / y.std()
+    with_grid = fed.pilot_fit(Xc, yc, 0)
+    monkeypatch.setattr(fed, "PILOT_GRID_START", False)
+    without = fed.pilot_fit(Xc, yc, 0)
+    assert np.sqrt(with_grid.noise_variance) * y.std() == pytest.approx(0.1, rel=0.3)
+    assert np.sqrt(without.noise_variance) * y.std() > 0.3
+    ratio = with_grid.lengthscale[1] / with_grid.lengthscale[0]
+    assert 1.2 < ratio < 2.0
+
+    def lml(p):
+        return _lml(Xc, yc, p.lengthscale, p.variance, p.noise_variance)
+
+    assert lml(with_grid) > lml(without) + 10.0
