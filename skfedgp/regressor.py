@@ -1877,11 +1877,18 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return 1
         return steps
 
-    def _check_params(self):
+    def _component_names(self):
+        """``components`` as a tuple (a string is one name; a non-sequence gives ())."""
         comps = self.components
         if isinstance(comps, str):
-            comps = (comps,)
-        comps = tuple(comps)
+            return (comps,)
+        try:
+            return tuple(comps)
+        except TypeError:  # None, a number: refused by _check_params
+            return ()
+
+    def _check_params(self):
+        comps = self._component_names()
         unknown = [c for c in comps if c not in COMPONENTS]
         if not comps or unknown:
             raise ValueError(
@@ -2250,8 +2257,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     def _may_restart_from_global(self):
         """Whether the settings allow :meth:`_restart_from_global` (before the fit)."""
-        comps = (self.components,) if isinstance(self.components, str) else tuple(
-            self.components)
+        comps = self._component_names()
         return (self.variational_family == "structured" and "global" in comps
                 and ("deviation" in comps or "local" in comps) and self.lengthscale is None
                 and not (self.warm_start and hasattr(self, "server_"))
