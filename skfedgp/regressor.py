@@ -1895,6 +1895,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
                 f"components must be a non-empty subset of {COMPONENTS}, got {self.components!r}"
             )
         comps = tuple(c for c in COMPONENTS if c in comps)
+        # read as a truth value by fit: a string 'False' would continue the fit
+        check_bool(self.warm_start, "warm_start")
         if self.fault_hook is not None and not callable(self.fault_hook):
             raise ValueError(
                 f"fault_hook must be a callable fault_hook(client_id, method, round) or None, "
