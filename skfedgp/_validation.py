@@ -61,6 +61,7 @@ __all__ = [
     "warn_groups_missing",
     "keep_state_on_error",
     "check_count",
+    "check_n_jobs",
     "check_real",
 ]
 
@@ -196,6 +197,39 @@ def check_count(value, name, *, allow_none=False):
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, "
                          f"got {value!r}")
+    return int(value)
+
+
+def check_n_jobs(value):
+    """The ``n_jobs`` parameter: None or a non-zero integer (a bool is not one).
+
+    Parameters
+    ----------
+    value : object
+        The value given.
+
+    Returns
+    -------
+    int or None
+
+    Raises
+    ------
+    ValueError
+        ``"n_jobs must be None or a non-zero integer ..., got <value>"``
+        (joblib itself raised an OverflowError for ``inf``, a message about
+        a long expression for ``1e308``, and took ``1.5`` or ``True`` as
+        ``1``).
+
+    Notes
+    -----
+    Package plumbing; no paper source.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value == 0:
+        raise ValueError(
+            "n_jobs must be None or a non-zero integer (the number of parallel jobs; -1: "
+            f"all cores), got {value!r}")
     return int(value)
 
 

@@ -44,8 +44,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import (check_bool, check_count, check_not_strings, check_real,
-                          keep_state_on_error, user_stacklevel)
+from ._validation import (check_bool, check_count, check_n_jobs, check_not_strings,
+                          check_real, keep_state_on_error, user_stacklevel)
 from .kernels import se_ard
 from .regressor import check_target_values
 
@@ -992,6 +992,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     def _check_params(self):
         check_bool(self.optimize_hyperparameters, "optimize_hyperparameters")
         check_count(self.n_experts, "n_experts")
+        check_n_jobs(self.n_jobs)
         check_count(self.max_info, "max_info")
         check_count(self.max_points_per_expert, "max_points_per_expert", allow_none=True)
         if self.aggregation not in AGGREGATIONS:

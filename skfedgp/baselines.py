@@ -49,6 +49,7 @@ from ._validation import (
     check_finite_scalar,
     check_groups,
     check_label_types,
+    check_n_jobs,
     check_real,
     keep_state_on_error,
     label_source,
@@ -571,6 +572,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         if not isinstance(self.verbose, numbers.Integral):
             raise ValueError(
                 f"verbose must be an int (0 or less: silent), got {self.verbose!r}")
+        check_n_jobs(self.n_jobs)
         R = _int("n_latent", 1)
         n_rounds = _int("n_rounds", 0)
         steps = _int("local_steps", 1)

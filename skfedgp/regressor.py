@@ -45,6 +45,7 @@ from ._validation import (
     check_groups,
     check_label_types,
     check_not_strings,
+    check_n_jobs,
     check_real,
     keep_state_on_error,
     label_source,
@@ -1897,6 +1898,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         comps = tuple(c for c in COMPONENTS if c in comps)
         # read as a truth value by fit: a string 'False' would continue the fit
         check_bool(self.warm_start, "warm_start")
+        check_n_jobs(self.n_jobs)
         if self.fault_hook is not None and not callable(self.fault_hook):
             raise ValueError(
                 f"fault_hook must be a callable fault_hook(client_id, method, round) or None, "
