@@ -63,6 +63,7 @@ __all__ = [
     "check_count",
     "check_n_jobs",
     "check_real",
+    "float_param",
 ]
 
 #: What the population prediction is, in the warnings (the hierarchical model's).
@@ -198,6 +199,39 @@ def check_count(value, name, *, allow_none=False):
         raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, "
                          f"got {value!r}")
     return int(value)
+
+
+def float_param(value, name):
+    """A numeric array parameter as float64, or a ValueError naming it.
+
+    Parameters
+    ----------
+    value : object
+        The value given (a number or an array-like of numbers).
+    name : str
+        Parameter name for the message.
+
+    Returns
+    -------
+    ndarray of float64
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be a number or an array of numbers, got <value>"``
+        for a value NumPy cannot convert (a string, None, a ragged list); the
+        bare conversion error named no parameter.
+
+    Notes
+    -----
+    Package plumbing; no paper source. Range and shape checks stay with the
+    caller.
+    """
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be a number or an array of numbers, got {value!r}") from None
 
 
 def check_n_jobs(value):

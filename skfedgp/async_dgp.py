@@ -45,7 +45,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import (check_bool, check_count, check_n_jobs, check_not_strings,
-                          check_real, keep_state_on_error, user_stacklevel)
+                          check_real, float_param, keep_state_on_error, user_stacklevel)
 from .kernels import se_ard
 from .regressor import check_target_values
 
@@ -1035,7 +1035,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         if self.lengthscale is None:
             ell = _reference_lengthscale(X)
         else:
-            ell = np.asarray(self.lengthscale, dtype=float)
+            ell = float_param(self.lengthscale, "lengthscale")
             ell = np.full(d, float(ell)) if ell.ndim == 0 else ell
             if ell.shape != (d,) or not np.all(np.isfinite(ell)) or np.any(ell <= 0):
                 raise ValueError(

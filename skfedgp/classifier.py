@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._linalg import CholeskyError
 from ._parallel import single_threaded_blas
-from ._validation import check_n_jobs, keep_state_on_error
+from ._validation import check_n_jobs, float_param, keep_state_on_error
 from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning, TargetScaleError
 
@@ -1198,7 +1198,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         if self.grid is None:
             grid = np.arange(n_points, dtype=np.float64)
         else:
-            grid = np.asarray(self.grid, dtype=np.float64)
+            grid = float_param(self.grid, "grid")
             if grid.ndim != 1 or grid.shape[0] != n_points:
                 raise ValueError(
                     f"grid must be 1-D with one entry per point of a channel "

@@ -549,3 +549,21 @@ def test_bad_n_jobs_is_named_by_every_estimator(n_jobs):
     curves = np.sin(np.linspace(0, 3, 10)) + 0.1 * rng.standard_normal((6, 10))
     with pytest.raises(ValueError, match=match):
         MaxEvidenceClassifier(n_jobs=n_jobs).fit(curves, [0, 0, 0, 1, 1, 1])
+
+
+def test_text_for_an_array_parameter_is_named():
+    """A string lengthscale (AsyncDGP, PFedGP) or grid (classifier) gave
+    NumPy's bare "could not convert string to float", naming no parameter."""
+    from skfedgp import AsyncDGPRegressor, MaxEvidenceClassifier, PFedGPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (30, 1))
+    y, g = np.sin(X[:, 0]), np.arange(30) % 3
+    match = r"must be a number or an array of numbers, got 'abc'"
+    with pytest.raises(ValueError, match="lengthscale " + match):
+        AsyncDGPRegressor(n_experts=2, lengthscale="abc").fit(X, y)
+    with pytest.raises(ValueError, match="lengthscale " + match):
+        PFedGPRegressor(n_rounds=1, local_steps=1, lengthscale="abc").fit(X, y, groups=g)
+    curves = np.sin(np.linspace(0, 3, 10)) + 0.1 * rng.standard_normal((6, 10))
+    with pytest.raises(ValueError, match="grid " + match):
+        MaxEvidenceClassifier(grid="abc").fit(curves, [0, 0, 0, 1, 1, 1])
