@@ -175,3 +175,12 @@ def test_output_covariance_rejects_non_covariance_blocks(block, match):
     centred = mu - mu.mean(axis=0)
     np.testing.assert_allclose(got, got.T)
     np.testing.assert_allclose(got, centred.T @ centred / 20 + np.outer(v, v))
+
+
+def test_nll_overflow_from_tiny_std_names_the_standardised_error():
+    """With errors near 0.1 and y_std = 1e-200 the NLL overflows; the message
+    said only "largest |y_true| = 1", about targets of ordinary size."""
+    with pytest.raises(ValueError, match=r"NLL overflowed float64 \(largest \|y_true - y_mean\| "
+                                         r"/ y_std = 1e\+199, smallest y_std = 1e-200.*too "
+                                         r"small for the errors"):
+        M.gaussian_nll([1.0, 0.5], [0.9, 0.4], [1e-200, 1e-200])
