@@ -478,7 +478,8 @@ def crps_gaussian(y_true, y_mean, y_std=None, *, y_cov=None):
     h = np.abs(_half_diff(y, mu))
     sh = 0.5 * std
     s = float(max(np.max(h), np.max(sh)))
-    with np.errstate(over="ignore", under="ignore"):
+    # divide: a subnormal sigma halves to 0, z = inf (the limit is right)
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
         z = h / sh
         crps = (h / s) * (2.0 * norm.cdf(z) - 1.0) + (sh / s) * (
             2.0 * norm.pdf(z) - _INV_SQRT_PI)

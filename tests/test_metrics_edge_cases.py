@@ -184,3 +184,12 @@ def test_nll_overflow_from_tiny_std_names_the_standardised_error():
                                          r"/ y_std = 1e\+199, smallest y_std = 1e-200.*too "
                                          r"small for the errors"):
         M.gaussian_nll([1.0, 0.5], [0.9, 0.4], [1e-200, 1e-200])
+
+
+def test_crps_with_a_subnormal_std_is_quiet():
+    """0.5 * 5e-324 is 0: z = inf gives the right limit |y - mu|, but a
+    divide-by-zero RuntimeWarning leaked to the caller."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = M.crps_gaussian([1.0, 0.5], [0.9, 0.4], [5e-324, 5e-324])
+    assert got == pytest.approx(0.1, rel=1e-12)
