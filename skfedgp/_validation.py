@@ -61,7 +61,9 @@ __all__ = [
     "warn_groups_missing",
     "keep_state_on_error",
     "check_count",
+    "check_n_jobs",
     "check_real",
+    "float_param",
 ]
 
 #: What the population prediction is, in the warnings (the hierarchical model's).
@@ -196,6 +198,72 @@ def check_count(value, name, *, allow_none=False):
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, "
                          f"got {value!r}")
+    return int(value)
+
+
+def float_param(value, name):
+    """A numeric array parameter as float64, or a ValueError naming it.
+
+    Parameters
+    ----------
+    value : object
+        The value given (a number or an array-like of numbers).
+    name : str
+        Parameter name for the message.
+
+    Returns
+    -------
+    ndarray of float64
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be a number or an array of numbers, got <value>"``
+        for a value NumPy cannot convert (a string, None, a ragged list); the
+        bare conversion error named no parameter.
+
+    Notes
+    -----
+    Package plumbing; no paper source. Range and shape checks stay with the
+    caller.
+    """
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be a number or an array of numbers, got {value!r}") from None
+
+
+def check_n_jobs(value):
+    """The ``n_jobs`` parameter: None or a non-zero integer (a bool is not one).
+
+    Parameters
+    ----------
+    value : object
+        The value given.
+
+    Returns
+    -------
+    int or None
+
+    Raises
+    ------
+    ValueError
+        ``"n_jobs must be None or a non-zero integer ..., got <value>"``
+        (joblib itself raised an OverflowError for ``inf``, a message about
+        a long expression for ``1e308``, and took ``1.5`` or ``True`` as
+        ``1``).
+
+    Notes
+    -----
+    Package plumbing; no paper source.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value == 0:
+        raise ValueError(
+            "n_jobs must be None or a non-zero integer (the number of parallel jobs; -1: "
+            f"all cores), got {value!r}")
     return int(value)
 
 

@@ -44,8 +44,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import (check_bool, check_count, check_not_strings, check_real,
-                          keep_state_on_error, user_stacklevel)
+from ._validation import (check_bool, check_count, check_n_jobs, check_not_strings,
+                          check_real, float_param, keep_state_on_error, user_stacklevel)
 from .kernels import se_ard
 from .regressor import check_target_values
 
@@ -845,13 +845,16 @@ class InformationSet:
         eta = self._eta(x)
         if eta.size == 0:
             return float(prior_mean), self.sigma_f
-        with np.errstate(divide="ignore"):
-            rho = np.maximum(np.log(bound / np.maximum(eta, 1e-300)), 0.0)
-        w = rho / np.maximum(eta, 1e-300) ** 2
-        w0 = (1.0 - rho.sum()) / bound**2
+        # in units of the bound beta sigma_f: the same weights, but the
+        # squares of eta and the bound neither overflow for a huge beta nor
+        # underflow for a tiny one (both gave NaN)
+        e = np.maximum(eta / bound, 1e-300)
+        rho = np.maximum(-np.log(e), 0.0)
+        w = rho / e**2
+        w0 = 1.0 - rho.sum()
         inv = w.sum() + w0
         mean = (w @ np.array(self.mu) + w0 * prior_mean) / inv
-        return float(mean), float(1.0 / np.sqrt(inv) / self.beta)
+        return float(mean), float(self.sigma_f / np.sqrt(inv))
 
 
 # ---------------------------------------------------------------------------
@@ -989,6 +992,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
     def _check_params(self):
         check_bool(self.optimize_hyperparameters, "optimize_hyperparameters")
         check_count(self.n_experts, "n_experts")
+        check_n_jobs(self.n_jobs)
         check_count(self.max_info, "max_info")
         check_count(self.max_points_per_expert, "max_points_per_expert", allow_none=True)
         if self.aggregation not in AGGREGATIONS:
@@ -999,7 +1003,8 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(f"unknown convention {self.convention!r}; expected one of {CONVENTIONS}")
         if self.partition not in ("random", "sequential"):
             raise ValueError(f"partition must be 'random' or 'sequential', got {self.partition!r}")
-        for name in ("variance", "noise_variance", "rkhs_bound", "lipschitz", "beta"):
+        check_real(self.rkhs_bound, "rkhs_bound")  # no None: it has no default to fall back on
+        for name in ("variance", "noise_variance", "lipschitz", "beta"):
             v = getattr(self, name)
             if v is not None:
                 check_real(v, name)
@@ -1030,7 +1035,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         if self.lengthscale is None:
             ell = _reference_lengthscale(X)
         else:
-            ell = np.asarray(self.lengthscale, dtype=float)
+            ell = float_param(self.lengthscale, "lengthscale")
             ell = np.full(d, float(ell)) if ell.ndim == 0 else ell
             if ell.shape != (d,) or not np.all(np.isfinite(ell)) or np.any(ell <= 0):
                 raise ValueError(
@@ -1127,8 +1132,10 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             For NaN/inf, inconsistent shapes (``X`` not 2-D, ``y`` not 1-D
             or of another length), string targets or targets whose spread
             float64 cannot hold, ``groups`` that are not integers in
-            ``[0, n_experts)`` or not one per sample, invalid parameters, or
-            fewer than 2 samples when the hyperparameters are learned.
+            ``[0, n_experts)`` or not one per sample, invalid parameters, a
+            ``beta`` or ``rkhs_bound`` so large that ``beta sigma_f`` or
+            ``L_f`` overflows float64, or fewer than 2 samples when the
+            hyperparameters are learned.
         TypeError
             If ``X`` is sparse.
         numpy.linalg.LinAlgError
@@ -1279,9 +1286,11 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         self.n_points_per_expert_ = np.array([e.n for e in self.experts_])
         sf2 = self.variance_
         if self.convention == "paper":
-            L_f = 2.0 * self.rkhs_bound * sf2 * np.exp(-0.5) / self.lengthscale_.min()
+            with np.errstate(over="ignore"):
+                L_f = 2.0 * np.float64(self.rkhs_bound) * sf2 * np.exp(-0.5) / self.lengthscale_.min()
             if self.beta is None:
-                g2 = self.rkhs_bound**2
+                with np.errstate(over="ignore"):
+                    g2 = np.float64(self.rkhs_bound) ** 2  # inf for a huge bound: refused below
                 b = max(
                     (np.sqrt(max(g2 - e.quad(self.prior_mean_) + e.n, 0.0))
                      for e in self.experts_ if e.n),  # experts without data do not vote
@@ -1296,7 +1305,19 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         else:
             L_f = np.exp(-0.5) * sf2
             b = 100.0 if self.beta is None else float(self.beta)
-        self.lipschitz_ = float(L_f if self.lipschitz is None else self.lipschitz)
+        lipschitz = float(L_f if self.lipschitz is None else self.lipschitz)
+        with np.errstate(over="ignore"):
+            bound = b * np.sqrt(sf2)
+        if not (np.isfinite(lipschitz) and np.isfinite(bound)):
+            source = ("beta" if self.beta is not None
+                      else "rkhs_bound" if self.convention == "paper" else "variance")
+            raise ValueError(
+                f"the Async DGP constants overflow float64 (beta = {b:.3g}, L_f = "
+                f"{lipschitz:.3g}, sigma_f = {np.sqrt(sf2):.3g}): beta sigma_f and L_f must be "
+                f"finite; use a smaller {source} (rkhs_bound={self.rkhs_bound!r}, "
+                f"beta={self.beta!r}, lipschitz={self.lipschitz!r})"
+            )
+        self.lipschitz_ = lipschitz
         self.beta_ = float(b)
 
     # -- prediction ----------------------------------------------------------
@@ -1399,11 +1420,13 @@ def _async_no_delay(mu, var, sf2, beta, max_info, prior_mean):
         order = np.argsort(sig, axis=1, kind="stable")[:, :max_info]
         sig = np.take_along_axis(sig, order, axis=1)
         mu = np.take_along_axis(mu, order, axis=1)
-    eta = beta * sig
-    bound = beta * sf
-    rho = np.maximum(np.log(bound / eta), 0.0)
-    w = rho / eta**2
-    w0 = (1.0 - rho.sum(axis=1)) / bound**2
+    # eta / (beta sigma_f) = sigma_k / sigma_f: beta cancels (squaring
+    # beta sigma_k overflowed for beta near 1e154 and underflowed near
+    # 1e-154, giving NaN)
+    e = sig / sf
+    rho = np.maximum(-np.log(e), 0.0)
+    w = rho / e**2
+    w0 = 1.0 - rho.sum(axis=1)
     inv = w.sum(axis=1) + w0
     mean = ((w * mu).sum(axis=1) + w0 * prior_mean) / inv
-    return mean, 1.0 / np.sqrt(inv) / beta
+    return mean, sf / np.sqrt(inv)

@@ -49,7 +49,9 @@ from ._validation import (
     check_finite_scalar,
     check_groups,
     check_label_types,
+    check_n_jobs,
     check_real,
+    float_param,
     keep_state_on_error,
     label_source,
     labels_from_column,
@@ -571,6 +573,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         if not isinstance(self.verbose, numbers.Integral):
             raise ValueError(
                 f"verbose must be an int (0 or less: silent), got {self.verbose!r}")
+        check_n_jobs(self.n_jobs)
         R = _int("n_latent", 1)
         n_rounds = _int("n_rounds", 0)
         steps = _int("local_steps", 1)
@@ -584,7 +587,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         if self.lengthscale is None:
             return np.repeat(np.geomspace(0.2, 0.05, R)[:, None] if R > 1
                              else np.array([[0.2]]), d, axis=1)
-        ell = np.asarray(self.lengthscale, dtype=float)
+        ell = float_param(self.lengthscale, "lengthscale")
         if ell.ndim == 0:
             ell = np.full((R, d), float(ell))
         elif ell.ndim == 1 and ell.shape[0] == R:

@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._linalg import CholeskyError
 from ._parallel import single_threaded_blas
-from ._validation import keep_state_on_error
+from ._validation import check_n_jobs, float_param, keep_state_on_error
 from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning, TargetScaleError
 
@@ -1198,7 +1198,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         if self.grid is None:
             grid = np.arange(n_points, dtype=np.float64)
         else:
-            grid = np.asarray(self.grid, dtype=np.float64)
+            grid = float_param(self.grid, "grid")
             if grid.ndim != 1 or grid.shape[0] != n_points:
                 raise ValueError(
                     f"grid must be 1-D with one entry per point of a channel "
@@ -1272,7 +1272,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         upd = {}
         if self.random_state is not None and "random_state" in params:
             upd["random_state"] = self.random_state
-        if self.n_jobs is not None and "n_jobs" in params:
+        if check_n_jobs(self.n_jobs) is not None and "n_jobs" in params:
             upd["n_jobs"] = self.n_jobs
         if self.verbose and self.verbose > 0 and "verbose" in params:
             upd["verbose"] = self.verbose
@@ -1667,7 +1667,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         inv = np.asarray(inv).ravel()
         n_classes = self.classes_.shape[0]
         X = self._standardise(X)
-        if self.n_jobs is None or self.n_jobs == 1:
+        if check_n_jobs(self.n_jobs) in (None, 1):  # set_params after fit: checked again
             cols = [self._score_class(k, X, patterns, inv) for k in range(n_classes)]
         else:
             def _one(k):

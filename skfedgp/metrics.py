@@ -396,7 +396,19 @@ def gaussian_nll(y_true, y_mean, y_std=None, *, y_cov=None):
             nll = 0.5 * _LOG_2PI + np.log(std) + 0.5 * z**2
             if nll.ndim == 2:
                 nll = nll.sum(axis=1)
-            return _finite(np.mean(nll), "NLL", y)
+            value = float(np.mean(nll))
+        if not np.isfinite(value):
+            # the square of a standardised error overflowed: name it, not
+            # only |y_true| (a y_std of 1e-200 with errors near 1 blamed
+            # targets of size 1)
+            with np.errstate(over="ignore", invalid="ignore"):
+                big = float(np.max(np.abs(y)))
+            raise ValueError(
+                f"NLL overflowed float64 (largest |y_true - y_mean| / y_std = "
+                f"{float(np.max(np.abs(z))):.3g}, smallest y_std = {float(np.min(std)):.3g}, "
+                f"largest |y_true| = {big:.3g}): the standard deviations are too small for the "
+                "errors; check y_std, or rescale the targets and predictions")
+        return value
 
     cov = _check_cov_blocks(y_cov, y.shape)
     resid = y if y.ndim == 2 else y[:, None]
@@ -466,7 +478,8 @@ def crps_gaussian(y_true, y_mean, y_std=None, *, y_cov=None):
     h = np.abs(_half_diff(y, mu))
     sh = 0.5 * std
     s = float(max(np.max(h), np.max(sh)))
-    with np.errstate(over="ignore", under="ignore"):
+    # divide: a subnormal sigma halves to 0, z = inf (the limit is right)
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
         z = h / sh
         crps = (h / s) * (2.0 * norm.cdf(z) - 1.0) + (sh / s) * (
             2.0 * norm.pdf(z) - _INV_SQRT_PI)

@@ -45,6 +45,7 @@ from ._validation import (
     check_groups,
     check_label_types,
     check_not_strings,
+    check_n_jobs,
     check_real,
     keep_state_on_error,
     label_source,
@@ -1877,17 +1878,27 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             return 1
         return steps
 
-    def _check_params(self):
+    def _component_names(self):
+        """``components`` as a tuple (a string is one name; a non-sequence gives ())."""
         comps = self.components
         if isinstance(comps, str):
-            comps = (comps,)
-        comps = tuple(comps)
+            return (comps,)
+        try:
+            return tuple(comps)
+        except TypeError:  # None, a number: refused by _check_params
+            return ()
+
+    def _check_params(self):
+        comps = self._component_names()
         unknown = [c for c in comps if c not in COMPONENTS]
         if not comps or unknown:
             raise ValueError(
                 f"components must be a non-empty subset of {COMPONENTS}, got {self.components!r}"
             )
         comps = tuple(c for c in COMPONENTS if c in comps)
+        # read as a truth value by fit: a string 'False' would continue the fit
+        check_bool(self.warm_start, "warm_start")
+        check_n_jobs(self.n_jobs)
         if self.fault_hook is not None and not callable(self.fault_hook):
             raise ValueError(
                 f"fault_hook must be a callable fault_hook(client_id, method, round) or None, "
@@ -2250,8 +2261,7 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
 
     def _may_restart_from_global(self):
         """Whether the settings allow :meth:`_restart_from_global` (before the fit)."""
-        comps = (self.components,) if isinstance(self.components, str) else tuple(
-            self.components)
+        comps = self._component_names()
         return (self.variational_family == "structured" and "global" in comps
                 and ("deviation" in comps or "local" in comps) and self.lengthscale is None
                 and not (self.warm_start and hasattr(self, "server_"))

@@ -279,3 +279,45 @@ def test_inputs_whose_squares_overflow_fit_as_in_ordinary_units(rng, unit):
         d = info._dist(np.array([[0.0, 0.0], [3 * unit, 4 * unit]]), np.zeros(2))
         expect = 5.0 if conv == "gpgym" else 5.0 * unit
         np.testing.assert_allclose(d, [0.0, expect], rtol=1e-12)
+
+
+@pytest.mark.parametrize("beta", [1e-300, 1e200, 1e300])
+def test_extreme_beta_gives_the_same_prediction(rng, beta):
+    """beta cancels from the no-delay async rule, but its squares overflowed
+    (or underflowed) there and in the information set: predictions were NaN
+    with no error. Both now work in units of the bound beta sigma_f."""
+    X, y = _data(rng)
+    kw = dict(n_experts=2, random_state=0)
+    ref = AsyncDGPRegressor(beta=1.0, **kw).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        est = AsyncDGPRegressor(beta=beta, **kw).fit(X, y)
+        m, s = est.predict(X[:5], return_std=True)
+    m0, s0 = ref.predict(X[:5], return_std=True)
+    np.testing.assert_allclose(m, m0, rtol=1e-10)
+    np.testing.assert_allclose(s, s0, rtol=1e-10)
+    info = InformationSet(max_info=3, beta=beta, sigma_f=1.0, lipschitz=0.0, lengthscale=1.0)
+    info.update(np.zeros(1), [(np.zeros(1), 0.5, 0.1), (np.zeros(1), 0.7, 0.2)])
+    mean, std = info.aggregate(np.zeros(1))
+    assert np.isfinite(mean) and np.isfinite(std) and std > 0
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rkhs_bound=None), "rkhs_bound must be a finite positive number, got None"),
+    (dict(rkhs_bound=1e308), r"constants overflow float64.*use a smaller rkhs_bound"),
+    (dict(beta=1e308), r"constants overflow float64.*use a smaller beta"),
+])
+def test_bad_rkhs_bound_is_named_and_leaves_the_fit(rng, kw, match):
+    """rkhs_bound=None raised a bare TypeError from the arithmetic, and a
+    bound whose square overflows an OverflowError; a beta with beta sigma_f
+    beyond float64 is named too. A failed refit keeps the previous fit."""
+    X, y = _data(rng)
+    est = AsyncDGPRegressor(n_experts=2, random_state=0).fit(X, y)
+    before = est.predict(X[:5])
+    est.set_params(**kw)
+    with pytest.raises(ValueError, match=match):
+        est.fit(X, y)
+    with pytest.raises(ValueError, match=match):
+        est.partial_fit(X, y)
+    est.set_params(rkhs_bound=1.0, beta=None)
+    np.testing.assert_array_equal(est.predict(X[:5]), before)

@@ -218,6 +218,11 @@ def test_client_column_needs_a_feature(data):
                                            r"got 'newton'"),
         ({"lengthscale": -1.0}, r"lengthscales must be finite and positive"),
         ({"local_lengthscale": [1.0, 2.0, 3.0]}, r"lengthscale must be a scalar or have 2 entries"),
+        # joblib's own errors (OverflowError for inf) or silent acceptance before
+        ({"n_jobs": np.inf}, r"n_jobs must be None or a non-zero integer .*got inf"),
+        ({"n_jobs": 1.5}, r"n_jobs must be None or a non-zero integer .*got 1.5"),
+        ({"n_jobs": True}, r"n_jobs must be None or a non-zero integer .*got True"),
+        ({"n_jobs": 0}, r"n_jobs must be None or a non-zero integer .*got 0"),
     ],
 )
 def test_bad_hyperparameters(data, params, match):
@@ -525,3 +530,40 @@ def test_a_single_tuple_labelled_client_predicts_without_groups():
         base = PFedGPRegressor(n_rounds=1).fit(X, np.c_[y, -y], g)
     assert_array_equal(est.predict(X[:3]), est.predict(X[:3], g[:3]))
     assert_array_equal(base.predict(X[:3]), base.predict(X[:3], g[:3]))
+
+
+@pytest.mark.parametrize("n_jobs", [np.inf, 1e308, 1.5, True])
+def test_bad_n_jobs_is_named_by_every_estimator(n_jobs):
+    """n_jobs went to joblib unchecked: inf raised OverflowError, 1e308 a
+    message about a long expression, and 1.5 or True ran as 1."""
+    from skfedgp import AsyncDGPRegressor, MaxEvidenceClassifier, PFedGPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (30, 1))
+    y, g = np.sin(X[:, 0]), np.arange(30) % 3
+    match = r"n_jobs must be None or a non-zero integer"
+    with pytest.raises(ValueError, match=match):
+        AsyncDGPRegressor(n_experts=2, n_jobs=n_jobs).fit(X, y)
+    with pytest.raises(ValueError, match=match):
+        PFedGPRegressor(n_rounds=1, local_steps=1, n_jobs=n_jobs).fit(X, y, groups=g)
+    curves = np.sin(np.linspace(0, 3, 10)) + 0.1 * rng.standard_normal((6, 10))
+    with pytest.raises(ValueError, match=match):
+        MaxEvidenceClassifier(n_jobs=n_jobs).fit(curves, [0, 0, 0, 1, 1, 1])
+
+
+def test_text_for_an_array_parameter_is_named():
+    """A string lengthscale (AsyncDGP, PFedGP) or grid (classifier) gave
+    NumPy's bare "could not convert string to float", naming no parameter."""
+    from skfedgp import AsyncDGPRegressor, MaxEvidenceClassifier, PFedGPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (30, 1))
+    y, g = np.sin(X[:, 0]), np.arange(30) % 3
+    match = r"must be a number or an array of numbers, got 'abc'"
+    with pytest.raises(ValueError, match="lengthscale " + match):
+        AsyncDGPRegressor(n_experts=2, lengthscale="abc").fit(X, y)
+    with pytest.raises(ValueError, match="lengthscale " + match):
+        PFedGPRegressor(n_rounds=1, local_steps=1, lengthscale="abc").fit(X, y, groups=g)
+    curves = np.sin(np.linspace(0, 3, 10)) + 0.1 * rng.standard_normal((6, 10))
+    with pytest.raises(ValueError, match="grid " + match):
+        MaxEvidenceClassifier(grid="abc").fit(curves, [0, 0, 0, 1, 1, 1])

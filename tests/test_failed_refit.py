@@ -180,3 +180,18 @@ def test_clustering_failed_refit_keeps_model(quiet):
         oc.fit(np.c_[X, X][:10], y[:10], groups=g[:10])
     assert oc.n_features_in_ == 1
     assert_array_equal(oc.labels_, labels)
+
+
+@pytest.mark.parametrize("bad", ["False", np.nan, [1, 2], 1])
+def test_regressor_non_bool_warm_start_is_refused_and_keeps_model(quiet, bad):
+    """warm_start was only read as a truth value: the string 'False'
+    continued the fitted model (n_iter_ grew), nan and [1, 2] too."""
+    X = np.linspace(0, 1, 20)[:, None]
+    y, g = np.sin(6 * X[:, 0]), np.arange(20) % 2
+    est = FederatedHierarchicalGPRegressor(n_rounds=2, random_state=0).fit(X, y, groups=g)
+    before, n_iter = est.predict(X, groups=g), est.n_iter_
+    est.set_params(warm_start=bad)
+    with pytest.raises(ValueError, match="warm_start must be True or False"):
+        est.fit(X, y, groups=g)
+    assert est.n_iter_ == n_iter
+    assert_array_equal(est.predict(X, groups=g), before)

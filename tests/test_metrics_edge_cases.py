@@ -175,3 +175,21 @@ def test_output_covariance_rejects_non_covariance_blocks(block, match):
     centred = mu - mu.mean(axis=0)
     np.testing.assert_allclose(got, got.T)
     np.testing.assert_allclose(got, centred.T @ centred / 20 + np.outer(v, v))
+
+
+def test_nll_overflow_from_tiny_std_names_the_standardised_error():
+    """With errors near 0.1 and y_std = 1e-200 the NLL overflows; the message
+    said only "largest |y_true| = 1", about targets of ordinary size."""
+    with pytest.raises(ValueError, match=r"NLL overflowed float64 \(largest \|y_true - y_mean\| "
+                                         r"/ y_std = 1e\+199, smallest y_std = 1e-200.*too "
+                                         r"small for the errors"):
+        M.gaussian_nll([1.0, 0.5], [0.9, 0.4], [1e-200, 1e-200])
+
+
+def test_crps_with_a_subnormal_std_is_quiet():
+    """0.5 * 5e-324 is 0: z = inf gives the right limit |y - mu|, but a
+    divide-by-zero RuntimeWarning leaked to the caller."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = M.crps_gaussian([1.0, 0.5], [0.9, 0.4], [5e-324, 5e-324])
+    assert got == pytest.approx(0.1, rel=1e-12)

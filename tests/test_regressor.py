@@ -181,7 +181,8 @@ def test_ablations_through_components(data, components):
     assert_allclose(sum(m for m, _ in parts.values()), mean, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("bad", [("global", "shared"), "locale", (), ("global", "global2")])
+@pytest.mark.parametrize("bad", [("global", "shared"), "locale", (), ("global", "global2"),
+                                 None, 0, 1.5, True])  # not sequences: were bare TypeErrors
 def test_invalid_component_name(data, bad):
     X, y, g = data
     with pytest.raises(ValueError, match="components must be a non-empty subset"):
