@@ -40,7 +40,11 @@ def load(data_dir, seed, start="2013-11-01", days=60, n_test_days=12):
     rng = np.random.default_rng(seed)
     frames = []
     for name in STATIONS:
-        path = sorted(Path(data_dir).glob(f"PRSA_Data_{name}_*.csv*"))[0]
+        found = sorted(Path(data_dir).glob(f"PRSA_Data_{name}_*.csv*"))
+        if not found:
+            raise SystemExit(f"no PRSA_Data_{name}_*.csv file in {data_dir!r}: --data-dir must "
+                             "be the folder of the Beijing station files")
+        path = found[0]
         d = pd.read_csv(path)
         d["date"] = pd.to_datetime(d[["year", "month", "day"]])
         t0 = pd.Timestamp(start)
