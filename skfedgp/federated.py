@@ -2449,6 +2449,106 @@ class LocalKernelSummary:
     variance: float
 
 
+#: Tiny variance (standardised units) added to a multi-output client's
+#: per-output loading sums of squares inside the logarithm of their prior
+#: (:meth:`ILMMStructuredClient.log_prior`), so that a row of zeros gives a
+#: finite value and gradient.
+LOADING_PRIOR_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class DepartureSummary:
+    """Multi-output counterpart of :class:`LocalKernelSummary`: the size of a client's departure per output.
+
+    Round 2 of training with multi-output (ILMM) targets: every client with
+    at least :data:`PILOT_POOL_POINTS` rows on the clients' typical scale
+    sends, after its first local phase, its local lengthscales (one ``d``
+    vector, the geometric mean over its local latents weighted by their
+    loadings' squared norms) and, per output ``q``, the prior variance of
+    its local part ``sum_r B_l[q, r]^2`` and the squared norm
+    ``sum_r B_d[q, r]^2`` of its deviation loadings (whose shared factor
+    ``phi`` is the same for every client), and which outputs it observed;
+    ``d + 3 Q`` numbers whatever its size. The server sends the population's centre (the means over the
+    clients, the lengthscales' geometric mean weighted by the local
+    variances) to the clients with fewer rows, as the centre of log-normal
+    priors on their own local lengthscales and per-output loading sizes
+    (:meth:`ILMMStructuredClient.log_prior`).
+
+    Attributes
+    ----------
+    lengthscale : ndarray of shape (d,)
+        Local lengthscales (scaled inputs).
+    local : ndarray of shape (Q,)
+        ``sum_r B_l[q, r]^2`` (standardised units). In the centre, 0 for an
+        output without a prior: one no large client observed, or whose
+        clients' local parts are all but switched off.
+    deviation : ndarray of shape (Q,) or None
+        ``sum_r B_d[q, r]^2`` (None without the deviation component); in the
+        centre, 0 for an output no large client observed.
+    observed : ndarray of shape (Q,) or None
+        In a report, 1.0 for the outputs the client observed and 0.0 for the
+        others (their rows are untrained and left out of the centre; a NaN
+        would make the transport drop the message); None in the centre.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (whose client loadings have no shared prior):
+    docs/maths.md, section 12, "A small client's loadings". The departures
+    are a random effect per client (Gelman et al., *Bayesian Data
+    Analysis*, 3rd ed., 2013, section 5.3): a client with a handful of rows
+    takes the others' sizes as its prior. A plain message: it validates
+    nothing and raises nothing.
+    """
+
+    lengthscale: np.ndarray
+    local: np.ndarray
+    deviation: np.ndarray = None
+    observed: np.ndarray = None
+
+
+def departure_centre(reports, off):
+    """The population's centre of the small clients' loading priors (multi-output targets).
+
+    Parameters
+    ----------
+    reports : list of DepartureSummary
+        The large clients' reports (:meth:`ILMMStructuredClient.local_prior_summary`).
+    off : float
+        A local variance at or below this (standardised units) counts as a
+        switched-off local part: an output whose mean is below it gets no
+        local prior (the clients need no local part there, and a small
+        client that departs from them must still be able to switch its own
+        on), as with scalar targets (:meth:`_StructuredRun._share_local_prior`).
+
+    Returns
+    -------
+    DepartureSummary or None
+        Per output, the means over the clients that observed it of
+        ``sum_r B_l[q, r]^2`` and ``sum_r B_d[q, r]^2`` (the departures are a
+        random effect per client: a mean, not a median, which would call them
+        zero as soon as half the clients need none; Gelman et al., *Bayesian
+        Data Analysis*, 3rd ed., 2013, section 5.3), 0 where there is no
+        prior; the local lengthscales' geometric mean weighted by each
+        client's total local variance. None when no output has a prior.
+    """
+    obs = np.array([np.asarray(m.observed, dtype=float) for m in reports])
+    n = obs.sum(axis=0)
+    keep = n > 0
+    local = np.array([np.asarray(m.local, dtype=float) for m in reports]).sum(axis=0)
+    local = np.where(keep, local / np.maximum(n, 1.0), 0.0)
+    local[local <= off] = 0.0
+    dev = None
+    if all(m.deviation is not None for m in reports):
+        dev = np.array([np.asarray(m.deviation, dtype=float) for m in reports]).sum(axis=0)
+        dev = np.where(keep, dev / np.maximum(n, 1.0), 0.0)
+    w = np.array([float(np.sum(m.local)) for m in reports])
+    log_ell = np.log(np.array([np.asarray(m.lengthscale, dtype=float) for m in reports]))
+    ell = np.exp(w @ log_ell / w.sum() if w.sum() > 0 else log_ell.mean(axis=0))
+    if not np.any(local > 0) and (dev is None or not np.any(dev > 0)):
+        return None
+    return DepartureSummary(ell, local, dev)
+
+
 @dataclass(frozen=True)
 class PoolEvidence:
     """Set-up upload: one client's term of the pooled pilot's objective.
@@ -7617,7 +7717,8 @@ class _StructuredRun:
         checkpoints and reset by a warm start.
         """
         server, cfg = self.server, self.config
-        if cfg.n_outputs or "local" not in cfg.components or cfg.noise_prior_scale is None:
+        parts = ("local", "deviation") if cfg.n_outputs else ("local",)
+        if not any(p in cfg.components for p in parts) or cfg.noise_prior_scale is None:
             return
         counter = self.counter
         centre = getattr(server, "local_prior_centre_", None)
@@ -7636,7 +7737,8 @@ class _StructuredRun:
             self.unusable_up = 0
             res, _, _ = self.call("local_prior_summary", (post, self.theta_g, self.gpack, cfg),
                                   big, r)
-            got = {c: m for c, m in res.items() if isinstance(m, LocalKernelSummary)}
+            kind = DepartureSummary if cfg.n_outputs else LocalKernelSummary
+            got = {c: m for c, m in res.items() if isinstance(m, kind)}
             counter["up"] += sum(message_nbytes(m) for m in got.values()) + self.unusable_up
             counter["down"] += ((8 * self.theta_g.size + message_nbytes(post))
                                 * sum(c not in self.fresh for c in big))
@@ -7644,19 +7746,29 @@ class _StructuredRun:
             self.unusable_up = 0
             if len(got) < LOCAL_PRIOR_MIN_CLIENTS:
                 return
-            # the departures' variance: their mean over the clients (a random
-            # effect per client); their shape: the local lengthscales averaged on
-            # the log scale with weights the departures' sizes (a switched-off
-            # local part's lengthscales say nothing)
-            dep = np.array([m.variance for m in got.values()], dtype=float)
-            log_ell = np.log(np.array([m.lengthscale for m in got.values()], dtype=float))
-            formed = LocalKernelSummary(np.exp((dep / dep.sum()) @ log_ell), float(dep.mean()))
-            # departures all but absent: no prior (see above)
-            if formed.variance <= LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance:
-                return
-            server.local_prior_centre_ = centre = formed
-            server.local_prior_sent_ = []
-        if not isinstance(centre, LocalKernelSummary):
+            off = LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance
+            if cfg.n_outputs:
+                # per output, the loadings' sizes (departure_centre)
+                formed = departure_centre(list(got.values()), off)
+                if formed is None:
+                    return
+                server.local_prior_centre_ = centre = formed
+                server.local_prior_sent_ = []
+            else:
+                # the departures' variance: their mean over the clients (a random
+                # effect per client); their shape: the local lengthscales averaged on
+                # the log scale with weights the departures' sizes (a switched-off
+                # local part's lengthscales say nothing)
+                dep = np.array([m.variance for m in got.values()], dtype=float)
+                log_ell = np.log(np.array([m.lengthscale for m in got.values()], dtype=float))
+                formed = LocalKernelSummary(np.exp((dep / dep.sum()) @ log_ell),
+                                            float(dep.mean()))
+                # departures all but absent: no prior (see above)
+                if formed.variance <= off:
+                    return
+                server.local_prior_centre_ = centre = formed
+                server.local_prior_sent_ = []
+        if not isinstance(centre, (LocalKernelSummary, DepartureSummary)):
             return
         sent = list(getattr(server, "local_prior_sent_", None) or [])
         small = [c for c in self.active
@@ -8434,6 +8546,125 @@ class ILMMStructuredClient(StructuredClient):
         value times :meth:`noise_weights`).
         """
         return self._values()
+
+    # -- the small clients' prior on their loadings ---------------------------
+    def _shares_local_prior(self):
+        """Whether this client takes part in the small clients' loading prior (either side).
+
+        A deviation or local part (loadings ``B_d`` or ``B_l``) and targets
+        on the clients' typical scale (:func:`client_scale_ratio` 1).
+        """
+        sl = getattr(getattr(self, "pack", None), "slices", {})
+        return (("B_l" in sl or "B_d" in sl)
+                and client_scale_ratio(self.own_variance) == 1.0)
+
+    def local_prior_summary(self, post, theta_g, gpack, config):
+        """This client's departure sizes for the small clients' prior (:class:`DepartureSummary`).
+
+        Per output ``q`` the local part's prior variance ``sum_r B_l[q, r]^2``
+        and the squared norm ``sum_r B_d[q, r]^2`` of the deviation
+        loadings (0 for an output the client never observed, flagged in
+        ``observed``), and the local lengthscales' geometric mean over its
+        local latents weighted by ``sum_q B_l[q, r]^2`` (a switched-off
+        latent's lengthscales say nothing). ``post``, ``theta_g``, ``gpack``
+        and ``config`` are not used (the signature is the scalar client's).
+        None (nothing sent) when the client has fewer than
+        :data:`PILOT_POOL_POINTS` rows or is not on the clients' typical scale.
+        """
+        if self.n_samples < PILOT_POOL_POINTS or not self._shares_local_prior():
+            return None
+        L = self._values()
+        Q, d = self._y.shape[1], self._Xs.shape[1]
+        obs = (~np.all(np.isnan(self._y), axis=0)).astype(float)
+        local, ell = np.zeros(Q), np.ones(d)
+        if "B_l" in L:
+            Bl = np.asarray(L["B_l"], dtype=float)
+            local = np.sum(Bl**2, axis=1) * obs
+            w = np.sum(Bl**2, axis=0)
+            log_ell = np.log(np.asarray(L["lengthscale_l"], dtype=float))
+            ell = np.exp(w @ log_ell / w.sum() if w.sum() > 0 else log_ell.mean(axis=0))
+        dev = (np.sum(np.asarray(L["B_d"], dtype=float) ** 2, axis=1) * obs
+               if "B_d" in L else None)
+        return DepartureSummary(ell, local, dev, obs)
+
+    def set_local_prior(self, centre):
+        """Centre this small client's loading and local-lengthscale priors on the population's.
+
+        A client with fewer than :data:`PILOT_POOL_POINTS` rows on the
+        clients' typical scale gets, from the centre
+        (:class:`DepartureSummary`), ``log ell_l,r ~ N(log ell_c, s^2)`` per
+        local latent and input, and per output ``q`` it observed
+        ``log sum_r B_l[q, r]^2 ~ N(log v_l,c[q], s^2)`` and
+        ``log sum_r B_d[q, r]^2 ~ N(log v_d,c[q], s^2)``, ``s =``
+        :data:`LOCAL_PRIOR_SD` (:meth:`log_prior`). Returns None (nothing sent).
+        """
+        if (not isinstance(centre, DepartureSummary) or self.n_samples >= PILOT_POOL_POINTS
+                or not self._shares_local_prior()):
+            return None
+        sl = self.pack.slices
+        obs = ~np.all(np.isnan(self._y), axis=0)
+        entry = {}
+        local = np.asarray(centre.local, dtype=float) * obs
+        if "B_l" in sl and np.any(local > 0):
+            entry["local"] = local
+            entry["log_lengthscale"] = np.log(np.asarray(centre.lengthscale, dtype=float))
+        if "B_d" in sl and centre.deviation is not None:
+            dev = np.asarray(centre.deviation, dtype=float) * obs
+            if np.any(dev > 0):
+                entry["deviation"] = dev
+        self.prior_local = {**(getattr(self, "prior_local", None) or {}), "loadings": entry}
+        return None
+
+    def log_prior(self, theta, config):
+        """Log hyperprior of the client's own hyperparameters and its gradient (packed scale).
+
+        The noise hyperprior of :meth:`StructuredClient.log_prior` and, for a
+        client with fewer than :data:`PILOT_POOL_POINTS` rows that received
+        the population's centre (:meth:`set_local_prior`), log-normal priors
+        on its local lengthscales and on the per-output sizes of its
+        loadings, ``v_q = sum_r B[q, r]^2 + eps`` (``eps =``
+        :data:`LOADING_PRIOR_EPS`) for ``B = B_l`` and ``B = B_d``:
+        ``-1/2 sum_q (log v_q - log c_q)^2 / s^2`` with gradient
+        ``-(log v_q - log c_q) / s^2 * 2 B[q, r] / v_q``, ``s =``
+        :data:`LOCAL_PRIOR_SD`; an output with centre 0 has none. The
+        multi-output counterpart of the scalar clients' local variance
+        prior: the local variance of output ``q`` is ``sum_r B_l[q, r]^2``
+        (unit-variance latent kernels). Without it, a client with a handful
+        of rows can switch its local part off and put all its departure in
+        one direction of its deviation loadings, leaving the outputs outside
+        that direction with a band narrower than the noise (docs/maths.md,
+        section 12, "A small client's loadings"). Constant terms are
+        dropped; ``noise_prior_scale=None`` switches all priors off.
+
+        Returns
+        -------
+        value : float
+        grad : ndarray of shape (P_i,)
+        """
+        value, grad = super().log_prior(theta, config)
+        prior = (getattr(self, "prior_local", None) or {}).get("loadings")
+        if (config.noise_prior_scale is None or not prior
+                or self.n_samples >= PILOT_POOL_POINTS):
+            return value, grad
+        sl = self.pack.slices
+        shapes = {name: shape for name, shape, _ in self.pack.spec}
+        sd = LOCAL_PRIOR_SD
+        if "log_lengthscale" in prior and "lengthscale_l" in sl:
+            delta = (theta[sl["lengthscale_l"]].reshape(shapes["lengthscale_l"])
+                     - prior["log_lengthscale"]) / sd
+            value -= 0.5 * float(np.sum(delta**2))
+            grad[sl["lengthscale_l"]] -= (delta / sd).ravel()
+        for key, name in (("B_l", "local"), ("B_d", "deviation")):
+            centre = prior.get(name)
+            if centre is None or key not in sl:
+                continue
+            B = theta[sl[key]].reshape(shapes[key])
+            v = np.sum(B**2, axis=1) + LOADING_PRIOR_EPS
+            on = centre > 0
+            delta = np.where(on, np.log(v) - np.log(np.where(on, centre, 1.0)), 0.0) / sd
+            value -= 0.5 * float(np.sum(delta**2))
+            grad[sl[key]] -= ((delta / sd * 2.0 / v)[:, None] * B).ravel()
+        return value, grad
 
     def pilot(self, random_state):
         """Pilot exact GPs on each output's observed rows; medians over outputs.
