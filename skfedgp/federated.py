@@ -2199,6 +2199,11 @@ class PilotSummary:
         Multi-output clients: the median over outputs of the pilot noise in
         target-variance units divided by ``mean(y_scale^2)`` (the unit of
         ``noise="isotropic_target"``); None otherwise.
+    noise_variance_outputs : ndarray of shape (Q,) or None
+        Multi-output clients: each output's pilot noise variance
+        (standardised units; an output whose pilot did not run takes the
+        median of the others), the centre of ``noise="diagonal"``'s
+        per-output hyperprior once pooled over the clients; None otherwise.
     residual_dof : float or None
         Scalar targets: the pilot's residual degrees of freedom, ``n -
         tr(S)`` with ``S = K (K + s2 I)^-1`` its smoother matrix on the
@@ -2214,6 +2219,7 @@ class PilotSummary:
     noise_variance: float
     noise_variance_target: float = None
     residual_dof: float = None
+    noise_variance_outputs: np.ndarray = None
 
 
 #: A pilot with fewer residual degrees of freedom (``n - tr(S)``,
@@ -2504,6 +2510,48 @@ class DepartureSummary:
     local: np.ndarray
     deviation: np.ndarray = None
     observed: np.ndarray = None
+
+
+def ilmm_noise_spread(noise, centre, large):
+    """Spread of the larger multi-output clients' log noise variances around the centre.
+
+    Parameters
+    ----------
+    noise : ndarray of shape (C, Q)
+        Each client's per-output pilot noise variances
+        (:attr:`PilotSummary.noise_variance_outputs`).
+    centre : ndarray of shape (Q,)
+        The per-output centres (weighted medians over the clients).
+    large : sequence of bool of length C
+        The clients with at least :data:`PILOT_POOL_POINTS` rows (their
+        pilots estimate their noise).
+
+    Returns
+    -------
+    float or None
+        ``sqrt(mean_{c, q} (log s2_cq - log centre_q)^2)`` over the large
+        clients: the scale of a random effect's prior, the counterpart for
+        multi-output targets of the pooled 1-D clients' :func:`noise_spread`
+        (Gelman et al., *Bayesian Data Analysis*, 3rd ed., 2013, section
+        5.3); the small clients' noise hyperprior takes the larger of it and
+        :data:`NOISE_SPREAD_MIN` (:meth:`ILMMStructuredClient._initial_noise`).
+        None with fewer than two large clients.
+    """
+    big = np.asarray(large, dtype=bool)
+    if big.sum() < 2:
+        return None
+    V = np.asarray(noise, dtype=float)[big]
+    c = np.asarray(centre, dtype=float)
+    ok = (V > 0) & (c > 0)
+    if not np.any(ok):
+        return None
+    dev = np.log(np.where(ok, V, 1.0)) - np.log(np.where(c > 0, c, 1.0))
+    return float(np.sqrt(np.mean(dev[ok] ** 2)))
+
+
+def _noise_centre_copy(value):
+    """A noise hyperprior centre to save: a float, or a copy of a per-output array."""
+    return float(value) if np.ndim(value) == 0 else np.array(value, dtype=float)
 
 
 def departure_centre(reports, off):
@@ -5063,7 +5111,7 @@ class StructuredClient:
     def get_state(self):
         """This client's own checkpoint (:class:`ClientState`): its vector and optimiser state."""
         return ClientState(self.theta.copy(), self.pack, float(self.noise_floor),
-                           float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
+                           _noise_centre_copy(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
                            getattr(self, "_noise_mode", None),
                            copy.deepcopy(getattr(self, "prior_local", None)),
                            getattr(self, "learn_local_inducing", None),
@@ -5790,7 +5838,7 @@ class StructuredClient:
         if self.noise_hyperprior:
             sl = self.pack.slices["noise_variance"]  # one entry, or one per output
             sd = tau if self.noise_prior_sd is None else min(tau, self.noise_prior_sd)
-            delta = theta[sl] - float(np.log(self.prior_noise))
+            delta = theta[sl] - np.log(np.asarray(self.prior_noise, dtype=float))
             grad[sl] = -delta / sd**2
             value = float(-0.5 * np.sum((delta / sd) ** 2))
         prior = getattr(self, "prior_local", None) or {}
@@ -6649,7 +6697,15 @@ class _PopulationPilot:
         (:func:`population_noise`).
     noise_spread, noise_pooled : float or None
         Scale and, when set, centre of the pooled small clients' noise
-        hyperprior (:func:`noise_spread`); None when not measured.
+        hyperprior (:func:`noise_spread`; multi-output targets: the larger
+        clients' spread around the per-output centres,
+        :func:`ilmm_noise_spread`, and no pooled centre); None when not
+        measured.
+    noise_variance_outputs : ndarray of shape (Q,) or None
+        Multi-output targets: per output, the weighted median of the
+        clients' pilot noise variances of that output
+        (:attr:`PilotSummary.noise_variance_outputs`), the centre of each
+        output's noise hyperprior with ``noise="diagonal"``; None otherwise.
     input_width, input_lengthscale : ndarray of shape (d,) or None
         1-D targets: the median over the clients (not weighted by their
         sizes) of their input widths, from their boxes, rounded to the
@@ -6668,6 +6724,7 @@ class _PopulationPilot:
     noise_pooled: float = None
     input_width: np.ndarray = None
     input_lengthscale: np.ndarray = None
+    noise_variance_outputs: np.ndarray = None
 
 
 
@@ -7322,6 +7379,16 @@ class _StructuredRun:
                 noise_variance_target=(_weighted_median(*zip(*with_target), interpolate=True)
                                        if with_target else None))
             pop.noise_identified = identified
+            per = [(np.asarray(p.noise_variance_outputs, dtype=float), n)
+                   for p, n in zip(good, sizes)
+                   if getattr(p, "noise_variance_outputs", None) is not None]
+            if per and len({v.shape for v, _ in per}) == 1:
+                # multi-output targets: each output's noise from its own pilots
+                V, w = np.array([v for v, _ in per]), [n for _, n in per]
+                pop.noise_variance_outputs = np.array(
+                    [_weighted_median(V[:, q], w, interpolate=True) for q in range(V.shape[1])])
+                pop.noise_spread = ilmm_noise_spread(
+                    V, pop.noise_variance_outputs, [n >= PILOT_POOL_POINTS for n in w])
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1)
         if not cfg.n_outputs:
@@ -8669,6 +8736,9 @@ class ILMMStructuredClient(StructuredClient):
     def pilot(self, random_state):
         """Pilot exact GPs on each output's observed rows; medians over outputs.
 
+        Also reports each output's pilot noise variance
+        (:attr:`PilotSummary.noise_variance_outputs`).
+
         Returns
         -------
         PilotSummary or None
@@ -8686,11 +8756,13 @@ class ILMMStructuredClient(StructuredClient):
             return None
         ok = np.isfinite(self._pilot_noise)
         w = _target_noise_weights(self._y_scale, (Y.shape[1],))
+        noise = float(np.median([p.noise_variance for p in good]))
         return PilotSummary(
             np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
             float(np.median([p.variance for p in good])),
-            float(np.median([p.noise_variance for p in good])),
-            float(np.median(self._pilot_noise[ok] / w[ok])))
+            noise,
+            float(np.median(self._pilot_noise[ok] / w[ok])),
+            noise_variance_outputs=np.where(ok, self._pilot_noise, noise))
 
     def _own_covariance(self):
         """This client's output covariance (standardised units, pairwise complete)."""
@@ -8763,7 +8835,15 @@ class ILMMStructuredClient(StructuredClient):
         weight, and the hyperprior centre is the median of the clients'
         values in that unit (:attr:`PilotSummary.noise_variance_target`).
         Every option starts from the median over the client's outputs (one
-        value for every output with ``"diagonal"``).
+        value for every output with ``"diagonal"``). With ``"diagonal"`` the
+        hyperprior centre is one value per output, the weighted median of the
+        clients' pilot noise of that output
+        (:attr:`_PopulationPilot.noise_variance_outputs`): the outputs'
+        noise-to-scale ratios differ. A client with fewer than
+        :data:`PILOT_POOL_POINTS` rows takes as the hyperprior's scale the
+        larger clients' spread (:func:`ilmm_noise_spread`), at least
+        :data:`NOISE_SPREAD_MIN` (``noise_prior_sd``; docs/maths.md, section
+        12, "The noise of a small client, per output").
         """
         own_var = self.own_variance if self.own_variance > 0 else 1.0
         floor = NOISE_FLOOR * own_var
@@ -8784,11 +8864,26 @@ class ILMMStructuredClient(StructuredClient):
             centre = own if target is None else target
         else:
             centre = population.noise_variance
+            per = getattr(population, "noise_variance_outputs", None)
+            if config.noise == "diagonal" and per is not None and np.shape(per) == (Q,):
+                # one centre per output: the outputs' noise-to-scale ratios
+                # differ (one standardised centre put an output of noise sd
+                # 0.1 at 0.019 in target units, and a 5-row client's noise
+                # followed it)
+                centre = np.asarray(per, dtype=float)
         # a client clearly on a larger scale: the centre in its own units (prior_scale)
         centre = centre * prior_scale(self.own_variance, population,
                                       pilot_median if ran else None)
         self.noise_floor = floor
-        self.prior_noise = float(np.clip(centre, 2.0 * floor, hi))
+        self.prior_noise = (float(np.clip(centre, 2.0 * floor, hi)) if np.ndim(centre) == 0
+                            else np.clip(centre, 2.0 * floor, hi))
+        spread = getattr(population, "noise_spread", None)
+        if self.n_samples < PILOT_POOL_POINTS and spread is not None:
+            # the larger clients' spread of their log noise variances around
+            # the centre (a random effect; ilmm_noise_spread),
+            # at least NOISE_SPREAD_MIN as for the pooled 1-D clients: five
+            # values per output do not determine their own noise
+            self.noise_prior_sd = float(max(spread, NOISE_SPREAD_MIN))
         if config.noise_variance is not None:  # target units
             ys2 = np.broadcast_to(np.asarray(self._y_scale, dtype=float) ** 2, (Q,))
             s2 = (float(config.noise_variance) / ys2 if config.noise == "diagonal"
