@@ -4962,9 +4962,10 @@ class StructuredClient:
         variable is the last coordinate of ``u``) and ``level``, the
         posterior mean of the client's level (standardised units); model
         parameters only.
-    prior_noise : float
+    prior_noise : float or ndarray of shape (Q,)
         Centre of the noise hyperprior (standardised units; set up by
-        :meth:`initialise`).
+        :meth:`initialise`); one per output for a multi-output client with
+        ``noise="diagonal"``.
     noise_hyperprior : bool
         Whether the noise variance has that hyperprior: False for a client
         with 1-D targets whose own pilot is reliable
@@ -6214,7 +6215,8 @@ class ClientState:
     noise_floor, prior_noise : float
         The client's noise floor and the centre of its noise hyperprior
         (for a client without one, its own pilot's noise variance; the
-        units of its packed noise variance).
+        units of its packed noise variance; ``prior_noise`` is an array of
+        shape (Q,) for a multi-output client with ``noise="diagonal"``).
     adam : Adam or None
         State of the local Adam optimiser (``optimizer="adam"``).
     noise_mode : str or None
