@@ -2207,6 +2207,11 @@ class PilotSummary:
         Multi-output clients: the median over outputs of the pilot noise in
         target-variance units divided by ``mean(y_scale^2)`` (the unit of
         ``noise="isotropic_target"``); None otherwise.
+    noise_variance_outputs : ndarray of shape (Q,) or None
+        Multi-output clients: each output's pilot noise variance
+        (standardised units; an output whose pilot did not run takes the
+        median of the others), the centre of ``noise="diagonal"``'s
+        per-output hyperprior once pooled over the clients; None otherwise.
     residual_dof : float or None
         Scalar targets: the pilot's residual degrees of freedom, ``n -
         tr(S)`` with ``S = K (K + s2 I)^-1`` its smoother matrix on the
@@ -2222,6 +2227,7 @@ class PilotSummary:
     noise_variance: float
     noise_variance_target: float = None
     residual_dof: float = None
+    noise_variance_outputs: np.ndarray = None
 
 
 #: A pilot with fewer residual degrees of freedom (``n - tr(S)``,
@@ -2455,6 +2461,148 @@ class LocalKernelSummary:
 
     lengthscale: np.ndarray
     variance: float
+
+
+#: Tiny variance (standardised units) added to a multi-output client's
+#: per-output loading sums of squares inside the logarithm of their prior
+#: (:meth:`ILMMStructuredClient.log_prior`), so that a row of zeros gives a
+#: finite value and gradient.
+LOADING_PRIOR_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class DepartureSummary:
+    """Multi-output counterpart of :class:`LocalKernelSummary`: the size of a client's departure per output.
+
+    Round 2 of training with multi-output (ILMM) targets: every client with
+    at least :data:`PILOT_POOL_POINTS` rows on the clients' typical scale
+    sends, after its first local phase, its local lengthscales (one ``d``
+    vector, the geometric mean over its local latents weighted by their
+    loadings' squared norms) and, per output ``q``, the prior variance of
+    its local part ``sum_r B_l[q, r]^2`` and the squared norm
+    ``sum_r B_d[q, r]^2`` of its deviation loadings (whose shared factor
+    ``phi`` is the same for every client), and which outputs it observed;
+    ``d + 3 Q`` numbers whatever its size. The server sends the population's centre (the means over the
+    clients, the lengthscales' geometric mean weighted by the local
+    variances) to the clients with fewer rows, as the centre of log-normal
+    priors on their own local lengthscales and per-output loading sizes
+    (:meth:`ILMMStructuredClient.log_prior`).
+
+    Attributes
+    ----------
+    lengthscale : ndarray of shape (d,)
+        Local lengthscales (scaled inputs).
+    local : ndarray of shape (Q,)
+        ``sum_r B_l[q, r]^2`` (standardised units). In the centre, 0 for an
+        output without a prior: one no large client observed, or whose
+        clients' local parts are all but switched off.
+    deviation : ndarray of shape (Q,) or None
+        ``sum_r B_d[q, r]^2`` (None without the deviation component); in the
+        centre, 0 for an output no large client observed.
+    observed : ndarray of shape (Q,) or None
+        In a report, 1.0 for the outputs the client observed and 0.0 for the
+        others (their rows are untrained and left out of the centre; a NaN
+        would make the transport drop the message); None in the centre.
+
+    Notes
+    -----
+    Beyond the pFedHGP paper (whose client loadings have no shared prior):
+    docs/maths.md, section 12, "A small client's loadings". The departures
+    are a random effect per client (Gelman et al., *Bayesian Data
+    Analysis*, 3rd ed., 2013, section 5.3): a client with a handful of rows
+    takes the others' sizes as its prior. A plain message: it validates
+    nothing and raises nothing.
+    """
+
+    lengthscale: np.ndarray
+    local: np.ndarray
+    deviation: np.ndarray = None
+    observed: np.ndarray = None
+
+
+def ilmm_noise_spread(noise, centre, large):
+    """Spread of the larger multi-output clients' log noise variances around the centre.
+
+    Parameters
+    ----------
+    noise : ndarray of shape (C, Q)
+        Each client's per-output pilot noise variances
+        (:attr:`PilotSummary.noise_variance_outputs`).
+    centre : ndarray of shape (Q,)
+        The per-output centres (weighted medians over the clients).
+    large : sequence of bool of length C
+        The clients with at least :data:`PILOT_POOL_POINTS` rows (their
+        pilots estimate their noise).
+
+    Returns
+    -------
+    float or None
+        ``sqrt(mean_{c, q} (log s2_cq - log centre_q)^2)`` over the large
+        clients: the scale of a random effect's prior, the counterpart for
+        multi-output targets of the pooled 1-D clients' :func:`noise_spread`
+        (Gelman et al., *Bayesian Data Analysis*, 3rd ed., 2013, section
+        5.3); the small clients' noise hyperprior takes the larger of it and
+        :data:`NOISE_SPREAD_MIN` (:meth:`ILMMStructuredClient._initial_noise`).
+        None with fewer than two large clients.
+    """
+    big = np.asarray(large, dtype=bool)
+    if big.sum() < 2:
+        return None
+    V = np.asarray(noise, dtype=float)[big]
+    c = np.asarray(centre, dtype=float)
+    ok = (V > 0) & (c > 0)
+    if not np.any(ok):
+        return None
+    dev = np.log(np.where(ok, V, 1.0)) - np.log(np.where(c > 0, c, 1.0))
+    return float(np.sqrt(np.mean(dev[ok] ** 2)))
+
+
+def _noise_centre_copy(value):
+    """A noise hyperprior centre to save: a float, or a copy of a per-output array."""
+    return float(value) if np.ndim(value) == 0 else np.array(value, dtype=float)
+
+
+def departure_centre(reports, off):
+    """The population's centre of the small clients' loading priors (multi-output targets).
+
+    Parameters
+    ----------
+    reports : list of DepartureSummary
+        The large clients' reports (:meth:`ILMMStructuredClient.local_prior_summary`).
+    off : float
+        A local variance at or below this (standardised units) counts as a
+        switched-off local part: an output whose mean is below it gets no
+        local prior (the clients need no local part there, and a small
+        client that departs from them must still be able to switch its own
+        on), as with scalar targets (:meth:`_StructuredRun._share_local_prior`).
+
+    Returns
+    -------
+    DepartureSummary or None
+        Per output, the means over the clients that observed it of
+        ``sum_r B_l[q, r]^2`` and ``sum_r B_d[q, r]^2`` (the departures are a
+        random effect per client: a mean, not a median, which would call them
+        zero as soon as half the clients need none; Gelman et al., *Bayesian
+        Data Analysis*, 3rd ed., 2013, section 5.3), 0 where there is no
+        prior; the local lengthscales' geometric mean weighted by each
+        client's total local variance. None when no output has a prior.
+    """
+    obs = np.array([np.asarray(m.observed, dtype=float) for m in reports])
+    n = obs.sum(axis=0)
+    keep = n > 0
+    local = np.array([np.asarray(m.local, dtype=float) for m in reports]).sum(axis=0)
+    local = np.where(keep, local / np.maximum(n, 1.0), 0.0)
+    local[local <= off] = 0.0
+    dev = None
+    if all(m.deviation is not None for m in reports):
+        dev = np.array([np.asarray(m.deviation, dtype=float) for m in reports]).sum(axis=0)
+        dev = np.where(keep, dev / np.maximum(n, 1.0), 0.0)
+    w = np.array([float(np.sum(m.local)) for m in reports])
+    log_ell = np.log(np.array([np.asarray(m.lengthscale, dtype=float) for m in reports]))
+    ell = np.exp(w @ log_ell / w.sum() if w.sum() > 0 else log_ell.mean(axis=0))
+    if not np.any(local > 0) and (dev is None or not np.any(dev > 0)):
+        return None
+    return DepartureSummary(ell, local, dev)
 
 
 @dataclass(frozen=True)
@@ -4852,9 +5000,10 @@ class StructuredClient:
         variable is the last coordinate of ``u``) and ``level``, the
         posterior mean of the client's level (standardised units); model
         parameters only.
-    prior_noise : float
+    prior_noise : float or ndarray of shape (Q,)
         Centre of the noise hyperprior (standardised units; set up by
-        :meth:`initialise`).
+        :meth:`initialise`); one per output for a multi-output client with
+        ``noise="diagonal"``.
     noise_hyperprior : bool
         Whether the noise variance has that hyperprior: False for a client
         with 1-D targets whose own pilot is reliable
@@ -5001,7 +5150,7 @@ class StructuredClient:
     def get_state(self):
         """This client's own checkpoint (:class:`ClientState`): its vector and optimiser state."""
         return ClientState(self.theta.copy(), self.pack, float(self.noise_floor),
-                           float(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
+                           _noise_centre_copy(self.prior_noise), copy.deepcopy(getattr(self, "_adam", None)),
                            getattr(self, "_noise_mode", None),
                            copy.deepcopy(getattr(self, "prior_local", None)),
                            getattr(self, "learn_local_inducing", None),
@@ -5728,7 +5877,7 @@ class StructuredClient:
         if self.noise_hyperprior:
             sl = self.pack.slices["noise_variance"]  # one entry, or one per output
             sd = tau if self.noise_prior_sd is None else min(tau, self.noise_prior_sd)
-            delta = theta[sl] - float(np.log(self.prior_noise))
+            delta = theta[sl] - np.log(np.asarray(self.prior_noise, dtype=float))
             grad[sl] = -delta / sd**2
             value = float(-0.5 * np.sum((delta / sd) ** 2))
         prior = getattr(self, "prior_local", None) or {}
@@ -6104,7 +6253,8 @@ class ClientState:
     noise_floor, prior_noise : float
         The client's noise floor and the centre of its noise hyperprior
         (for a client without one, its own pilot's noise variance; the
-        units of its packed noise variance).
+        units of its packed noise variance; ``prior_noise`` is an array of
+        shape (Q,) for a multi-output client with ``noise="diagonal"``).
     adam : Adam or None
         State of the local Adam optimiser (``optimizer="adam"``).
     noise_mode : str or None
@@ -6587,7 +6737,15 @@ class _PopulationPilot:
         (:func:`population_noise`).
     noise_spread, noise_pooled : float or None
         Scale and, when set, centre of the pooled small clients' noise
-        hyperprior (:func:`noise_spread`); None when not measured.
+        hyperprior (:func:`noise_spread`; multi-output targets: the larger
+        clients' spread around the per-output centres,
+        :func:`ilmm_noise_spread`, and no pooled centre); None when not
+        measured.
+    noise_variance_outputs : ndarray of shape (Q,) or None
+        Multi-output targets: per output, the weighted median of the
+        clients' pilot noise variances of that output
+        (:attr:`PilotSummary.noise_variance_outputs`), the centre of each
+        output's noise hyperprior with ``noise="diagonal"``; None otherwise.
     input_width, input_lengthscale : ndarray of shape (d,) or None
         1-D targets: the median over the clients (not weighted by their
         sizes) of their input widths, from their boxes, rounded to the
@@ -6606,6 +6764,7 @@ class _PopulationPilot:
     noise_pooled: float = None
     input_width: np.ndarray = None
     input_lengthscale: np.ndarray = None
+    noise_variance_outputs: np.ndarray = None
 
 
 
@@ -7261,6 +7420,16 @@ class _StructuredRun:
                 noise_variance_target=(_weighted_median(*zip(*with_target), interpolate=True)
                                        if with_target else None))
             pop.noise_identified = identified
+            per = [(np.asarray(p.noise_variance_outputs, dtype=float), n)
+                   for p, n in zip(good, sizes)
+                   if getattr(p, "noise_variance_outputs", None) is not None]
+            if per and len({v.shape for v, _ in per}) == 1:
+                # multi-output targets: each output's noise from its own pilots
+                V, w = np.array([v for v, _ in per]), [n for _, n in per]
+                pop.noise_variance_outputs = np.array(
+                    [_weighted_median(V[:, q], w, interpolate=True) for q in range(V.shape[1])])
+                pop.noise_spread = ilmm_noise_spread(
+                    V, pop.noise_variance_outputs, [n >= PILOT_POOL_POINTS for n in w])
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1)
         if not cfg.n_outputs:
@@ -7656,7 +7825,8 @@ class _StructuredRun:
         checkpoints and reset by a warm start.
         """
         server, cfg = self.server, self.config
-        if cfg.n_outputs or "local" not in cfg.components or cfg.noise_prior_scale is None:
+        parts = ("local", "deviation") if cfg.n_outputs else ("local",)
+        if not any(p in cfg.components for p in parts) or cfg.noise_prior_scale is None:
             return
         counter = self.counter
         centre = getattr(server, "local_prior_centre_", None)
@@ -7675,7 +7845,8 @@ class _StructuredRun:
             self.unusable_up = 0
             res, _, _ = self.call("local_prior_summary", (post, self.theta_g, self.gpack, cfg),
                                   big, r)
-            got = {c: m for c, m in res.items() if isinstance(m, LocalKernelSummary)}
+            kind = DepartureSummary if cfg.n_outputs else LocalKernelSummary
+            got = {c: m for c, m in res.items() if isinstance(m, kind)}
             counter["up"] += sum(message_nbytes(m) for m in got.values()) + self.unusable_up
             counter["down"] += ((8 * self.theta_g.size + message_nbytes(post))
                                 * sum(c not in self.fresh for c in big))
@@ -7683,19 +7854,29 @@ class _StructuredRun:
             self.unusable_up = 0
             if len(got) < LOCAL_PRIOR_MIN_CLIENTS:
                 return
-            # the departures' variance: their mean over the clients (a random
-            # effect per client); their shape: the local lengthscales averaged on
-            # the log scale with weights the departures' sizes (a switched-off
-            # local part's lengthscales say nothing)
-            dep = np.array([m.variance for m in got.values()], dtype=float)
-            log_ell = np.log(np.array([m.lengthscale for m in got.values()], dtype=float))
-            formed = LocalKernelSummary(np.exp((dep / dep.sum()) @ log_ell), float(dep.mean()))
-            # departures all but absent: no prior (see above)
-            if formed.variance <= LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance:
-                return
-            server.local_prior_centre_ = centre = formed
-            server.local_prior_sent_ = []
-        if not isinstance(centre, LocalKernelSummary):
+            off = LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance
+            if cfg.n_outputs:
+                # per output, the loadings' sizes (departure_centre)
+                formed = departure_centre(list(got.values()), off)
+                if formed is None:
+                    return
+                server.local_prior_centre_ = centre = formed
+                server.local_prior_sent_ = []
+            else:
+                # the departures' variance: their mean over the clients (a random
+                # effect per client); their shape: the local lengthscales averaged on
+                # the log scale with weights the departures' sizes (a switched-off
+                # local part's lengthscales say nothing)
+                dep = np.array([m.variance for m in got.values()], dtype=float)
+                log_ell = np.log(np.array([m.lengthscale for m in got.values()], dtype=float))
+                formed = LocalKernelSummary(np.exp((dep / dep.sum()) @ log_ell),
+                                            float(dep.mean()))
+                # departures all but absent: no prior (see above)
+                if formed.variance <= off:
+                    return
+                server.local_prior_centre_ = centre = formed
+                server.local_prior_sent_ = []
+        if not isinstance(centre, (LocalKernelSummary, DepartureSummary)):
             return
         sent = list(getattr(server, "local_prior_sent_", None) or [])
         small = [c for c in self.active
@@ -8474,8 +8655,130 @@ class ILMMStructuredClient(StructuredClient):
         """
         return self._values()
 
+    # -- the small clients' prior on their loadings ---------------------------
+    def _shares_local_prior(self):
+        """Whether this client takes part in the small clients' loading prior (either side).
+
+        A deviation or local part (loadings ``B_d`` or ``B_l``) and targets
+        on the clients' typical scale (:func:`client_scale_ratio` 1).
+        """
+        sl = getattr(getattr(self, "pack", None), "slices", {})
+        return (("B_l" in sl or "B_d" in sl)
+                and client_scale_ratio(self.own_variance) == 1.0)
+
+    def local_prior_summary(self, post, theta_g, gpack, config):
+        """This client's departure sizes for the small clients' prior (:class:`DepartureSummary`).
+
+        Per output ``q`` the local part's prior variance ``sum_r B_l[q, r]^2``
+        and the squared norm ``sum_r B_d[q, r]^2`` of the deviation
+        loadings (0 for an output the client never observed, flagged in
+        ``observed``), and the local lengthscales' geometric mean over its
+        local latents weighted by ``sum_q B_l[q, r]^2`` (a switched-off
+        latent's lengthscales say nothing). ``post``, ``theta_g``, ``gpack``
+        and ``config`` are not used (the signature is the scalar client's).
+        None (nothing sent) when the client has fewer than
+        :data:`PILOT_POOL_POINTS` rows or is not on the clients' typical scale.
+        """
+        if self.n_samples < PILOT_POOL_POINTS or not self._shares_local_prior():
+            return None
+        L = self._values()
+        Q, d = self._y.shape[1], self._Xs.shape[1]
+        obs = (~np.all(np.isnan(self._y), axis=0)).astype(float)
+        local, ell = np.zeros(Q), np.ones(d)
+        if "B_l" in L:
+            Bl = np.asarray(L["B_l"], dtype=float)
+            local = np.sum(Bl**2, axis=1) * obs
+            w = np.sum(Bl**2, axis=0)
+            log_ell = np.log(np.asarray(L["lengthscale_l"], dtype=float))
+            ell = np.exp(w @ log_ell / w.sum() if w.sum() > 0 else log_ell.mean(axis=0))
+        dev = (np.sum(np.asarray(L["B_d"], dtype=float) ** 2, axis=1) * obs
+               if "B_d" in L else None)
+        return DepartureSummary(ell, local, dev, obs)
+
+    def set_local_prior(self, centre):
+        """Centre this small client's loading and local-lengthscale priors on the population's.
+
+        A client with fewer than :data:`PILOT_POOL_POINTS` rows on the
+        clients' typical scale gets, from the centre
+        (:class:`DepartureSummary`), ``log ell_l,r ~ N(log ell_c, s^2)`` per
+        local latent and input, and per output ``q`` it observed
+        ``log sum_r B_l[q, r]^2 ~ N(log v_l,c[q], s^2)`` and
+        ``log sum_r B_d[q, r]^2 ~ N(log v_d,c[q], s^2)``, ``s =``
+        :data:`LOCAL_PRIOR_SD` (:meth:`log_prior`). Returns None (nothing sent).
+        """
+        if (not isinstance(centre, DepartureSummary) or self.n_samples >= PILOT_POOL_POINTS
+                or not self._shares_local_prior()):
+            return None
+        sl = self.pack.slices
+        obs = ~np.all(np.isnan(self._y), axis=0)
+        entry = {}
+        local = np.asarray(centre.local, dtype=float) * obs
+        if "B_l" in sl and np.any(local > 0):
+            entry["local"] = local
+            entry["log_lengthscale"] = np.log(np.asarray(centre.lengthscale, dtype=float))
+        if "B_d" in sl and centre.deviation is not None:
+            dev = np.asarray(centre.deviation, dtype=float) * obs
+            if np.any(dev > 0):
+                entry["deviation"] = dev
+        self.prior_local = {**(getattr(self, "prior_local", None) or {}), "loadings": entry}
+        return None
+
+    def log_prior(self, theta, config):
+        """Log hyperprior of the client's own hyperparameters and its gradient (packed scale).
+
+        The noise hyperprior of :meth:`StructuredClient.log_prior` and, for a
+        client with fewer than :data:`PILOT_POOL_POINTS` rows that received
+        the population's centre (:meth:`set_local_prior`), log-normal priors
+        on its local lengthscales and on the per-output sizes of its
+        loadings, ``v_q = sum_r B[q, r]^2 + eps`` (``eps =``
+        :data:`LOADING_PRIOR_EPS`) for ``B = B_l`` and ``B = B_d``:
+        ``-1/2 sum_q (log v_q - log c_q)^2 / s^2`` with gradient
+        ``-(log v_q - log c_q) / s^2 * 2 B[q, r] / v_q``, ``s =``
+        :data:`LOCAL_PRIOR_SD`; an output with centre 0 has none. The
+        multi-output counterpart of the scalar clients' local variance
+        prior: the local variance of output ``q`` is ``sum_r B_l[q, r]^2``
+        (unit-variance latent kernels). Without it, a client with a handful
+        of rows can switch its local part off and put all its departure in
+        one direction of its deviation loadings, leaving the outputs outside
+        that direction with a band narrower than the noise (docs/maths.md,
+        section 12, "A small client's loadings"). Constant terms are
+        dropped; ``noise_prior_scale=None`` switches all priors off.
+
+        Returns
+        -------
+        value : float
+        grad : ndarray of shape (P_i,)
+        """
+        value, grad = super().log_prior(theta, config)
+        prior = (getattr(self, "prior_local", None) or {}).get("loadings")
+        if (config.noise_prior_scale is None or not prior
+                or self.n_samples >= PILOT_POOL_POINTS):
+            return value, grad
+        sl = self.pack.slices
+        shapes = {name: shape for name, shape, _ in self.pack.spec}
+        sd = LOCAL_PRIOR_SD
+        if "log_lengthscale" in prior and "lengthscale_l" in sl:
+            delta = (theta[sl["lengthscale_l"]].reshape(shapes["lengthscale_l"])
+                     - prior["log_lengthscale"]) / sd
+            value -= 0.5 * float(np.sum(delta**2))
+            grad[sl["lengthscale_l"]] -= (delta / sd).ravel()
+        for key, name in (("B_l", "local"), ("B_d", "deviation")):
+            centre = prior.get(name)
+            if centre is None or key not in sl:
+                continue
+            B = theta[sl[key]].reshape(shapes[key])
+            v = np.sum(B**2, axis=1) + LOADING_PRIOR_EPS
+            on = centre > 0
+            delta = np.where(on, np.log(v) - np.log(np.where(on, centre, 1.0)), 0.0) / sd
+            value -= 0.5 * float(np.sum(delta**2))
+            grad[sl[key]] -= ((delta / sd * 2.0 / v)[:, None] * B).ravel()
+        return value, grad
+
     def pilot(self, random_state):
         """Pilot exact GPs on each output's observed rows; medians over outputs.
+
+        Also reports each output's pilot noise variance
+        (:attr:`PilotSummary.noise_variance_outputs`).
 
         Returns
         -------
@@ -8494,11 +8797,13 @@ class ILMMStructuredClient(StructuredClient):
             return None
         ok = np.isfinite(self._pilot_noise)
         w = _target_noise_weights(self._y_scale, (Y.shape[1],))
+        noise = float(np.median([p.noise_variance for p in good]))
         return PilotSummary(
             np.exp(np.median([np.log(p.lengthscale) for p in good], axis=0)),
             float(np.median([p.variance for p in good])),
-            float(np.median([p.noise_variance for p in good])),
-            float(np.median(self._pilot_noise[ok] / w[ok])))
+            noise,
+            float(np.median(self._pilot_noise[ok] / w[ok])),
+            noise_variance_outputs=np.where(ok, self._pilot_noise, noise))
 
     def _own_covariance(self):
         """This client's output covariance (standardised units, pairwise complete)."""
@@ -8571,7 +8876,15 @@ class ILMMStructuredClient(StructuredClient):
         weight, and the hyperprior centre is the median of the clients'
         values in that unit (:attr:`PilotSummary.noise_variance_target`).
         Every option starts from the median over the client's outputs (one
-        value for every output with ``"diagonal"``).
+        value for every output with ``"diagonal"``). With ``"diagonal"`` the
+        hyperprior centre is one value per output, the weighted median of the
+        clients' pilot noise of that output
+        (:attr:`_PopulationPilot.noise_variance_outputs`): the outputs'
+        noise-to-scale ratios differ. A client with fewer than
+        :data:`PILOT_POOL_POINTS` rows takes as the hyperprior's scale the
+        larger clients' spread (:func:`ilmm_noise_spread`), at least
+        :data:`NOISE_SPREAD_MIN` (``noise_prior_sd``; docs/maths.md, section
+        12, "The noise of a small client, per output").
         """
         own_var = self.own_variance if self.own_variance > 0 else 1.0
         floor = NOISE_FLOOR * own_var
@@ -8592,11 +8905,26 @@ class ILMMStructuredClient(StructuredClient):
             centre = own if target is None else target
         else:
             centre = population.noise_variance
+            per = getattr(population, "noise_variance_outputs", None)
+            if config.noise == "diagonal" and per is not None and np.shape(per) == (Q,):
+                # one centre per output: the outputs' noise-to-scale ratios
+                # differ (one standardised centre put an output of noise sd
+                # 0.1 at 0.019 in target units, and a 5-row client's noise
+                # followed it)
+                centre = np.asarray(per, dtype=float)
         # a client clearly on a larger scale: the centre in its own units (prior_scale)
         centre = centre * prior_scale(self.own_variance, population,
                                       pilot_median if ran else None)
         self.noise_floor = floor
-        self.prior_noise = float(np.clip(centre, 2.0 * floor, hi))
+        self.prior_noise = (float(np.clip(centre, 2.0 * floor, hi)) if np.ndim(centre) == 0
+                            else np.clip(centre, 2.0 * floor, hi))
+        spread = getattr(population, "noise_spread", None)
+        if self.n_samples < PILOT_POOL_POINTS and spread is not None:
+            # the larger clients' spread of their log noise variances around
+            # the centre (a random effect; ilmm_noise_spread),
+            # at least NOISE_SPREAD_MIN as for the pooled 1-D clients: five
+            # values per output do not determine their own noise
+            self.noise_prior_sd = float(max(spread, NOISE_SPREAD_MIN))
         if config.noise_variance is not None:  # target units
             ys2 = np.broadcast_to(np.asarray(self._y_scale, dtype=float) ** 2, (Q,))
             s2 = (float(config.noise_variance) / ys2 if config.noise == "diagonal"

@@ -102,7 +102,7 @@ CODEC_TYPES = {
         _fed.StructuredStatistics, _fed.PosteriorBroadcast, _fed.GlobalGradient,
         _fed.LocalHyperparameters, _fed.ClientUpdateValue, _fed._PopulationPilot,
         _fed.ClientState, _fed.DesignResidual, _fed.InputScaleReport, _fed.PoolEvidence,
-        _fed.LocalKernelSummary,
+        _fed.LocalKernelSummary, _fed.DepartureSummary,
     )
 }
 _ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "t", "m", "v")

@@ -293,8 +293,11 @@ def test_noise_does_not_depend_on_column_units(noise):
     k = np.array([1.0, 1000.0])
     m2, s2 = FederatedHierarchicalGPRegressor(**kw).fit(X, Y * k, groups=g).predict(
         Xt, groups=gt, return_std=True)
-    np.testing.assert_allclose(m2 / k, m1, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(s2 / k, s1, rtol=1e-6)
+    # rtol 1e-5: the per-output noise centres agree to 1e-12, but two rounds
+    # of L-BFGS amplify the columns' round-off to 2e-6 relative in the
+    # diagonal noise's predictions (they passed at 1e-6 with one centre)
+    np.testing.assert_allclose(m2 / k, m1, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(s2 / k, s1, rtol=1e-5)
 
 
 def test_isotropic_target_noise_is_one_variance_in_target_units():
