@@ -219,19 +219,32 @@ def float_param(value, name):
     ------
     ValueError
         ``"<name> must be a number or an array of numbers, got <value>"``
-        for a value NumPy cannot convert (a string, None, a ragged list); the
-        bare conversion error named no parameter.
+        for a string (even a numeric one such as ``"0.5"``), None, an array
+        holding either, or a value NumPy cannot convert (a ragged list); the
+        bare conversion error named no parameter, and NumPy converts
+        ``"0.5"`` and None (to NaN) silently.
 
     Notes
     -----
     Package plumbing; no paper source. Range and shape checks stay with the
     caller.
     """
-    try:
-        return np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{name} must be a number or an array of numbers, got {value!r}") from None
+    bad = value is None or isinstance(value, (str, bytes))
+    if not bad:
+        try:
+            raw = np.asarray(value)
+        except (TypeError, ValueError):
+            raw = None
+        # numeric strings ("0.5") convert silently, None to NaN: refused too
+        bad = raw is None or raw.dtype.kind in "USV" or (
+            raw.dtype.kind == "O"
+            and any(v is None or isinstance(v, (str, bytes)) for v in raw.ravel()))
+    if not bad:
+        try:
+            return np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            bad = True
+    raise ValueError(f"{name} must be a number or an array of numbers, got {value!r}")
 
 
 def check_n_jobs(value):

@@ -1309,8 +1309,11 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         with np.errstate(over="ignore"):
             bound = b * np.sqrt(sf2)
         if not (np.isfinite(lipschitz) and np.isfinite(bound)):
-            source = ("beta" if self.beta is not None
-                      else "rkhs_bound" if self.convention == "paper" else "variance")
+            # the parameter behind the value that overflowed (a given
+            # lipschitz was checked finite, so a non-finite one is L_f's)
+            from_bound = "rkhs_bound" if self.convention == "paper" else "variance"
+            source = (("beta" if self.beta is not None else from_bound)
+                      if not np.isfinite(bound) else from_bound)
             raise ValueError(
                 f"the Async DGP constants overflow float64 (beta = {b:.3g}, L_f = "
                 f"{lipschitz:.3g}, sigma_f = {np.sqrt(sf2):.3g}): beta sigma_f and L_f must be "

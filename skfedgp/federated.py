@@ -1101,9 +1101,14 @@ class Server:
         InitBroadcast
         """
         init = self.standardise(summaries)
-        # the yardstick of a failed fit (the regressor warns below it)
-        self.null_log_likelihood = (null_log_likelihood(summaries, self.y_scale)
+        # the yardstick of a failed fit (the regressor warns well below it):
+        # about each client's own mean only if the model has a client part
+        # that can follow it
+        own = "deviation" in self.config.components or "local" in self.config.components
+        self.null_log_likelihood = (null_log_likelihood(summaries, self.y_scale, own)
                                     if all(s.y_count is None for s in summaries) else None)
+        self.null_own_means = own
+        self.n_total_null = int(sum(s.n_samples for s in summaries))
         self.client_boxes = None  # the mean-field set-up places Z_g in the joint box
         ranges = self.x_scale
         values = {}
@@ -2212,6 +2217,10 @@ class PilotSummary:
         (standardised units; an output whose pilot did not run takes the
         median of the others), the centre of ``noise="diagonal"``'s
         per-output hyperprior once pooled over the clients; None otherwise.
+    noise_outputs_observed : ndarray of shape (Q,) or None
+        Multi-output clients: 1.0 for the outputs whose pilot ran, 0.0 for
+        the others (their entry of ``noise_variance_outputs`` is a stand-in,
+        left out of the pooled centres and spread); None otherwise.
     residual_dof : float or None
         Scalar targets: the pilot's residual degrees of freedom, ``n -
         tr(S)`` with ``S = K (K + s2 I)^-1`` its smoother matrix on the
@@ -2228,6 +2237,7 @@ class PilotSummary:
     noise_variance_target: float = None
     residual_dof: float = None
     noise_variance_outputs: np.ndarray = None
+    noise_outputs_observed: np.ndarray = None
 
 
 #: A pilot with fewer residual degrees of freedom (``n - tr(S)``,
@@ -2527,7 +2537,8 @@ def ilmm_noise_spread(noise, centre, large):
     ----------
     noise : ndarray of shape (C, Q)
         Each client's per-output pilot noise variances
-        (:attr:`PilotSummary.noise_variance_outputs`).
+        (:attr:`PilotSummary.noise_variance_outputs`); NaN for an output
+        the client did not observe (left out).
     centre : ndarray of shape (Q,)
         The per-output centres (weighted medians over the clients).
     large : sequence of bool of length C
@@ -2550,7 +2561,8 @@ def ilmm_noise_spread(noise, centre, large):
         return None
     V = np.asarray(noise, dtype=float)[big]
     c = np.asarray(centre, dtype=float)
-    ok = (V > 0) & (c > 0)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(V) & (V > 0) & (c > 0)  # NaN: an output the client did not observe
     if not np.any(ok):
         return None
     dev = np.log(np.where(ok, V, 1.0)) - np.log(np.where(c > 0, c, 1.0))
@@ -4421,48 +4433,67 @@ def under_observed_floor(summaries, scale):
     return floor
 
 
-def null_log_likelihood(summaries, y_scale):
-    """Log likelihood of each client's targets as independent noise about its own mean.
+def null_log_likelihood(summaries, y_scale, own_means=True):
+    """Log likelihood of the clients' targets as independent Gaussian noise about a mean.
 
-    The yardstick of a failed fit: a model whose ELBO ends below this has
-    explained less than white noise around each client's mean with the
-    client's own variance (the maximum likelihood Gaussian of each client's
-    targets, no function at all) would. In standardised units (targets
-    divided by ``y_scale``), as the ELBO is reported; a client's variance
-    is taken at least ``NOISE_FLOOR``, the model's own noise floor.
+    The yardstick of a failed fit (:data:`NULL_MARGIN`): each client's
+    targets as white noise, with the client's own maximum-likelihood
+    variance, about its own mean (``own_means=True``) or about the pooled
+    mean of all clients (``own_means=False``, for a model with no
+    client-specific part, which cannot follow the clients' own means). No
+    function at all. In standardised units (targets divided by
+    ``y_scale``), as the ELBO is reported; a client's variance is taken at
+    least ``NOISE_FLOOR``.
 
     Parameters
     ----------
     summaries : sequence of ClientSummary
-        1-D targets' set-up summaries (count and centred sum of squares).
+        1-D targets' set-up summaries (count, sum and centred sum of
+        squares).
     y_scale : float
         The standardisation's scale (target units).
+    own_means : bool, default=True
+        About each client's own mean, or about the pooled mean.
 
     Returns
     -------
     float
         ``sum_i -n_i / 2 log(2 pi v_i) - css_i / (2 v_i)``, with
-        ``css_i`` the centred sum of squares in standardised units and
-        ``v_i = max(css_i / n_i, NOISE_FLOOR)``.
+        ``css_i`` the sum of squares about the mean in standardised units
+        and ``v_i = max(css_i / n_i, NOISE_FLOOR)``.
 
     Notes
     -----
-    A diagnostic of the package (beyond the paper): the ELBO is a lower
+    A diagnostic of the package (beyond the paper). The ELBO is a lower
     bound on the log marginal likelihood (Titsias, "Variational Learning of
-    Inducing Variables in Sparse Gaussian Processes", AISTATS 2009, eq. 9),
-    and a model with its signal switched off and each client's level and
-    noise at their estimates comes within a few nats of this value.
+    Inducing Variables in Sparse Gaussian Processes", AISTATS 2009, eq. 9);
+    this yardstick has two free parameters per client and no penalty, so a
+    well-fitted model of data with no signal ends a few nats below it, not
+    a large share of a nat per observation.
     """
     total = 0.0
     s2 = float(y_scale) ** 2
+    n_all = sum(int(s.n_samples) for s in summaries)
+    pooled = sum(float(s.y_sum) for s in summaries) / max(n_all, 1)
     for s in summaries:
         n = int(s.n_samples)
         if n == 0:
             continue
-        css = float(s.y_centred_sumsq) / s2
+        css = float(s.y_centred_sumsq)
+        if not own_means:
+            css += n * (float(s.y_sum) / n - pooled) ** 2
+        css /= s2
         v = max(css / n, NOISE_FLOOR)
         total += -0.5 * n * np.log(2.0 * np.pi * v) - 0.5 * css / v
     return float(total)
+
+
+#: The regressor's mean-field fit warns (a ``ConvergenceWarning``) when its
+#: final ELBO is more than this many nats per observation below
+#: :func:`null_log_likelihood`: a fit worse than white noise by that much
+#: on average has failed (in practice Adam steps too large, which oscillate
+#: or diverge without raising, or far too few rounds).
+NULL_MARGIN = 1.0
 
 
 def flat_targets(summaries):
@@ -7420,16 +7451,26 @@ class _StructuredRun:
                 noise_variance_target=(_weighted_median(*zip(*with_target), interpolate=True)
                                        if with_target else None))
             pop.noise_identified = identified
-            per = [(np.asarray(p.noise_variance_outputs, dtype=float), n)
+            per = [(np.asarray(p.noise_variance_outputs, dtype=float), n,
+                    np.ones(np.shape(p.noise_variance_outputs), dtype=bool)
+                    if getattr(p, "noise_outputs_observed", None) is None
+                    else np.asarray(p.noise_outputs_observed, dtype=float) > 0)
                    for p, n in zip(good, sizes)
                    if getattr(p, "noise_variance_outputs", None) is not None]
-            if per and len({v.shape for v, _ in per}) == 1:
-                # multi-output targets: each output's noise from its own pilots
-                V, w = np.array([v for v, _ in per]), [n for _, n in per]
-                pop.noise_variance_outputs = np.array(
-                    [_weighted_median(V[:, q], w, interpolate=True) for q in range(V.shape[1])])
+            if per and len({v.shape for v, _, _ in per}) == 1:
+                # multi-output targets: each output's noise from the pilots
+                # that ran on it (the stand-in value of an output a client
+                # never observed is left out)
+                V = np.array([v for v, _, _ in per])
+                seen = np.array([o for _, _, o in per], dtype=bool)
+                w = np.array([n for _, n, _ in per], dtype=float)
+                centre = np.array([
+                    _weighted_median(V[seen[:, q], q], w[seen[:, q]], interpolate=True)
+                    if np.any(seen[:, q]) else float(np.median(V[:, q]))
+                    for q in range(V.shape[1])])
+                pop.noise_variance_outputs = centre
                 pop.noise_spread = ilmm_noise_spread(
-                    V, pop.noise_variance_outputs, [n >= PILOT_POOL_POINTS for n in w])
+                    np.where(seen, V, np.nan), centre, w >= PILOT_POOL_POINTS)
         else:
             pop = _PopulationPilot(np.full(d, 0.5 * np.sqrt(d)), 1.0, 0.1)
         if not cfg.n_outputs:
@@ -8803,7 +8844,8 @@ class ILMMStructuredClient(StructuredClient):
             float(np.median([p.variance for p in good])),
             noise,
             float(np.median(self._pilot_noise[ok] / w[ok])),
-            noise_variance_outputs=np.where(ok, self._pilot_noise, noise))
+            noise_variance_outputs=np.where(ok, self._pilot_noise, noise),
+            noise_outputs_observed=ok.astype(float))
 
     def _own_covariance(self):
         """This client's output covariance (standardised units, pairwise complete)."""
@@ -8919,7 +8961,9 @@ class ILMMStructuredClient(StructuredClient):
         self.prior_noise = (float(np.clip(centre, 2.0 * floor, hi)) if np.ndim(centre) == 0
                             else np.clip(centre, 2.0 * floor, hi))
         spread = getattr(population, "noise_spread", None)
-        if self.n_samples < PILOT_POOL_POINTS and spread is not None:
+        if (self.n_samples < PILOT_POOL_POINTS and spread is not None
+                and np.ndim(self.prior_noise) == 1):
+            # (measured around the per-output centres: "diagonal" only)
             # the larger clients' spread of their log noise variances around
             # the centre (a random effect; ilmm_noise_spread),
             # at least NOISE_SPREAD_MIN as for the pooled 1-D clients: five

@@ -106,23 +106,32 @@ MULTIOUTPUT_TOL = 3e-3
 
 
 def _warn_below_null(est, server):
-    """ConvergenceWarning when the mean-field fit ends below white noise.
+    """ConvergenceWarning when the mean-field fit ends far below white noise.
 
-    The final ELBO below :func:`~skfedgp.federated.null_log_likelihood`
-    (each client's targets as independent noise about its own mean) means a
-    failed fit, in practice Adam steps too large for the problem, which
-    oscillate or diverge without raising.
+    The final ELBO more than :data:`~skfedgp.federated.NULL_MARGIN` nats per
+    observation below :func:`~skfedgp.federated.null_log_likelihood` (the
+    clients' targets as independent noise about their own means, or the
+    pooled mean for a model without client parts) means a failed fit: in
+    practice Adam steps too large for the problem, which oscillate or
+    diverge without raising, or far too few rounds. Not after
+    ``n_rounds=0`` (nothing was trained).
     """
+    from .federated import NULL_MARGIN
+
     null = getattr(server, "null_log_likelihood", None)
+    n = getattr(server, "n_total_null", None)
     final = float(est.elbo_history_[-1])
-    if null is None or final >= null:
+    if null is None or not n or est.n_iter_ == 0 or final >= null - NULL_MARGIN * n:
         return
+    about = ("each client's own mean" if getattr(server, "null_own_means", True)
+             else "their pooled mean")
     warnings.warn(
-        f"the final ELBO, {final:.6g}, is below the log likelihood of each client's targets "
-        f"as independent noise about its own mean, {null:.6g} (standardised units): the fit "
-        "failed. The mean-field family's Adam steps may be too large for these data: lower "
-        f"learning_rate (now {est.learning_rate:g}) or global_learning_rate (now "
-        f"{est.global_learning_rate:g}), or use the default variational_family='structured'",
+        f"the final ELBO, {final:.6g}, is {(null - final) / n:.3g} nats per observation below "
+        f"the log likelihood of the targets as white noise about {about}, {null:.6g} "
+        "(standardised units): the fit failed. Usual causes: Adam steps too "
+        f"large for these data (learning_rate={est.learning_rate:g}, "
+        f"global_learning_rate={est.global_learning_rate:g}: lower them) or too few rounds "
+        f"(n_rounds={est.n_rounds}); or use the default variational_family='structured'",
         ConvergenceWarning, stacklevel=user_stacklevel())
 
 
@@ -2186,10 +2195,13 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             lengthscale at its upper bound (an input switched off): these
             are regular outcomes. Also when a client's local phase failed
             whenever it was asked (its own hyperparameters are still those
-            this fit started from). Mean-field family: when the final ELBO is
-            below each client's targets taken as independent noise about its
-            own mean (:func:`skfedgp.federated.null_log_likelihood`), in
-            practice Adam steps too large (``learning_rate``).
+            this fit started from). Mean-field family, after at least one
+            round: when the final ELBO is more than
+            :data:`skfedgp.federated.NULL_MARGIN` (1) nat per observation
+            below the targets taken as independent noise about each
+            client's own mean (about the pooled mean without client parts;
+            :func:`skfedgp.federated.null_log_likelihood`): in practice Adam
+            steps too large (``learning_rate``) or far too few rounds.
         UnderObservedOutputWarning
             Multi-output targets: an output whose observing clients hold
             fewer than two of its values each on average (its predictive

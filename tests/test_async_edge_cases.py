@@ -306,6 +306,8 @@ def test_extreme_beta_gives_the_same_prediction(rng, beta):
     (dict(rkhs_bound=None), "rkhs_bound must be a finite positive number, got None"),
     (dict(rkhs_bound=1e308), r"constants overflow float64.*use a smaller rkhs_bound"),
     (dict(beta=1e308), r"constants overflow float64.*use a smaller beta"),
+    # L_f overflows with beta given: rkhs_bound is named (it said "beta")
+    (dict(rkhs_bound=1e308, beta=1.0), r"constants overflow float64.*use a smaller rkhs_bound"),
 ])
 def test_bad_rkhs_bound_is_named_and_leaves_the_fit(rng, kw, match):
     """rkhs_bound=None raised a bare TypeError from the arithmetic, and a

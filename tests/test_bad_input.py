@@ -567,3 +567,9 @@ def test_text_for_an_array_parameter_is_named():
     curves = np.sin(np.linspace(0, 3, 10)) + 0.1 * rng.standard_normal((6, 10))
     with pytest.raises(ValueError, match="grid " + match):
         MaxEvidenceClassifier(grid="abc").fit(curves, [0, 0, 0, 1, 1, 1])
+    # numeric strings, and None inside an array, converted silently (None to NaN)
+    for bad in ("0.5", [1.0, "2"], [0.5, None]):
+        with pytest.raises(ValueError, match="lengthscale must be a number"):
+            AsyncDGPRegressor(n_experts=2, lengthscale=bad).fit(np.c_[X, X], y)
+    with pytest.raises(ValueError, match="grid must be a number"):
+        MaxEvidenceClassifier(grid=[str(v) for v in range(10)]).fit(curves, [0, 0, 0, 1, 1, 1])

@@ -121,6 +121,13 @@ def test_ilmm_noise_spread():
     got = fed.ilmm_noise_spread(V, c, [True, True, False])
     np.testing.assert_allclose(got, np.sqrt(2 * np.log(2.0) ** 2 / 4))
     assert fed.ilmm_noise_spread(V, c, [True, False, False]) is None
+    # an output a client did not observe (NaN) is left out, not counted as a
+    # deviation of its stand-in value (the review found the median of the
+    # client's other outputs counted)
+    W = V.copy()
+    W[1, 0] = np.nan
+    np.testing.assert_allclose(fed.ilmm_noise_spread(W, c, [True, True, False]),
+                               np.sqrt(np.log(2.0) ** 2 / 3))
 
 
 def test_log_prior_gradient_with_the_loading_prior(case):
