@@ -219,26 +219,28 @@ def float_param(value, name):
     ------
     ValueError
         ``"<name> must be a number or an array of numbers, got <value>"``
-        for a string (even a numeric one such as ``"0.5"``), None, an array
-        holding either, or a value NumPy cannot convert (a ragged list); the
-        bare conversion error named no parameter, and NumPy converts
-        ``"0.5"`` and None (to NaN) silently.
+        for a string (even a numeric one such as ``"0.5"``), None, a bool,
+        an array holding any of these, or a value NumPy cannot convert (a
+        ragged list); the bare conversion error named no parameter, and
+        NumPy converts ``"0.5"``, None (to NaN) and True (to 1) silently.
 
     Notes
     -----
     Package plumbing; no paper source. Range and shape checks stay with the
     caller.
     """
-    bad = value is None or isinstance(value, (str, bytes))
+    bad = value is None or isinstance(value, (str, bytes, bool, np.bool_))
     if not bad:
         try:
             raw = np.asarray(value)
         except (TypeError, ValueError):
             raw = None
-        # numeric strings ("0.5") convert silently, None to NaN: refused too
-        bad = raw is None or raw.dtype.kind in "USV" or (
+        # numeric strings ("0.5") convert silently, None to NaN, True to 1:
+        # refused too
+        bad = raw is None or raw.dtype.kind in "USVb" or (
             raw.dtype.kind == "O"
-            and any(v is None or isinstance(v, (str, bytes)) for v in raw.ravel()))
+            and any(v is None or isinstance(v, (str, bytes, bool, np.bool_))
+                    for v in raw.ravel()))
     if not bad:
         try:
             return np.asarray(value, dtype=np.float64)

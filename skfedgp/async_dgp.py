@@ -1068,6 +1068,17 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         ref = np.log(_reference_lengthscale(np.concatenate([X for X, _ in parts])))
         bounds = [(r + _LOG_BOUNDS[0], r + _LOG_BOUNDS[1]) for r in ref] + [_LOG_BOUNDS] * 2
         theta0 = np.log(np.concatenate([ell, [sf2 / s2, sn2 / s2]]))
+        lo, hi = np.exp(ref + _LOG_BOUNDS[0]), np.exp(ref + _LOG_BOUNDS[1])
+        if self.lengthscale is not None and (np.any(ell < lo) or np.any(ell > hi)):
+            # clipped to a bound, a given lengthscale far outside started the
+            # search on a flat (or white-noise) kernel it could not leave,
+            # without a word
+            raise ValueError(
+                f"lengthscale={self.lengthscale!r} lies outside the range the hyperparameters "
+                f"are learned in, [{', '.join(f'{v:.3g}' for v in lo)}] to "
+                f"[{', '.join(f'{v:.3g}' for v in hi)}] per input (a factor e^11.5 either side "
+                "of sqrt(d) times each input's spread): give a starting value inside it, or "
+                "None for the default")
         theta0 = np.clip(theta0, [b[0] for b in bounds], [b[1] for b in bounds])
         res = minimize(
             _total_nlml, theta0, args=(parts, self.n_jobs), jac=True, method="L-BFGS-B",
@@ -1134,8 +1145,10 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             float64 cannot hold, ``groups`` that are not integers in
             ``[0, n_experts)`` or not one per sample, invalid parameters, a
             ``beta`` or ``rkhs_bound`` so large that ``beta sigma_f`` or
-            ``L_f`` overflows float64, or fewer than 2 samples when the
-            hyperparameters are learned.
+            ``L_f`` overflows float64, a given ``lengthscale`` outside the
+            range the hyperparameters are learned in (a factor ``e^11.5``
+            either side of ``sqrt(d)`` times each input's spread), or fewer
+            than 2 samples when the hyperparameters are learned.
         TypeError
             If ``X`` is sparse.
         numpy.linalg.LinAlgError

@@ -787,9 +787,11 @@ def _default_lengthscale(value, ranges, fraction):
     """Initial lengthscales in scaled units (``ranges`` = input scales)."""
     if value is None:
         return np.full(ranges.shape, fraction)
+    from ._validation import float_param
+
     try:
-        ell = np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
+        ell = float_param(value, "lengthscale")  # no string, None or bool
+    except ValueError:
         raise ValueError(f"lengthscale must be a positive number or an array of them, got "
                          f"{value!r}") from None
     if ell.ndim == 0:
@@ -7532,7 +7534,8 @@ class _StructuredRun:
         if d_state != server.d:
             raise ValueError(
                 f"the saved state was trained on {d_state} input features, the data have "
-                f"{server.d}")
+                f"{server.d}: continue with data of {d_state} features, or fit from scratch "
+                "(warm_start=False, resume_from=None)")
         self.theta_g = state.theta_global.copy()
         # clients the interrupted run had excluded stay out
         self.active = [c for c in self.active if c not in state.excluded_clients]

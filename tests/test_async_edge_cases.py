@@ -323,3 +323,20 @@ def test_bad_rkhs_bound_is_named_and_leaves_the_fit(rng, kw, match):
         est.partial_fit(X, y)
     est.set_params(rkhs_bound=1.0, beta=None)
     np.testing.assert_array_equal(est.predict(X[:5]), before)
+
+
+def test_given_lengthscale_outside_the_learned_range_is_refused(rng):
+    """lengthscale=1e308 was clipped to the upper bound of the learned range,
+    where the kernel is flat and the search cannot move: a fit that learned
+    nothing, without a word. A given starting value outside the range is now
+    refused by name (as the federated regressor does); with fixed
+    hyperparameters it is used as given."""
+    X, y = _data(rng)
+    with pytest.raises(ValueError, match=r"lengthscale=1e\+308 lies outside the range"):
+        AsyncDGPRegressor(n_experts=2, lengthscale=1e308, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match=r"lies outside the range"):
+        AsyncDGPRegressor(n_experts=2, lengthscale=[1.0, 1e-9], random_state=0).fit(X, y)
+    est = AsyncDGPRegressor(n_experts=2, lengthscale=1e308, optimize_hyperparameters=False,
+                            variance=1.0, noise_variance=0.1, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(est.lengthscale_, [1e308, 1e308])
+    AsyncDGPRegressor(n_experts=2, lengthscale=[1.5, 4.0], random_state=0).fit(X, y)

@@ -573,3 +573,10 @@ def test_text_for_an_array_parameter_is_named():
             AsyncDGPRegressor(n_experts=2, lengthscale=bad).fit(np.c_[X, X], y)
     with pytest.raises(ValueError, match="grid must be a number"):
         MaxEvidenceClassifier(grid=[str(v) for v in range(10)]).fit(curves, [0, 0, 0, 1, 1, 1])
+    # a bool was read as 1.0 by all three regressors
+    with pytest.raises(ValueError, match="lengthscale must be a number.*got True"):
+        AsyncDGPRegressor(n_experts=2, lengthscale=True).fit(X, y)
+    with pytest.raises(ValueError, match="lengthscale must be a number.*got True"):
+        PFedGPRegressor(n_rounds=1, local_steps=1, lengthscale=True).fit(X, y, groups=g)
+    with pytest.raises(ValueError, match="lengthscale must be a positive number.*got True"):
+        FederatedHierarchicalGPRegressor(n_rounds=1, lengthscale=True).fit(X, y, groups=g)
