@@ -245,7 +245,7 @@ def float_param(value, name):
         try:
             return np.asarray(value, dtype=np.float64)
         except (TypeError, ValueError):
-            bad = True
+            pass
     raise ValueError(f"{name} must be a number or an array of numbers, got {value!r}")
 
 

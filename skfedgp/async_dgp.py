@@ -1066,9 +1066,10 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         # follow the targets': with fixed bounds inputs in units of 1e-6 or
         # 1e6 pinned the lengthscale at a bound without a word
         ref = np.log(_reference_lengthscale(np.concatenate([X for X, _ in parts])))
-        bounds = [(r + _LOG_BOUNDS[0], r + _LOG_BOUNDS[1]) for r in ref] + [_LOG_BOUNDS] * 2
+        log_lo, log_hi = ref + _LOG_BOUNDS[0], ref + _LOG_BOUNDS[1]
+        bounds = list(zip(log_lo, log_hi)) + [_LOG_BOUNDS] * 2
+        lo, hi = np.exp(log_lo), np.exp(log_hi)
         theta0 = np.log(np.concatenate([ell, [sf2 / s2, sn2 / s2]]))
-        lo, hi = np.exp(ref + _LOG_BOUNDS[0]), np.exp(ref + _LOG_BOUNDS[1])
         if self.lengthscale is not None and (np.any(ell < lo) or np.any(ell > hi)):
             # clipped to a bound, a given lengthscale far outside started the
             # search on a flat (or white-noise) kernel it could not leave,

@@ -1110,7 +1110,6 @@ class Server:
         self.null_log_likelihood = (null_log_likelihood(summaries, self.y_scale, own)
                                     if all(s.y_count is None for s in summaries) else None)
         self.null_own_means = own
-        self.n_total_null = int(sum(s.n_samples for s in summaries))
         self.client_boxes = None  # the mean-field set-up places Z_g in the joint box
         ranges = self.x_scale
         values = {}
@@ -7900,12 +7899,9 @@ class _StructuredRun:
                 return
             off = LOCAL_OFF_RATIO * 0.1 * server.population_pilot.variance
             if cfg.n_outputs:
-                # per output, the loadings' sizes (departure_centre)
+                # per output, the loadings' sizes (departure_centre; None:
+                # departures all but absent)
                 formed = departure_centre(list(got.values()), off)
-                if formed is None:
-                    return
-                server.local_prior_centre_ = centre = formed
-                server.local_prior_sent_ = []
             else:
                 # the departures' variance: their mean over the clients (a random
                 # effect per client); their shape: the local lengthscales averaged on
@@ -7916,10 +7912,11 @@ class _StructuredRun:
                 formed = LocalKernelSummary(np.exp((dep / dep.sum()) @ log_ell),
                                             float(dep.mean()))
                 # departures all but absent: no prior (see above)
-                if formed.variance <= off:
-                    return
-                server.local_prior_centre_ = centre = formed
-                server.local_prior_sent_ = []
+                formed = formed if formed.variance > off else None
+            if formed is None:
+                return
+            server.local_prior_centre_ = centre = formed
+            server.local_prior_sent_ = []
         if not isinstance(centre, (LocalKernelSummary, DepartureSummary)):
             return
         sent = list(getattr(server, "local_prior_sent_", None) or [])

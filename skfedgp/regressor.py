@@ -61,6 +61,7 @@ from ._validation import (
 from .federated import (
     _default_lengthscale,
     LOG_BOUNDS,
+    NULL_MARGIN,
     START_MAX_SPANS,
     Client,
     ModelConfig,
@@ -116,10 +117,8 @@ def _warn_below_null(est, server):
     diverge without raising, or far too few rounds. Not after
     ``n_rounds=0`` (nothing was trained).
     """
-    from .federated import NULL_MARGIN
-
     null = getattr(server, "null_log_likelihood", None)
-    n = getattr(server, "n_total_null", None)
+    n = getattr(server, "n_total", None)
     final = float(est.elbo_history_[-1])
     if null is None or not n or est.n_iter_ == 0 or final >= null - NULL_MARGIN * n:
         return
