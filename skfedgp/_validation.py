@@ -64,6 +64,7 @@ __all__ = [
     "check_n_jobs",
     "check_real",
     "float_param",
+    "unmask",
 ]
 
 #: What the population prediction is, in the warnings (the hierarchical model's).
@@ -795,6 +796,60 @@ def labels_from_column(groups, labels, column, where):
     return labels
 
 
+def unmask(value, name, *, missing_ok=False):
+    """A NumPy masked array as a plain array, its masked entries never read.
+
+    NumPy's ``asarray`` (and so scikit-learn's ``check_array``) drops a
+    mask and reads the values under it. Where a missing entry has a
+    meaning (a multi-output target's unrecorded output, a curve's missing
+    point) the masked entries become NaN; elsewhere they are an error.
+
+    Parameters
+    ----------
+    value : object
+        Anything passed as ``name``; returned unchanged unless it is a
+        :class:`numpy.ma.MaskedArray`.
+    name : str
+        The argument's name, for the message (``"X"``, ``"y"``, ``"groups"``).
+    missing_ok : bool, default=False
+        Whether NaN marks a missing entry of ``name`` in this call.
+
+    Returns
+    -------
+    value : object or ndarray
+        ``value`` itself if it is not a masked array; its data if nothing
+        is masked; with ``missing_ok``, a float64 copy with NaN at the
+        masked entries.
+
+    Raises
+    ------
+    ValueError
+        If entries are masked and ``missing_ok`` is False, naming how many
+        and the first one.
+
+    Notes
+    -----
+    Input validation of the package (no paper source).
+    """
+    if not np.ma.isMaskedArray(value):
+        return value
+    mask = np.ma.getmaskarray(value)
+    data = np.ma.getdata(value)
+    if not mask.any():
+        return data
+    if missing_ok:
+        filled = np.array(data, dtype=np.float64, copy=True)
+        filled[mask] = np.nan
+        return filled
+    first = tuple(int(i) for i in np.argwhere(mask)[0])
+    where = first[0] if len(first) == 1 else first
+    raise ValueError(
+        f"{name} is a masked array with {int(mask.sum())} masked entr"
+        f"{'y' if mask.sum() == 1 else 'ies'} (first at index {where}); NumPy and "
+        f"scikit-learn would read the values under the mask. Drop those rows, or "
+        f"fill them (e.g. {name}.filled(value)) if the values are real")
+
+
 def validate_predict_input(estimator, X, groups, where):
     """Features (float64) and client labels (or None) of a prediction.
 
@@ -826,6 +881,8 @@ def validate_predict_input(estimator, X, groups, where):
     -----
     Input validation of the package (no paper source).
     """
+    X = unmask(X, "X")
+    groups = unmask(groups, "groups")
     column = getattr(estimator, "client_column_", estimator.client_column)
     if column is None:
         X = validate_data(estimator, X, reset=False, dtype=np.float64)

@@ -45,7 +45,8 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import (check_bool, check_count, check_n_jobs, check_not_strings,
-                          check_real, float_param, keep_state_on_error, user_stacklevel)
+                          check_real, float_param, keep_state_on_error, unmask,
+                          user_stacklevel)
 from .kernels import se_ard
 from .regressor import check_target_values
 
@@ -1168,6 +1169,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         On any error the estimator keeps its previous fitted state (or stays
         unfitted).
         """
+        X, y, groups = unmask(X, "X"), unmask(y, "y"), unmask(groups, "groups")
         check_not_strings(y)
         X, y = validate_data(self, X, y, y_numeric=True, dtype=float)
         check_target_values(y)  # a spread float64 can hold (overflow, underflow)
@@ -1255,6 +1257,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         touched = {}
         try:
             first = not hasattr(self, "experts_")
+            X, y, groups = unmask(X, "X"), unmask(y, "y"), unmask(groups, "groups")
             check_not_strings(y)
             X, y = validate_data(self, X, y, y_numeric=True, dtype=float, reset=first)
             check_target_values(y)
@@ -1361,7 +1364,7 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
             Before fit.
         """
         check_is_fitted(self, "experts_")
-        X = validate_data(self, X, reset=False, dtype=float)
+        X = validate_data(self, unmask(X, "X"), reset=False, dtype=float)
         out = [e.predict(X, self.prior_mean_) for e in self.experts_]
         return np.stack([o[0] for o in out], axis=1), np.stack([o[1] for o in out], axis=1)
 

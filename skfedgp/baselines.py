@@ -59,6 +59,7 @@ from ._validation import (
     r2_observed,
     split_client_column,
     unique_labels,
+    unmask,
     validate_predict_input,
 )
 from .federated import input_scaling, outer_box
@@ -599,6 +600,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         return ell / x_scale
 
     def _validate_fit_data(self, X, y, groups):
+        X, groups = unmask(X, "X"), unmask(groups, "groups")
+        y = unmask(y, "y", missing_ok=np.ndim(y) == 2)  # a masked channel is missing
         if self.client_column is None:
             X = validate_data(self, X, reset=True, dtype=np.float64)
             labels = None
@@ -950,7 +953,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
         sklearn.exceptions.NotFittedError
             Before fit.
         """
-        return r2_observed(y, self.predict(X, groups), sample_weight=sample_weight)
+        y_pred = self.predict(X, groups)
+        y = unmask(y, "y", missing_ok=np.ndim(y) == 2)
+        return r2_observed(y, y_pred, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._linalg import CholeskyError
 from ._parallel import single_threaded_blas
-from ._validation import check_n_jobs, float_param, keep_state_on_error
+from ._validation import check_n_jobs, float_param, keep_state_on_error, unmask
 from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning, TargetScaleError
 
@@ -1062,7 +1062,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     A curve with NaN entries is scored on its observed points only (the
     marginal of the predictive Gaussian on those points); curves with the
     same NaN pattern share one factorisation. NaN training points are left
-    out of the class's rows. Infinite values are an error.
+    out of the class's rows. A masked entry of a ``numpy.ma.MaskedArray``
+    counts as NaN. Infinite values are an error.
 
     The log-evidences are log densities of curves of ``n_channels *
     n_points`` values, so they are large in magnitude, and the posterior
@@ -1330,6 +1331,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         On any error the classifier keeps its previous fitted state (or
         stays unfitted).
         """
+        X, y = unmask(X, "X", missing_ok=True), unmask(y, "y")  # a masked point is missing
         _check_curve_lengths(X)
         _check_label_kinds(y)
         X, y = validate_data(self, X, y, ensure_all_finite="allow-nan", dtype=np.float64)
@@ -1656,6 +1658,7 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
             Before fit.
         """
         check_is_fitted(self, "estimator_")
+        X = unmask(X, "X", missing_ok=True)  # a masked point is missing
         _check_curve_lengths(X)
         X = validate_data(self, X, reset=False, ensure_all_finite="allow-nan",
                           dtype=np.float64)

@@ -16,7 +16,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import (_object_array, as_label_array, check_finite_scalar, keep_state_on_error,
-                          normalise_labels, unique_labels, user_stacklevel)
+                          normalise_labels, unique_labels, unmask, user_stacklevel)
 from .federated import default_sizes_quiet
 from .kernels import se_ard
 from .regressor import FederatedHierarchicalGPRegressor
@@ -564,7 +564,8 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         stays unfitted).
         """
         self._check_params()
-        X = validate_data(self, X, dtype=np.float64)
+        X = validate_data(self, unmask(X, "X"), dtype=np.float64)
+        groups = unmask(groups, "groups")
         if groups is None:
             raise ValueError(
                 "OperatorClustering clusters clients: pass groups (the client label "

@@ -37,6 +37,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import norm
 
+from ._validation import unmask
+
 __all__ = [
     "rmse",
     "smse",
@@ -69,6 +71,7 @@ def _check_real_numbers(a, name):
     ``np.asarray(..., dtype=float)`` would silently drop an imaginary part
     (with only a ComplexWarning) and parse strings such as ``"1"``.
     """
+    a = unmask(a, name)  # asarray would read the values under a mask
     try:
         raw = np.asarray(a)
     except (TypeError, ValueError) as exc:

@@ -54,6 +54,7 @@ from ._validation import (
     r2_observed,
     split_client_column,
     unique_labels,
+    unmask,
     user_stacklevel,
     validate_predict_input,
     warn_groups_missing,
@@ -2052,7 +2053,10 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ``n_features_in_``/``feature_names_in_`` describe ``X`` as passed,
         label column included (see :func:`skfedgp._validation.split_client_column`).
         """
-        if _n_target_columns(y) > 1:  # multi-output: NaN marks a missing output
+        multi = _n_target_columns(y) > 1
+        X, groups = unmask(X, "X"), unmask(groups, "groups")
+        y = unmask(y, "y", missing_ok=multi)  # a masked output of a row is missing
+        if multi:  # multi-output: NaN marks a missing output
             return self._validate_multioutput_fit_data(X, y, groups)
         check_not_strings(y)  # names the problem before scikit-learn's conversion
         if self.client_column is None:
@@ -2133,7 +2137,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
             ``docs/maths.md`` section 12; Yan 2026, section 3.9): a NaN entry
             is a missing output (a sensor that dropped out) and is left out
             of the likelihood, but every row needs at least one observed
-            output. One-column targets must be finite.
+            output; a masked entry of a ``numpy.ma.MaskedArray`` is the
+            same as NaN there. One-column targets must be finite.
         groups : array-like of shape (n_samples,), default=None
             Client label of each row (any hashable, not None/NaN). None (and
             no ``client_column``) means a single client. Labels are compared
@@ -2154,7 +2159,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ------
         ValueError
             NaN/inf in ``X``, NaN/inf in a one-column ``y``, inf in a
-            multi-output ``y`` or a row of it with every output missing,
+            multi-output ``y`` or a row of it with every output missing, a
+            masked entry in ``X``, ``groups`` or a one-column ``y`` (NumPy
+            would read the value under the mask),
             clients with different numbers of outputs, inconsistent
             lengths, 1-D ``X``, wrong ``groups`` length, a
             missing (None/NaN) client label, a ``client_column`` that is
@@ -3448,8 +3455,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         score : float
         """
         y_pred = self._predict(X, groups, False, False, "score")
-        y = np.asarray(y)
         Q = getattr(self, "n_outputs_", 1)
+        y = np.asarray(unmask(y, "y", missing_ok=Q > 1))
         if Q > 1 and (y.ndim != 2 or y.shape[1] != Q):
             raise ValueError(
                 f"y has shape {y.shape}; the model was fitted with {Q} outputs, so y must "
