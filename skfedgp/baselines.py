@@ -446,7 +446,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
     lengthscale : float or array-like of shape (n_latent,) or (n_latent, n_features), default=None
         Initial lengthscales in input units; None: latent ``r`` starts at a
         fraction of each feature's range, log-spaced from 0.2 (r = 0) to 0.05
-        (r = R - 1) -- a long and a short scale for ``R = 2``.
+        (r = R - 1) -- a long and a short scale for ``R = 2``. Learned
+        within 1e-3 to 1e3 times each feature's range over all clients; a
+        given value outside that range is an error.
     noise_variance : float, default=None
         Initial noise variance of every client in squared target units;
         None: 0.1 times each client's own target variance (0.1 in its
@@ -597,11 +599,21 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(
                 f"lengthscale must be a positive finite float, or of shape ({R},) or "
                 f"({R}, {d}) (n_latent, n_features), got {self.lengthscale!r}")
+        lo, hi = np.exp(_LOG_ELL_BOUNDS[0]) * x_scale, np.exp(_LOG_ELL_BOUNDS[1]) * x_scale
+        if np.any(ell < lo) or np.any(ell > hi):
+            # clipped to a bound, 1e308 started (and stayed) on a flat kernel
+            # without a word
+            raise ValueError(
+                f"lengthscale={self.lengthscale!r} lies outside the range the lengthscales "
+                f"are learned in, [{', '.join(f'{v:.3g}' for v in lo)}] to "
+                f"[{', '.join(f'{v:.3g}' for v in hi)}] per input (1e-3 to 1e3 times the "
+                "clients' joint input range): give a starting value inside it, or None for "
+                "the default")
         return ell / x_scale
 
     def _validate_fit_data(self, X, y, groups):
         X, groups = unmask(X, "X"), unmask(groups, "groups")
-        y = unmask(y, "y", missing_ok=np.ndim(y) == 2)  # a masked channel is missing
+        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2)  # a masked channel is missing
         if self.client_column is None:
             X = validate_data(self, X, reset=True, dtype=np.float64)
             labels = None
@@ -666,7 +678,9 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             fewer than 2 rows, with no observation of some channel, or with
             more than :data:`MAX_ENTRIES_PER_CLIENT` observed entries, or bad
             parameters (``n_latent``, ``n_rounds``, ``local_steps``, ``tol``,
-            ``noise_variance``, ``verbose``, ``lengthscale``).
+            ``noise_variance``, ``verbose``, ``lengthscale``, or a
+            ``lengthscale`` outside the range it is learned in), or a masked
+            entry in ``X``, ``groups`` or a one-column ``y``.
         TypeError
             If ``X`` is sparse.
         FloatingPointError
@@ -954,7 +968,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             Before fit.
         """
         y_pred = self.predict(X, groups)
-        y = unmask(y, "y", missing_ok=np.ndim(y) == 2)
+        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2)
         return r2_observed(y, y_pred, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):

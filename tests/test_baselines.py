@@ -406,3 +406,18 @@ def test_prediction_uses_the_client_column_of_the_fit_and_names_its_prior():
     with pytest.warns(ClientLabelWarning, match="averaged means and loadings") as rec:
         est.predict(np.c_[X[:1], ["0"]].astype(object))
     assert "global part" not in str(rec[0].message)
+
+
+@pytest.mark.parametrize("start", [1e308, 1e-300, [1e-9, 0.3]])
+def test_given_lengthscale_outside_learned_range_is_refused(rng, start):
+    """A start beyond the bounds (1e-3 to 1e3 times the inputs' range) was
+    clipped to a bound, so 1e308 fitted a flat kernel without a word."""
+    X = rng.uniform(0, 2, (40, 1))
+    y = np.sin(3 * X[:, 0])
+    g = np.repeat([0, 1], 20)
+    with pytest.raises(ValueError, match=r"lies outside the range the lengthscales are "
+                                         r"learned in, \[0\.00\d+\] to \[\d\.\d+e\+03\]"):
+        PFedGPRegressor(n_latent=2, lengthscale=start).fit(X, y, groups=g)
+    # inside the range (in input units) it is taken
+    est = PFedGPRegressor(n_latent=1, lengthscale=0.5, n_rounds=0).fit(X, y, groups=g)
+    np.testing.assert_allclose(est.lengthscales_, 0.5, rtol=1e-12)
