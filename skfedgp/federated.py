@@ -6942,10 +6942,11 @@ _SERVER_FIELDS = ("y_offset", "y_scale", "x_offset", "x_scale", "n_total", "n_in
                   "held_last_round_", "lengthscale_start_", "local_prior_centre_",
                   "local_prior_sent_", "local_fitted_", "inducing_growth_",
                   "output_variance_floor", "under_observed_outputs", "output_counts",
-                  "output_client_counts")
+                  "output_client_counts", "input_scale_reports_", "input_scale_excluded_")
 #: Server fields that belong to one run (kept in its checkpoints, reset by a warm start).
 _RUN_FIELDS = ("inducing_checked_at_", "design_n_samples_", "failed_when_last_asked_",
-               "held_last_round_", "local_prior_centre_", "local_prior_sent_", "local_fitted_")
+               "held_last_round_", "local_prior_centre_", "local_prior_sent_", "local_fitted_",
+               "input_scale_reports_")
 
 
 def _is_finite_message(msg):
@@ -7088,15 +7089,13 @@ class _StructuredRun:
     def _input_scale_check(self, pilots, pop, order, comm):
         """Set-up, before the global design: which clients vary along an input on another scale.
 
-        Only with client scales on (``client_scale`` not False) and shared
-        parts (the global or deviation component); with shared parts and
-        ``client_scale=False`` each client runs the same test in
-        :meth:`StructuredClient.initialise`, as a diagnostic (without shared
-        parts, none). Every client runs :meth:`StructuredClient.input_scale_check`
+        Only with shared parts (the global or deviation component). Every
+        client runs :meth:`StructuredClient.input_scale_check`
         with its own pilot and the typical client's lengthscales and widths
         and answers ``d`` lengthscale ratios. A client that reports an input
-        leaves the boxes the global inducing inputs are placed in (as long as
-        one client remains; ``server.input_scale_excluded_``): its shared
+        leaves the boxes the global inducing inputs are placed in when client
+        scales are on (``client_scale`` not False; as long as one client
+        remains; ``server.input_scale_excluded_``): its shared
         parts cannot follow the others' scale along that input, it learns
         its own scale ``s_i`` on them (:meth:`StructuredClient.initialise`),
         and the design would otherwise spend inducing points on its range
@@ -7104,12 +7103,15 @@ class _StructuredRun:
         fails it keeps its box in the design (its ``initialise`` runs the
         test again, and a client it flags still learns its scale). The
         reports are kept in ``server.input_scale_reports_`` (client id to
-        ``{input: ratio}``). ``order`` gives the clients of
-        ``server.client_boxes``.
+        ``{input: ratio}``), the only record :class:`InputScaleWarning` reads
+        (a client that fails the exchange is not reported). ``order`` gives
+        the clients of ``server.client_boxes``; ``order=None``: clients
+        joining a warm start, whose reports are added to the record (the
+        design is kept).
         """
         cfg, server = self.config, self.server
-        if (pop.input_width is None or pop.input_lengthscale is None
-                or not getattr(cfg, "client_scale", False)
+        if (getattr(pop, "input_width", None) is None
+                or getattr(pop, "input_lengthscale", None) is None
                 or not {"global", "deviation"} & set(cfg.components)):
             return
         ids = [c for c in self.active if c in pilots]
@@ -7120,10 +7122,16 @@ class _StructuredRun:
         self._population_sent = set(replies)
         self._book_up(comm, replies)
         flagged = [c for c, r in replies.items() if np.any(r.ratios > 0)]
-        server.input_scale_reports_ = {
+        reports = {
             c: {int(k): float(replies[c].ratios[k]) for k in np.flatnonzero(replies[c].ratios)}
             for c in flagged}
-        if not flagged or not server.client_boxes or len(order) != len(server.client_boxes):
+        if order is None:  # clients joining a warm start: the design is kept
+            server.input_scale_reports_ = {**(getattr(server, "input_scale_reports_", None)
+                                              or {}), **reports}
+            return
+        server.input_scale_reports_ = reports
+        if (not flagged or not getattr(cfg, "client_scale", False) or not server.client_boxes
+                or len(order) != len(server.client_boxes)):
             return
         kept = [b for c, b in zip(order, server.client_boxes) if c not in flagged]
         if kept:
@@ -7562,6 +7570,12 @@ class _StructuredRun:
                                           if p is not None))
             self.counter["msgs"] += sum(p is not None for p in pilots.values())
             new = [c for c in new if c in self.active]
+            # the input-scale test of set-up, its reports added to the record
+            comm = {"bytes_up": 0, "bytes_down": 0, "n_messages": 0}
+            self._input_scale_check(pilots, pop, None, comm)
+            self.counter["up"] += comm["bytes_up"]
+            self.counter["down"] += comm["bytes_down"]
+            self.counter["msgs"] += comm["n_messages"]
             # a new client is sent what a client is sent at set-up
             self.counter["down"] += self._initialise_clients(
                 new, server.n_inducing_local_, self.theta_g, self.gpack, pilots, pop, seeds)

@@ -363,15 +363,13 @@ def _warn_input_scale(est):
         names = _input_names(est)
     except (ValueError, IndexError):
         names = None
-    # the set-up's reports, kept by the server: a fit that tried several
-    # lengthscale starts restored its clients from their states, which
-    # clears their own record (set_state)
+    # the reports the clients sent the server (set-up, or joining a warm
+    # start): the only record, nothing is read off a client
     server = getattr(est, "server_", None)
     reports = getattr(server, "input_scale_reports_", None) or {}
     found, labels = [], []
-    for lab, c in clients.items():
-        own = getattr(c, "input_scale_ratios", None) or reports.get(lab) or {}
-        for j, ratio in sorted(own.items()):
+    for lab in clients:
+        for j, ratio in sorted(reports.get(lab, {}).items()):
             name = f"input {j}" + (f" ({names[j]!r})" if names and j < len(names) else "")
             found.append(f"client {lab!r}, {name}: {ratio:.3g} times")
             labels.append(lab)

@@ -181,6 +181,30 @@ def test_the_report_survives_several_lengthscale_starts():
     assert set(est.server_.input_scale_reports_["C"]) == {1}
 
 
+def test_the_warning_reads_only_what_the_clients_sent(monkeypatch):
+    """With client scales off too, each client's report reaches the server as
+    a message (counted in round 0 of ``communication_``), and the warning is
+    built from the server's record only, never from a client object."""
+    from skfedgp.regressor import _warn_input_scale
+
+    X, y, g = _three_clients(100.0)
+    est, rec = _fit(X, y, g, client_scale=False)
+    assert len(rec) == 1 and "client 'C', input 1" in str(rec[0].message)
+    assert "client_scale=False" in str(rec[0].message)
+    assert set(est.server_.input_scale_reports_) == {"C"}
+    for c in est.clients_.values():
+        monkeypatch.setattr(c, "input_scale_ratios", {0: 99.0}, raising=False)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        _warn_input_scale(est)
+    assert len(again) == 1 and str(again[0].message) == str(rec[0].message)
+    est.server_.input_scale_reports_ = {}
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        _warn_input_scale(est)
+    assert again == []
+
+
 def _client(rng, width, n=80):
     """Rows of sin(8 x1 / width) on a box of ``width`` along x1 (x0 irrelevant)."""
     X = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, width, n)])
