@@ -952,3 +952,82 @@ def test_a_client_constant_in_one_input_does_not_zero_the_shared_lengthscale():
     alone = rmse_a(_fit(XAB, yAB, gAB))
     est = _fit(np.r_[XAB, XC], np.r_[yAB, yC], np.r_[gAB, ["C"] * 120])
     assert rmse_a(est) <= 1.2 * alone
+
+
+def _shared_1d(x):
+    return np.sin(1.2 * x) + 0.5 * np.cos(0.5 * x)
+
+
+def test_few_rows_on_a_flat_stretch_keep_the_shared_scale():
+    """Four rows close together near the top of the shared function, whose
+    noise happened to be small, spread less than a tenth of the noise
+    variance (a 6 % chance under noise alone). The rule of a tenth took them
+    for another unit: the client learned ``s_i = 0.62`` and 41 % of its
+    held-out points over the whole range fell beyond 3 std. Under the
+    population's GP at their inputs that spread has a chance of about 1 %
+    (``federated.spread_chance``), far above the 0.1 % of another unit."""
+    rng = np.random.default_rng(3)
+    X, y, g = [], [], []
+    for i in range(4):
+        x = rng.uniform(0, 10, 60)
+        X.append(x)
+        y.append(_shared_1d(x) + 0.1 * np.sin(0.7 * x + i) + 0.1 * rng.normal(size=60))
+        g += [i] * 60
+    xE = np.array([0.9, 1.05, 1.2, 1.4])
+    yE = _shared_1d(xE) - 0.3 + np.array([0.01, -0.02, 0.005, 0.0])
+    assert np.var(yE) < 0.1 * 0.1**2  # below a tenth of the noise variance
+    X = np.r_[np.concatenate(X), xE][:, None]
+    y = np.r_[np.concatenate(y), yE]
+    g = np.r_[g, [4] * 4]
+    est = _fit(X, y, g)
+    assert est.client_scales_[4] == 1.0
+    xt = np.linspace(0, 10, 101)[:, None]
+    m, s = est.predict(xt, [4] * 101, return_std=True)
+    truth = _shared_1d(xt[:, 0]) - 0.3
+    assert np.mean(np.abs(m - truth) > 3 * s) <= 0.02
+    assert np.sqrt(np.mean((m - truth) ** 2)) < 0.2
+
+
+def test_rows_far_apart_that_agree_are_another_unit():
+    """The same spread on rows far apart, where the shared function varies by
+    about 2, has a chance far below 0.1 % under the population's GP: the
+    client learns its own (small) scale."""
+    rng = np.random.default_rng(3)
+    X, y, g = [], [], []
+    for i in range(4):
+        x = rng.uniform(0, 10, 60)
+        X.append(x)
+        y.append(_shared_1d(x) + 0.1 * rng.normal(size=60))
+        g += [i] * 60
+    xE = np.array([0.5, 3.0, 6.0, 9.0])
+    yE = 1e-3 * _shared_1d(xE)
+    X = np.r_[np.concatenate(X), xE][:, None]
+    y = np.r_[np.concatenate(y), yE]
+    g = np.r_[g, [4] * 4]
+    est = _fit(X, y, g)
+    assert est.client_scales_[4] < 0.1
+
+
+def test_spread_chance_against_references():
+    """Imhof's integral against the chi-square law (no signal) and against
+    a Monte Carlo estimate of the quadratic form (signal and noise)."""
+    from scipy.stats import chi2
+
+    from skfedgp.federated import spread_chance
+    from skfedgp.kernels import se_ard
+
+    X = np.array([[0.0], [0.3], [0.5], [1.4]])
+    y = np.array([0.1, -0.05, 0.02, 0.0])
+    S = np.sum((y - y.mean()) ** 2)
+    # no signal: S / s2 ~ chi2(n - 1)
+    assert spread_chance(X, y, [1.0], 1e-14, 0.04) == pytest.approx(chi2.cdf(S / 0.04, 3),
+                                                                     rel=1e-6)
+    # signal and noise: Monte Carlo of y ~ N(0, K + s2 I)
+    K = se_ard(X, X, np.array([0.5]), 1.0) + 0.01 * np.eye(4)
+    draws = np.random.default_rng(0).multivariate_normal(np.zeros(4), K, size=400_000)
+    Sd = np.sum((draws - draws.mean(axis=1, keepdims=True)) ** 2, axis=1)
+    for scale in (0.3, 1.0, 3.0):
+        ref = np.mean(Sd <= scale * S)
+        got = spread_chance(X, y * np.sqrt(scale), [0.5], 1.0, 0.01)
+        assert got == pytest.approx(ref, abs=3e-3)
+    assert spread_chance(X[:1], y[:1], [0.5], 1.0, 0.01) == 1.0
