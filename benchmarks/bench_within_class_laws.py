@@ -20,7 +20,8 @@ cross-validation):
   leave-one-out (the held-out curve minus the others' mean, projected on the
   others' eigenvectors). ``v^T Sigma v`` is the variance that minimises the
   expected KL divergence of a new curve's law from the fitted one among laws
-  with the sample eigenvectors (Lam 2016, NERCOME; Ledoit and Wolf 2018); it
+  with the sample eigenvectors (the Frobenius-loss oracle of Ledoit and Wolf
+  2012, estimated by sample splitting in Lam 2016, NERCOME); it
   corrects the upward bias of the leading sample eigenvalues and the downward
   bias of the remainder when ``n_c`` is comparable to the rank.
 * ``oos_eig`` / ``oos_rem`` -- only the eigenvalues, or only the remainder,
