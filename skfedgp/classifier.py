@@ -156,6 +156,15 @@ def _gaussian_loglik(mean, cov, R, what):
 #: residuals scaled by their channel RMS (where a channel's residuals have
 #: mean square 1): identical training curves must not give a singular law.
 MIN_WITHIN_VARIANCE = 1e-6
+
+
+def _column_mean(R):
+    """Mean of every column of ``R`` over its observed (non-NaN) entries; 0
+    for a column with none."""
+    count = np.sum(~np.isnan(R), axis=0)
+    return np.where(count > 0, np.nansum(R, axis=0) / np.maximum(count, 1), 0.0)
+
+
 #: Folds of the cross-validation that picks the rank of the within-class
 #: covariance (fewer if a class has fewer curves).
 N_RANK_FOLDS = 5
@@ -542,7 +551,8 @@ def select_rank_by_accuracy(X, y_idx, means, scales, log_prior, n_folds=N_RANK_F
         Class index of every curve, ``0 .. n_classes - 1``.
     means, scales : list of ndarray of shape (p,)
         Per class: the regressor's predictive mean ``mu_c`` and the channel
-        RMS ``D_c`` of its residuals.
+        scale ``D_c`` (:class:`MaxEvidenceClassifier` passes the RMS of the
+        class's residuals about their own mean, per channel).
     log_prior : ndarray of shape (n_classes,)
     n_folds : int, default=5
 
@@ -907,8 +917,8 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     is modelled as independent noise at every point. The default
     (``curve_variation="ppca"``, beyond the paper) replaces that white noise
     by a within-class covariance fitted on the residual curves
-    ``x_n - mu_c(X*)`` of the class (channels scaled by their residual
-    RMS ``D``)::
+    ``x_n - mu_c(X*)`` of the class (channels scaled by ``D``, the RMS of
+    the residuals about their own mean, with at least 3 curves)::
 
         Sigma_c = Sigma_c^latent + D (W_c W_c^T + s2_c I) D
 
@@ -1006,10 +1016,14 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         The grid used.
     curve_variation_ : list of dict or None
         Per class (order of ``classes_``): ``"scale"`` (n_features_in_,)
-        channel RMS ``D``, ``"W"`` (n_features_in_, q_c), ``"noise_variance"``
+        channel scale ``D`` (the RMS of the class's residuals in the channel,
+        about their own mean with at least 3 curves, about ``mu_c``
+        otherwise), ``"W"`` (n_features_in_, q_c), ``"noise_variance"``
         ``s2_c`` (scaled units), ``"rank"`` ``q_c``, ``"mean"`` ``m_c``,
-        ``"n_curves"`` and ``"spread"`` (mean square of the centred scaled
-        residuals). None with ``curve_variation="none"``.
+        ``"n_curves"`` and ``"spread"`` (mean square of the centred
+        residuals scaled by their channel RMS about ``mu_c``: at most
+        :data:`MIN_WITHIN_VARIANCE` when the curves do not vary). None with
+        ``curve_variation="none"``.
     proba_temperature_ : float
         Temperature ``T >= 1`` dividing the log-evidence in
         :meth:`predict_proba`, ``(1 - eps) softmax(log_evidence / T + log
@@ -1432,61 +1446,76 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         self.grid_ = grid
         self.n_points_ = n_points
         if self.curve_variation == "ppca":
-            with single_threaded_blas():
-                K = classes.shape[0]
-                means = [self._class_mean_and_cov(k, with_cov=False)[0] for k in range(K)]
-                raw = [X[y_idx == k] - means[k] for k in range(K)]  # NaN: missing
-                scales = [self._residual_scale(R) for R in raw]
-                # a missing training point takes its conditional mean under
-                # the class's within-class law (a zero residual, the class
-                # mean, would shrink the fitted variation)
-                resid = [impute_ppca(R / sc) * sc if np.isnan(R).any() else R
-                         for R, sc in zip(raw, scales)]
-                X_held = X  # held out in the cross-validation: missing points unfilled
-                missing = bool(np.isnan(X).any())
-                if missing:
-                    X = X.copy()  # the training folds: missing points filled
-                    for k in range(K):
-                        X[y_idx == k] = means[k] + resid[k]
-                rank = self.ppca_rank
-                held = None
-                if rank == "accuracy":
-                    # one cross-validation: the rank, and the held-out
-                    # log-likelihoods at it for the temperature below
-                    rank, held, own = _select_rank_by_accuracy(X, y_idx, means, scales,
-                                                               log_prior)
-                self.curve_variation_ = [
-                    self._fit_variation(R, sc, rank) for R, sc in zip(resid, scales)]
-                for k, V in enumerate(self.curve_variation_):
-                    # points no training curve of the class observed
-                    V["observed"] = ~np.all(np.isnan(raw[k]), axis=0)
-                # the probabilities' temperature from held-out log-likelihoods
-                # at the fitted ranks (for "accuracy", the rank selection's own
-                # cross-validation: its caps give the same per-class ranks),
-                # each curve weighted by prior / training frequency of its class
-                if self.ppca_rank != "accuracy" or missing:
-                    held, own = _cv_scores(X, y_idx, means, scales, np.zeros(K),
-                                           [[V["rank"] for V in self.curve_variation_]],
-                                           X_held=X_held)
-                    held = None if held is None else held[0]
-                if held is None:
-                    self.decision_temperature_ = self.proba_temperature_ = 1.0
-                    self.proba_floor_ = 0.0
-                else:
-                    freq = np.bincount(y_idx, minlength=K) / y_idx.size
-                    weight = np.exp(log_prior)[own] / freq[own]
-                    # the scores: temperature alone (classes that cannot be
-                    # told apart are decided by the prior); the probabilities:
-                    # the prior's share eps and a temperature fitted with it
-                    self.decision_temperature_ = proba_temperature(held, own, log_prior, weight)
-                    self.proba_floor_ = proba_floor(held, own, log_prior, weight)
-                    self.proba_temperature_ = proba_temperature(held, own, log_prior, weight,
-                                                                floor=self.proba_floor_)
+            self._fit_within_class(X, y_idx, log_prior)
         else:
             self.curve_variation_ = None
             self.decision_temperature_ = self.proba_temperature_ = 1.0
             self.proba_floor_ = 0.0
         return self
+
+    def _fit_within_class(self, X, y_idx, log_prior):
+        """The within-class laws (``curve_variation="ppca"``), their rank and
+        the temperatures, from the standardised training curves ``X``; the
+        regressor ``estimator_`` is fitted already."""
+        classes = self.classes_
+        with single_threaded_blas():
+            K = classes.shape[0]
+            means = [self._class_mean_and_cov(k, with_cov=False)[0] for k in range(K)]
+            raw = [X[y_idx == k] - means[k] for k in range(K)]  # NaN: missing
+            # about the regressor's mean: the yardstick of "the curves vary"
+            raw_scales = [self._residual_scale(R) for R in raw]
+            # the channel scale D: the RMS of the residuals about the class's
+            # own mean (with at least 3 curves, the mean the law uses, mu_c +
+            # D m_c), so the regressor's error in mu_c, which m_c corrects,
+            # does not count as curve-to-curve spread a second time
+            scales = [self._residual_scale(R - _column_mean(R)) if R.shape[0] >= 3 else sc
+                      for R, sc in zip(raw, raw_scales)]
+            # a missing training point takes its conditional mean under
+            # the class's within-class law (a zero residual, the class
+            # mean, would shrink the fitted variation)
+            resid = [impute_ppca(R / sc) * sc if np.isnan(R).any() else R
+                     for R, sc in zip(raw, scales)]
+            X_held = X  # held out in the cross-validation: missing points unfilled
+            missing = bool(np.isnan(X).any())
+            if missing:
+                X = X.copy()  # the training folds: missing points filled
+                for k in range(K):
+                    X[y_idx == k] = means[k] + resid[k]
+            rank = self.ppca_rank
+            held = None
+            if rank == "accuracy":
+                # one cross-validation: the rank, and the held-out
+                # log-likelihoods at it for the temperature below
+                rank, held, own = _select_rank_by_accuracy(X, y_idx, means, scales,
+                                                           log_prior)
+            self.curve_variation_ = [
+                self._fit_variation(R, sc, rank, rsc)
+                for R, sc, rsc in zip(resid, scales, raw_scales)]
+            for k, V in enumerate(self.curve_variation_):
+                # points no training curve of the class observed
+                V["observed"] = ~np.all(np.isnan(raw[k]), axis=0)
+            # the probabilities' temperature from held-out log-likelihoods
+            # at the fitted ranks (for "accuracy", the rank selection's own
+            # cross-validation: its caps give the same per-class ranks),
+            # each curve weighted by prior / training frequency of its class
+            if self.ppca_rank != "accuracy" or missing:
+                held, own = _cv_scores(X, y_idx, means, scales, np.zeros(K),
+                                       [[V["rank"] for V in self.curve_variation_]],
+                                       X_held=X_held)
+                held = None if held is None else held[0]
+            if held is None:
+                self.decision_temperature_ = self.proba_temperature_ = 1.0
+                self.proba_floor_ = 0.0
+            else:
+                freq = np.bincount(y_idx, minlength=K) / y_idx.size
+                weight = np.exp(log_prior)[own] / freq[own]
+                # the scores: temperature alone (classes that cannot be
+                # told apart are decided by the prior); the probabilities:
+                # the prior's share eps and a temperature fitted with it
+                self.decision_temperature_ = proba_temperature(held, own, log_prior, weight)
+                self.proba_floor_ = proba_floor(held, own, log_prior, weight)
+                self.proba_temperature_ = proba_temperature(held, own, log_prior, weight,
+                                                            floor=self.proba_floor_)
 
     def _residual_scale(self, R):
         """Per column: the root mean square of the class's residuals ``R`` in its channel."""
@@ -1499,16 +1528,21 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         rms = np.where(rms > 0, rms, 1.0)
         return np.repeat(rms, n_points)
 
-    def _fit_variation(self, R, scale, rank):
+    def _fit_variation(self, R, scale, rank, spread_scale=None):
         """Within-class law of one class from its residual curves.
 
         Residuals ``R`` (rows ``x_n - mu_k``, ``mu_k`` the regressor's
         predictive mean of the class, missing points imputed by
         :func:`impute_ppca`), scaled per
-        channel by ``scale``; with at least 3 curves their mean ``m`` is
-        estimated and taken off (standard PPCA), then :func:`ppca_fit` with
-        rank ``rank`` (``"likelihood"``: chosen by :func:`select_ppca_rank`),
-        capped by what the curves support.
+        channel by ``scale`` (the channel RMS ``D`` of the residuals about
+        their own mean, with at least 3 curves); with at least 3 curves their
+        mean ``m`` is estimated and taken off (standard PPCA), then
+        :func:`ppca_fit` with rank ``rank`` (``"likelihood"``: chosen by
+        :func:`select_ppca_rank`), capped by what the curves support.
+        ``"spread"`` is the mean square of the centred residuals scaled by
+        ``spread_scale`` (the channel RMS about ``mu_k``; None: ``scale``),
+        which is at most :data:`MIN_WITHIN_VARIANCE` when the curves do not
+        vary.
         """
         n = R.shape[0]
         Rs = R / scale
@@ -1522,8 +1556,11 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         W, s2 = ppca_fit(Rc, rank)
         s2 = max(s2, MIN_WITHIN_VARIANCE)  # identical curves: no zero-variance law
         # how much the curves vary about their own mean (two identical curves
-        # too, whose law is not centred)
-        spread = float(np.mean((Rs - Rs.mean(axis=0)) ** 2)) if n >= 2 else float(np.mean(Rc**2))
+        # too, whose law is not centred), relative to their residuals about
+        # mu_k (scaled by ``scale`` itself, identical curves would give 0 / 0)
+        Rsp = Rs if spread_scale is None else R / spread_scale
+        spread = (float(np.mean((Rsp - Rsp.mean(axis=0)) ** 2)) if n >= 2
+                  else float(np.mean(Rsp**2)))
         # a new curve: within-class spread plus the uncertainty of m (1 / n)
         inflate = 1.0 + 1.0 / n if center else 1.0
         return {"scale": scale, "mean": m, "W": W * np.sqrt(inflate),

@@ -97,7 +97,9 @@ def test_within_class_fit_by_hand(fitted):
         mean = clf.estimator_.predict(clf.inputs_[:, None], [k] * p)
         R = _standardised(clf, X[y == clf.classes_[k]]) - mean
         n = R.shape[0]
-        rms = np.sqrt([np.mean(R[:, j * 12:(j + 1) * 12] ** 2) for j in range(2)])
+        # the channel scale: RMS about the class's own mean, not about mu_k
+        Rc = R - R.mean(0)
+        rms = np.sqrt([np.mean(Rc[:, j * 12:(j + 1) * 12] ** 2) for j in range(2)])
         Rs = R / np.repeat(rms, 12)
         V = clf.curve_variation_[k]
         np.testing.assert_allclose(V["scale"], np.repeat(rms, 12), rtol=1e-12)
@@ -107,6 +109,42 @@ def test_within_class_fit_by_hand(fitted):
         assert V["rank"] == q and V["n_curves"] == n
         np.testing.assert_allclose(V["noise_variance"], s2 * (1 + 1 / n), rtol=1e-10)
         np.testing.assert_allclose(V["W"] @ V["W"].T, (1 + 1 / n) * W @ W.T, atol=1e-10)
+
+
+def test_channel_scale_ignores_the_regressors_mean_error(fitted):
+    """The channel scale D is the residuals' RMS about the class's own mean
+    (mu_c + D m_c), so an error of the regressor's mean mu_c in one channel,
+    which m_c corrects, is not counted as curve-to-curve spread again: at
+    rank 0 the law of a new curve has, in every channel, the class's
+    within-class mean square there times 1 + 1/n, with or without the error."""
+    import copy
+
+    clf, X, y, _, _ = fitted
+    Xs = _standardised(clf, X)
+    _, y_idx = np.unique(y, return_inverse=True)
+    t = np.linspace(0, 1, 12)
+    diags = []
+    for err in (0.0, 0.8):
+        c = copy.deepcopy(clf).set_params(ppca_rank=0)
+        orig = c._class_mean_and_cov
+
+        def shifted(k, with_cov=True, orig=orig, err=err):
+            mean, cov = orig(k, with_cov)
+            return mean + err * np.concatenate([np.cos(3 * t), np.zeros(12)]), cov
+
+        c._class_mean_and_cov = shifted
+        c._fit_within_class(Xs, y_idx, c.class_log_prior_)
+        for k in range(3):
+            mean, cov = c._class_predictive(k)
+            R = Xs[y == c.classes_[k]]
+            n = R.shape[0]
+            Rc = R - R.mean(0)
+            ms = [np.mean(Rc[:, j * 12:(j + 1) * 12] ** 2) for j in range(2)]
+            np.testing.assert_allclose(mean, R.mean(0), atol=1e-12)
+            np.testing.assert_allclose(np.diag(cov), np.repeat(ms, 12) * (1 + 1 / n),
+                                       rtol=1e-10)
+            diags.append(np.diag(cov))
+    np.testing.assert_allclose(diags[:3], diags[3:], rtol=1e-10)
 
 
 def test_curve_variation_none_is_the_regressor_law(fitted):
