@@ -56,11 +56,8 @@ Gram on the coordinates of ``u``) and ``C = [c_1 .. c_Q]^T`` (``coef``),
 in the gradient ``tr(Xi_q Wf_q) = c_q^T (U_q o Sig2) c_q`` and
 ``d/dc_q = [mu_u o wf_q[idx] - (U_q o Sig2) c_q - ...] / s2_q`` with
 ``Sig2 = Sigma_u + mu_u mu_u^T``, so one Hadamard product serves all
-channels (and since ``c_q`` is constant within a latent's coordinates, only
-its row sums over each latent are needed: one compiled pass over the entries
-of ``Sig2``, which is never stored, forms them and the Grams' adjoints), and
-the adjoints of the whitened Grams are needed summed over the channels (one
-back-whitening) plus once per channel with partial rows.  With
+channels, and the adjoints of the whitened Grams are needed summed over the
+channels (one back-whitening) plus once per channel with partial rows.  With
 few rows (``n < 2 M_F (1 + p)``, ``p`` the channels with partial rows) the
 rows are whitened (``F = K Lambda^{-T}``) instead of the Gram matrices.  No
 sparse matrices: ``E_q`` is applied by slicing the contiguous groups.
@@ -71,7 +68,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
 
 from ._hierarchy import Packer
 from ._linalg import (DEFAULT_JITTER, cholesky_backward, cholesky_inverse, jittered_cholesky,
@@ -122,8 +118,6 @@ class _Layout:
         Size of the feature block of each feature.
     R_gl : int
         Rows of ``lengthscale_g`` given (0 without global kernels).
-    phi : float
-        ``phi`` (0 without the deviation component).
     """
 
     Q: int
@@ -148,16 +142,6 @@ class _Layout:
     def n_c(self):
         return self.Nu - self.n_vg
 
-    def group_coef(self):
-        """``coef`` per group (constant within a group): shape (Q, n_groups)."""
-        return np.ascontiguousarray(self.coef[:, [sl.start for _, _, sl in self.groups]])
-
-    def group_starts(self):
-        """``(gstart, fstart)``: first coordinate of each group in ``u`` (and ``N_u``
-        appended), and the first feature it maps to."""
-        gstart = np.array([sl.start for _, _, sl in self.groups] + [self.Nu], dtype=np.intp)
-        return gstart, np.ascontiguousarray(self.idx[gstart[:-1]])
-
     def pairs(self):
         """``(u-slice, feature-slice)`` per group: ``idx[u-slice]`` is the feature range."""
         return [(sl, slice(int(self.idx[sl.start]), int(self.idx[sl.start]) + sl.stop - sl.start))
@@ -171,6 +155,27 @@ class _Layout:
         out = np.zeros((self.Mf,) + A.shape[1:])
         for us, fs in self.pairs():
             out[fs] += A[us]
+        return out
+
+    def scatter2(self, A):
+        """``Sel @ A @ Sel^T`` for ``A`` of shape (N_u, N_u): shape (M_F, M_F)."""
+        T = self.scatter(A)
+        out = np.zeros((self.Mf, self.Mf))
+        for us, fs in self.pairs():
+            out[:, fs] += T[:, us]
+        return out
+
+    def gather2(self, W):
+        """``W[idx][:, idx]`` for ``W`` of shape (M_F, M_F): the Gram on ``u`` coordinates.
+
+        Copied block by block (``idx`` is a few contiguous ranges): the same
+        numbers as the fancy indexing, at half its cost.
+        """
+        pairs = self.pairs()
+        out = np.empty((self.Nu, self.Nu))
+        for us, fs in pairs:
+            for ut, ft in pairs:
+                out[us, ut] = W[fs, ft]
         return out
 
 
@@ -243,85 +248,6 @@ def _layout(G, L, components):
     idx = np.concatenate(idx) if idx else np.zeros(0, int)
     coef = np.hstack(coefs) if coefs else np.zeros((Q, 0))
     return _Layout(Q, blocks, idx.astype(np.intp), groups, n_vg, coef, bsize, R_gl, phi)
-
-
-@njit(nogil=True, cache=True)
-def _nb_group_hadamard(W, gstart, fstart, Kg, out):  # pragma: no cover - compiled
-    # out[i, j] += Kg[a, b] * W[f(i), f(j)] for i in group a, j in group b: the Hadamard
-    # product of a group-constant matrix with the Gram W gathered onto the coordinates
-    # of u (groups contiguous in u and in the features)
-    G = fstart.shape[0]
-    for ga in range(G):
-        for gb in range(G):
-            k = Kg[ga, gb]
-            b0 = gstart[gb]
-            nb = gstart[gb + 1] - b0
-            fb = fstart[gb]
-            for i in range(gstart[ga], gstart[ga + 1]):
-                Wi = W[fstart[ga] + i - gstart[ga]]
-                oi = out[i]
-                for j in range(nb):
-                    oi[b0 + j] += k * Wi[fb + j]
-
-
-@njit(nogil=True, cache=True)
-def _nb_second_moment(A, Sgc, SgcT, X, XT, Pinv, mu, gstart, fstart, Ws, Ks, T,
-                      Wb):  # pragma: no cover - compiled
-    # Sig2 = Sigma_u + mu mu^T, its entries formed as _joint_moments forms Sigma_u
-    # (A = A_inv, Sgc = -A_inv PiGt^T, X = PiGt Sgc; SgcT, XT their transposes, C-ordered,
-    # and Pinv exactly symmetric, so that every row is read contiguously), never stored;
-    # for i in group a and each group b:
-    #   T[p, i, b]        = sum_{j in b} Ws[p, f(i), f(j)] Sig2[i, j]
-    #   Wb[p, f(i), f(j)] += Ks[p, a, b] Sig2[i, j]
-    # (f(i) the feature of coordinate i; groups are contiguous in u and in the features).
-    # A row of a group pair is formed in a buffer, then used by contiguous loops.
-    ng = A.shape[0]
-    G = fstart.shape[0]
-    nw = Ws.shape[0]
-    nk = Ks.shape[0]
-    buf = np.empty(mu.shape[0])
-    for ga in range(G):
-        a0 = gstart[ga]
-        a1 = gstart[ga + 1]
-        for gb in range(G):
-            b0 = gstart[gb]
-            nb = gstart[gb + 1] - b0
-            fb = fstart[gb]
-            for i in range(a0, a1):
-                fi = fstart[ga] + i - a0
-                mi = mu[i]
-                if i < ng and b0 < ng:
-                    for j in range(nb):
-                        buf[j] = (A[i, b0 + j] + A[b0 + j, i]) * 0.5
-                elif i < ng:
-                    Sr = Sgc[i]
-                    for j in range(nb):
-                        buf[j] = Sr[b0 - ng + j]
-                elif b0 < ng:
-                    Sr = SgcT[i - ng]
-                    for j in range(nb):
-                        buf[j] = Sr[b0 + j]
-                else:
-                    Xr = X[i - ng]
-                    XTr = XT[i - ng]
-                    Pr = Pinv[i - ng]
-                    d0 = b0 - ng
-                    for j in range(nb):
-                        d = d0 + j
-                        buf[j] = ((Xr[d] - Pr[d]) + (XTr[d] - Pr[d])) * -0.5
-                for j in range(nb):
-                    buf[j] += mi * mu[b0 + j]
-                for p in range(nw):
-                    Wr = Ws[p, fi]
-                    acc = 0.0
-                    for j in range(nb):
-                        acc += Wr[fb + j] * buf[j]
-                    T[p, i, gb] = acc
-                for p in range(nk):
-                    k = Ks[p, ga, gb]
-                    Wbr = Wb[p, fi]
-                    for j in range(nb):
-                        Wbr[fb + j] += k * buf[j]
 
 
 def _block_name(kind, r):
@@ -464,10 +390,10 @@ class ILMMState:
     offset : ndarray of shape (Q,)
     _cache : dict
         Internal, filled by :func:`forward` and reused by :func:`posterior`
-        and :func:`backward`: ``W_all`` (M_F, M_F), ``Wc`` ``{q: (M_F,
-        M_F)}``, ``rows`` (the raw and whitened kernel rows of a client of
-        at most ``CHUNK_ROWS`` rows, which :func:`backward` reuses: it must
-        then be called with
+        and :func:`backward`: ``W_all`` (M_F, M_F), its ``U_all = W_all[idx,
+        idx]`` (N_u, N_u), ``Wc`` ``{q: (M_F, M_F)}``, ``rows`` (the raw
+        and whitened kernel rows of a client of at most ``CHUNK_ROWS``
+        rows, which :func:`backward` reuses: it must then be called with
         the same ``X`` and ``Y`` as :func:`forward`) and, once computed,
         ``Pinv`` (N_c, N_c).  Without it :func:`backward` treats every
         channel as partially observed (same results, slower).
@@ -656,14 +582,11 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
     W_all, Wc, wf, wk, yy, ysum, n_q, rows = _data_statistics(X, Y, off, lay, Ls)
     idx, C = lay.idx, lay.coef
     Cs = C / s2[:, None]
-    # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx] (c_q constant within a group)
-    Cg = lay.group_coef()
-    Cgs = Cg / s2[:, None]
-    gstart, fstart = lay.group_starts()
-    Lam = np.zeros((lay.Nu, lay.Nu))
-    _nb_group_hadamard(W_all, gstart, fstart, Cgs.T @ Cg, Lam)
+    # Lambda = sum_q (c_q c_q^T / s2_q) o Wf_q[idx, idx]
+    U_all = lay.gather2(W_all)
+    Lam = (Cs.T @ C) * U_all
     for q, Wq in Wc.items():
-        _nb_group_hadamard(Wq, gstart, fstart, np.outer(Cgs[q], Cg[q]), Lam)
+        Lam += np.outer(Cs[q], C[q]) * lay.gather2(Wq)
     h = np.einsum("qj,jq->j", Cs, wf[idx])
     gam = np.zeros((Q, Mf))
     for q in range(Q):
@@ -701,7 +624,7 @@ def forward(X, Y, G, L, components, *, jitter=DEFAULT_JITTER, client=None):
         raise FloatingPointError(f"the ILMM structured statistics{where} are not finite")
     return ILMMState(S, b, float(e), lay, wf, wk, yy, ysum, n_q, s2, iso, s2shape, trR,
                      gam, Kzz, Ls, Lp, PiGt, Pir, off,
-                     _cache={"W_all": W_all, "Wc": Wc, "rows": rows},
+                     _cache={"W_all": W_all, "U_all": U_all, "Wc": Wc, "rows": rows},
                      _grams=(W_all, Wc))
 
 
@@ -823,16 +746,16 @@ def _joint_moments(state, mu, A_inv):
 
 
 def _split_grams(state):
-    """``(W_all, {q: correction})`` with ``Wf_q = W_all + correction_q``.
+    """``(W_all, W_all[idx, idx], {q: correction})`` with ``Wf_q = W_all + correction_q``.
 
     From forward's cache; a state built otherwise is treated as having every
     channel corrected (``W_all = 0``), which gives the same results.
     """
     c = state._cache
     if "W_all" in c:
-        return c["W_all"], c["Wc"]
-    Mf = state.layout.Mf
-    return np.zeros((Mf, Mf)), {q: W for q, W in enumerate(state.Wf)}
+        return c["W_all"], c["U_all"], c["Wc"]
+    Nu, Mf = state.layout.Nu, state.layout.Mf
+    return np.zeros((Mf, Mf)), np.zeros((Nu, Nu)), {q: W for q, W in enumerate(state.Wf)}
 
 
 def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
@@ -872,43 +795,21 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     Q, idx, C = lay.Q, lay.idx, lay.coef
     X, Y = _check_data(X, Y, Q)
     s2, n_q = state.s2, state.n_q
-    W_all, Wc = _split_grams(state)
-    want = {"g": want_global, "l": want_local}
-    active = [k for k, bl in enumerate(lay.blocks) if want[bl[0]]]
+    mu_u, Sigma_u = _joint_moments(state, mu, A_inv)
+    W_all, U_all, Wc = _split_grams(state)
     # Per channel q (E_q = Sel diag(c_q), U_q = Wf_q[idx, idx]):
     #   mu_z = E_q mu_u,  Xi_q = E_q (Sigma_u + mu_u mu_u^T) E_q^T,
     #   tr(Xi_q Wf_q) = c_q^T (U_q o Sig2) c_q,
     #   d/dc_q = [mu_u o (wf_q[idx] - U_q (c_q o mu_u)) - (U_q o Sigma_u) c_q - ...] / s2_q
     #          = [mu_u o wf_q[idx] - (U_q o Sig2) c_q - ...] / s2_q.
-    # c_q is constant within a group of u (one latent), so (U_q o Sig2) c_q needs
-    # only the row sums of (U_q o Sig2) over each group, T_q[i, b]; the adjoint
-    # Wbar_q = -(Xi_q - diag(gam_q)) / (2 s2_q) is Sig2 scattered with
-    # group-constant weights. One compiled pass over Sig2 (never stored) forms
-    # both, for U_all and for each channel with partially observed rows.
-    mu = np.asarray(mu, float)
-    A_inv = np.ascontiguousarray(A_inv, dtype=float)
-    mu_u = np.concatenate([mu, state.Pir - state.PiGt @ mu])
-    Sgc = -A_inv @ state.PiGt.T
-    Xcc = state.PiGt @ Sgc
-    Cg = lay.group_coef()
-    G = Cg.shape[1]
-    wq = list(Wc)
-    Ws = np.stack([W_all, *(Wc[q] for q in wq)]) if wq else W_all[None]
-    if active:
-        Kg = (Cg / s2[:, None]).T @ Cg
-        Ks = np.stack([-0.25 * (Kg + Kg.T), *(np.outer(Cg[q], Cg[q]) for q in wq)])
-    else:
-        Ks = np.zeros((0, G, G))
-    gstart, fstart = lay.group_starts()
-    T = np.zeros((Ws.shape[0], lay.Nu, G))
-    Wb = np.zeros((Ks.shape[0], lay.Mf, lay.Mf))
-    _nb_second_moment(A_inv, Sgc, np.ascontiguousarray(Sgc.T), Xcc,
-                      np.ascontiguousarray(Xcc.T), _p_inverse(state), mu_u, gstart, fstart, Ws,
-                      Ks, T, Wb)
-    MC = T[0] @ Cg.T  # column q: (U_q o Sig2) c_q
-    for p, q in enumerate(wq, start=1):
-        MC[:, q] += T[p] @ Cg[q]
+    # With U_q = U_all + (correction of the channels with partially observed rows)
+    # the Hadamard product is formed once.
+    Sig2 = Sigma_u  # (own copy) Sigma_u + mu_u mu_u^T
+    Sig2 += mu_u[:, None] * mu_u[None, :]
     CT = C.T  # (N_u, Q)
+    MC = (U_all * Sig2) @ CT  # column q: (U_q o Sig2) c_q
+    for q, Wq in Wc.items():
+        MC[:, q] += (lay.gather2(Wq) * Sig2) @ C[q]
     cmu = CT * mu_u[:, None]  # column q: c_q o mu_u
     wf_u, wk_u = state.wf[idx], state.wk[idx]
     trXW = np.sum(CT * MC, axis=0)
@@ -948,6 +849,8 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         grads["noise_variance"] = (float(np.sum(g_s2)) if state.noise_iso
                                    else g_s2.reshape(state.noise_shape))
         grads["offset"] = g_off
+    want = {"g": want_global, "l": want_local}
+    active = [k for k, bl in enumerate(lay.blocks) if want[bl[0]]]
     if not active:
         return grads
     Ls = state.Ls
@@ -955,16 +858,17 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
     # adjoints of the whitened statistics: Wbar_q = -(Xi_q - diag(gam_q)) / (2 s2_q),
     # wbar_q = mu_z,q / s2_q; only their sum over channels is needed for the rows with
     # every channel observed, and per channel only where a channel has partial rows.
-    # Wb[0] = -1/2 sum_q scatter2((c_q c_q^T / s2_q) o Sig2) (weights symmetrised),
-    # Wb[p] = scatter2((c_q c_q^T) o Sig2) = Xi_q for the p-th channel of Wc
-    Wbar_all = Wb[0]
+    Cs = C / s2[:, None]
+    Wbar_all = -0.5 * lay.scatter2((Cs.T @ C) * Sig2)
     Wbar_all[np.diag_indices(Mf)] += 0.5 * (state.gam / s2[:, None]).sum(axis=0)
     wbar = lay.scatter(cmu) / s2[None, :]  # (M_F, Q)
-    Wbar_c = {}
-    for p, q in enumerate(wq, start=1):
-        Xi = Wb[p]
+
+    def wbar_q(q):
+        Xi = lay.scatter2(np.outer(C[q], C[q]) * Sig2)
         Xi[np.diag_indices(Mf)] -= state.gam[q]
-        Wbar_c[q] = -Xi / (2.0 * s2[q])
+        return -Xi / (2.0 * s2[q])
+
+    Wbar_c = {q: wbar_q(q) for q in Wc}
     # Rsum = sum_q 2 Wbar_q Wf_q + wbar_q wf_q^T (only its diagonal blocks are used)
     Rblk = {}
     for k in active:
@@ -983,7 +887,7 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
 
     def pb(q):  # 2 sym(Wbar_q) (whitened rows) or 2 Phibar_q, for the partially observed rows
         if q not in Pb:
-            Wq = Wbar_c[q]
+            Wq = Wbar_c[q] if q in Wbar_c else wbar_q(q)
             Pb[q] = Wq + Wq.T if use else _whiten_adjoint(lay, Ls, Wq)
         return Pb[q]
 
@@ -1000,10 +904,6 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
         Kbar_zz = cholesky_backward(Ls[k], Lbar)
         dZ, dell, _ = _se_grad_sym(Z, state.Kzz[k], Kbar_zz, ell, 1.0)
         acc[k] = [dZ, dell]
-    # the rows' adjoint is needed in the columns of the active blocks only (contiguous:
-    # the global blocks come first, then the local ones); Lambda is block diagonal
-    c0 = min(lay.blocks[k][4] for k in active)
-    cols = slice(c0, max(lay.blocks[k][5] for k in active))
     off = state.offset
     step = max(X.shape[0], 1) if use else CHUNK_ROWS
     # forward's single chunk of rows, its kernel rows and their whitening
@@ -1028,21 +928,17 @@ def backward(state, X, Y, mu, A_inv, *, want_global=True, want_local=True):
             F = Fw
         else:
             F = _lsolve(lay, Ls, np.ascontiguousarray(Kc.T)).T
-        Kbar = Yc @ (wbar if use else psibar)[cols].T
-        Kbar[full] += F[full] @ Pb_all[:, cols]
+        Kbar = Yc @ (wbar if use else psibar).T
+        Kbar[full] += F[full] @ Pb_all
         for q in range(Q) if part.any() else ():
             rows = part & O[:, q]
             if rows.any():
-                Kbar[rows] += F[rows] @ pb(q)[:, cols]
+                Kbar[rows] += F[rows] @ pb(q)
         if use:
-            KbT = np.ascontiguousarray(Kbar.T)
-            for k in active:
-                a, b_ = lay.blocks[k][4] - c0, lay.blocks[k][5] - c0
-                KbT[a:b_] = solve_lower(Ls[k], KbT[a:b_], trans=True)
-            Kbar = KbT.T
+            Kbar = _lsolve(lay, Ls, np.ascontiguousarray(Kbar.T), trans=True).T
         for k in active:
             kind, r, Z, ell, a, b_ = lay.blocks[k]
-            dZ, dell, _ = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a - c0:b_ - c0], ell, 1.0)
+            dZ, dell, _ = _se_grad(Xc, Z, Kc[:, a:b_], Kbar[:, a:b_], ell, 1.0)
             acc[k][0] += dZ
             acc[k][1] += dell
     for kind, key in (("g", "g"), ("l", "l")):
