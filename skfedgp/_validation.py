@@ -1218,6 +1218,7 @@ def r2_observed(y, y_pred, sample_weight=None):
 
     y = np.asarray(y, dtype=float)
     y_pred = np.asarray(y_pred, dtype=float)
+    sample_weight = unmask(sample_weight, "sample_weight")
     if y.ndim != 2 or not np.any(np.isnan(y)):
         return r2_score(y, y_pred, sample_weight=sample_weight)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)

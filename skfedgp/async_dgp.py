@@ -1368,6 +1368,28 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
         out = [e.predict(X, self.prior_mean_) for e in self.experts_]
         return np.stack([o[0] for o in out], axis=1), np.stack([o[1] for o in out], axis=1)
 
+    def score(self, X, y, sample_weight=None):
+        """Coefficient of determination R^2 of :meth:`predict` (scikit-learn's).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        score : float
+
+        Raises
+        ------
+        ValueError
+            As :meth:`predict`, or for a masked entry in ``y`` or
+            ``sample_weight`` (NumPy would read the value under the mask).
+        """
+        return super().score(X, unmask(y, "y"),
+                             sample_weight=unmask(sample_weight, "sample_weight"))
+
     def predict(self, X, return_std=False):
         """Aggregated prediction of the latent function.
 

@@ -607,13 +607,15 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
                 f"lengthscale={self.lengthscale!r} lies outside the range the lengthscales "
                 f"are learned in, [{', '.join(f'{v:.3g}' for v in lo)}] to "
                 f"[{', '.join(f'{v:.3g}' for v in hi)}] per input (1e-3 to 1e3 times the "
-                "clients' joint input range): give a starting value inside it, or None for "
-                "the default")
+                "clients' joint input range): give a starting value inside it (one per "
+                "feature, shape (n_latent, n_features), for features of different ranges), "
+                "or None for the default")
         return ell / x_scale
 
     def _validate_fit_data(self, X, y, groups):
         X, groups = unmask(X, "X"), unmask(groups, "groups")
-        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2)  # a masked channel is missing
+        # a masked channel of a multi-output y is missing
+        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2 and np.shape(y)[1] > 1)
         if self.client_column is None:
             X = validate_data(self, X, reset=True, dtype=np.float64)
             labels = None
@@ -968,7 +970,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             Before fit.
         """
         y_pred = self.predict(X, groups)
-        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2)
+        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2 and np.shape(y)[1] > 1)
         return r2_observed(y, y_pred, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):

@@ -1856,6 +1856,29 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
         # eps = 0: a model pickled before the floor was kept
         return _mix_prior(logp, self.class_log_prior_, getattr(self, "proba_floor_", 0.0))
 
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy of :meth:`predict` (scikit-learn's).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_curves, n_channels * n_points)
+            A masked point counts as NaN (missing), as in :meth:`predict`.
+        y : array-like of shape (n_curves,)
+        sample_weight : array-like of shape (n_curves,), default=None
+
+        Returns
+        -------
+        score : float
+
+        Raises
+        ------
+        ValueError
+            As :meth:`predict`, or for a masked entry in ``y`` or
+            ``sample_weight`` (NumPy would read the value under the mask).
+        """
+        return super().score(X, unmask(y, "y"),
+                             sample_weight=unmask(sample_weight, "sample_weight"))
+
     def predict(self, X):
         """Class with the largest score (:meth:`decision_function`).
 

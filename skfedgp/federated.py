@@ -3293,7 +3293,9 @@ def spread_chance(X, y, lengthscale, variance, noise_variance):
     weighted sum of ``chi2(1)`` variables, its weights the non-zero
     eigenvalues of ``P (K + s2 I) P`` (``P`` the centring matrix). Its
     distribution function at the observed ``S`` is computed by Imhof's
-    integral.
+    integral, kept between two bounds: ``chi2(k).cdf(S / lambda_max)``
+    below and ``prod_j chi2(1).cdf(S / lambda_j)`` above (both exact with
+    one weight, which is returned as such).
 
     Parameters
     ----------
@@ -3339,10 +3341,19 @@ def spread_chance(X, y, lengthscale, variance, noise_variance):
         rho = np.prod((1.0 + (lam * u) ** 2) ** 0.25)
         return np.sin(theta) / (u * rho)
 
+    from scipy.stats import chi2
+
+    # bounds: every term below S (upper), all weight on the largest (lower);
+    # with one weight both are the exact chi2(1) value, where the integral
+    # (decaying like u^-3/2) is not computed reliably
+    upper = float(np.prod(chi2.cdf(stat / lam, 1)))
+    lower = float(chi2.cdf(stat / lam.max(), lam.size))
+    if lam.size == 1 or upper <= lower:
+        return upper
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", integrate.IntegrationWarning)
         val, _ = integrate.quad(integrand, 0.0, np.inf, limit=500)
-    return float(np.clip(0.5 - val / np.pi, 0.0, 1.0))
+    return float(np.clip(0.5 - val / np.pi, lower, upper))
 
 
 def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise=None,
@@ -3370,11 +3381,12 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
         Whether the client's own data reject the population's lengthscales
         (:func:`lengthscale_mismatch`) or vary along some input on another
         scale than the typical client's (:func:`input_scale_mismatch`).
-    spread_chance : float, optional
-        A client without a pilot: the chance that its rows spread as little
-        as they do under the population's GP at its own inputs
-        (:func:`spread_chance`). None: its whole spread is compared with a
-        tenth of ``population_noise`` instead.
+    spread_chance : callable, optional
+        A client without a usable pilot: returns the chance that its rows
+        spread as little as they do under the population's GP at its own
+        inputs (:func:`spread_chance`); called only when the decision needs
+        it. None: its whole spread is compared with a tenth of
+        ``population_noise`` instead.
 
     Returns
     -------
@@ -3395,8 +3407,9 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
            points beyond 3 std, against 8 % without).
         2. Its noise is not the population's either: its own pilot's noise
            variance is more than 10 times off ``population_noise`` either
-           way, or, without a pilot (fewer than :data:`PILOT_MIN_POINTS`
-           rows), its rows spread less than the population's GP (kernel
+           way, or, without a usable pilot (fewer than
+           :data:`PILOT_MIN_POINTS` rows, or a pilot that found no signal),
+           its rows spread less than the population's GP (kernel
            and noise at the client's own inputs) lets them with chance
            :data:`CLIENT_SCALE_CHANCE` (``spread_chance``). Rows close
            together on a flat stretch of the shared function may spread
@@ -3445,7 +3458,7 @@ def learns_client_scale(config, ratio, n_samples, own_variance=None, pilot_noise
         r_noise = float(pilot_noise) / float(population_noise)
         return bool(r_noise > 10.0 or r_noise < 0.1)
     if spread_chance is not None:
-        return bool(spread_chance < CLIENT_SCALE_CHANCE)
+        return bool(spread_chance() < CLIENT_SCALE_CHANCE)
     return bool(own_variance is not None and own_variance < 0.1 * float(population_noise))
 
 
@@ -5615,14 +5628,16 @@ class StructuredClient:
         mismatch = mismatch or bool(getattr(config, "client_scale", False)
                                     and self.input_scale_ratios)
         chance = None
-        if pilot_noise is None and s_ratio != 1.0 and population.noise_variance > 0:
-            # no pilot: how little the population's GP lets its rows spread
-            # (computed here from its own inputs and the broadcast values;
-            # at most PILOT_MAX_POINTS rows, evenly spaced, as a pilot's)
-            rows = np.unique(np.linspace(0, self.n_samples - 1,
-                                         min(self.n_samples, PILOT_MAX_POINTS)).astype(int))
-            chance = spread_chance(self._Xs[rows], self._y[rows], population.lengthscale,
-                                   population.variance, population.noise_variance)
+        if pilot_noise is None and population.noise_variance > 0:
+            # no usable pilot: how little the population's GP lets its rows
+            # spread (from its own inputs and the broadcast values; at most
+            # PILOT_MAX_POINTS rows, evenly spaced, as a pilot's), computed
+            # only if learns_client_scale needs it
+            def chance():
+                rows = np.unique(np.linspace(0, self.n_samples - 1,
+                                             min(self.n_samples, PILOT_MAX_POINTS)).astype(int))
+                return spread_chance(self._Xs[rows], self._y[rows], population.lengthscale,
+                                     population.variance, population.noise_variance)
         learn_scale = learns_client_scale(
             config, s_ratio, self.n_samples, own_var,
             pilot_noise, population.noise_variance, other_input_scale=mismatch,
@@ -7615,6 +7630,8 @@ class _StructuredRun:
     def resume(self, state, seeds):
         """Continue from a :class:`TrainingState` (checkpoint or warm start)."""
         server, cfg = self.server, self.config
+        # fields a checkpoint of an older version lacks
+        server.input_scale_excluded_, server.input_scale_reports_ = [], {}
         for name in _SERVER_FIELDS:
             if name in state.server:  # a checkpoint of an older version may lack one
                 setattr(server, name, state.server[name])

@@ -588,6 +588,7 @@ def interval_width(y_std=None, level=0.95, *, y_cov=None):
 def _check_levels(levels):
     if levels is None:
         return np.asarray(DEFAULT_CALIBRATION_LEVELS, dtype=np.float64)
+    levels = unmask(levels, "levels")
     try:
         arr = np.asarray(levels, dtype=np.float64)
     except (TypeError, ValueError) as exc:

@@ -1031,3 +1031,11 @@ def test_spread_chance_against_references():
         got = spread_chance(X, y * np.sqrt(scale), [0.5], 1.0, 0.01)
         assert got == pytest.approx(ref, abs=3e-3)
     assert spread_chance(X[:1], y[:1], [0.5], 1.0, 0.01) == 1.0
+    # two rows, one weight: the exact chi2(1) value (the integral decays too
+    # slowly to be computed there), also at the 0.1 % the rule uses
+    X2 = np.array([[0.0], [0.01]])
+    lam = 2 * 1e-2 * 0.5 + 0.5 * (2 - 2 * np.exp(-0.5 * (0.01 / 0.3) ** 2))
+    for p in (1.1e-3, 2e-3, 0.3):
+        S2 = chi2.ppf(p, 1) * lam
+        y2 = np.array([0.5, -0.5]) * np.sqrt(2 * S2)
+        assert spread_chance(X2, y2, [0.3], 1.0, 0.01) == pytest.approx(p, rel=1e-6)

@@ -146,3 +146,44 @@ def test_clustering_and_metrics_refuse_masked_entries():
         metrics.rmse(_masked(y, 0), y)
     with pytest.raises(ValueError, match="y_std is a masked array"):
         metrics.gaussian_nll(y, y, _masked(np.ones(40), 1))
+
+
+def test_scores_refuse_masked_targets_and_weights():
+    """Every score reads neither a masked target nor a masked sample weight."""
+    X, y, g = _data()
+    w = np.ma.masked_array(np.ones(40), mask=np.arange(40) == 0)
+    w.data[0] = HIDDEN
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        models = [(_reg().fit(X, y, groups=g), {"groups": g}),
+                  (PFedGPRegressor().fit(X, y, groups=g), {"groups": g}),
+                  (AsyncDGPRegressor(n_experts=2).fit(X, y), {})]
+    for m, kw in models:
+        with pytest.raises(ValueError, match="sample_weight is a masked array"):
+            m.score(X, y, sample_weight=w, **kw)
+    with pytest.raises(ValueError, match="y is a masked array"):
+        models[2][0].score(X, _masked(y, 0))
+    # a one-column 2-D y: a masked entry is refused by name, not read as a
+    # missing channel
+    with pytest.raises(ValueError, match="y is a masked array"):
+        PFedGPRegressor().fit(X, _masked(y[:, None], (0, 0)), groups=g)
+    with pytest.raises(ValueError, match="levels is a masked array"):
+        metrics.expected_calibration_error(
+            y, y, np.ones(40), levels=np.ma.masked_array([0.5, 0.99], mask=[False, True]))
+
+
+def test_classifier_score_refuses_masked_labels_and_weights():
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 1, 20)
+    X = np.vstack([np.sin(6 * t) + 0.1 * rng.standard_normal((8, 20)),
+                   np.cos(6 * t) + 0.1 * rng.standard_normal((8, 20))])
+    y = np.repeat([0, 1], 8)
+    reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=4, n_rounds=2,
+                                           local_steps=10, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = MaxEvidenceClassifier(reg, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match="y is a masked array"):
+        clf.score(X, np.ma.masked_array(y, mask=np.arange(16) == 0))
+    with pytest.raises(ValueError, match="sample_weight is a masked array"):
+        clf.score(X, y, sample_weight=np.ma.masked_array(np.ones(16), mask=np.arange(16) == 0))
