@@ -110,10 +110,11 @@ def test_multioutput_masked_output_is_missing():
             a = make().fit(X, _masked(Y, (4, 1)), groups=g)
             b = make().fit(X, Y_nan, groups=g)
             pa = a.predict(X, groups=g)
-            np.testing.assert_allclose(pa, b.predict(X, groups=g), rtol=1e-6, atol=1e-8)
+            # the same fit up to round-off, which L-BFGS amplifies (BLAS threads)
+            np.testing.assert_allclose(pa, b.predict(X, groups=g), rtol=0, atol=1e-4)
             assert np.abs(pa).max() < 10  # the hidden 1e9 was not read
             assert a.score(X, _masked(Y, (4, 1)), groups=g) == pytest.approx(
-                b.score(X, Y_nan, groups=g))
+                b.score(X, Y_nan, groups=g), abs=1e-4)
 
 
 def test_classifier_masked_point_is_missing():
@@ -131,7 +132,7 @@ def test_classifier_masked_point_is_missing():
         a = MaxEvidenceClassifier(reg, random_state=0).fit(_masked(X, (2, 5)), y)
         b = MaxEvidenceClassifier(reg, random_state=0).fit(X_nan, y)
     np.testing.assert_allclose(a.decision_function(_masked(X, (2, 5))),
-                               b.decision_function(X_nan), rtol=1e-6)
+                               b.decision_function(X_nan), rtol=1e-4)
     with pytest.raises(ValueError, match="y is a masked array"):
         MaxEvidenceClassifier(reg).fit(X, np.ma.masked_array(y, mask=np.arange(16) == 0))
 
