@@ -64,7 +64,7 @@ from ._validation import (
 )
 from .federated import input_scaling, outer_box
 from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
-from .regressor import _check_cov_budget, check_target_values
+from .regressor import _check_cov_budget, _n_target_columns, check_target_values
 
 __all__ = [
     "PFedGPRegressor",
@@ -615,7 +615,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
     def _validate_fit_data(self, X, y, groups):
         X, groups = unmask(X, "X"), unmask(groups, "groups")
         # a masked channel of a multi-output y is missing
-        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2 and np.shape(y)[1] > 1)
+        y = unmask(y, "y", missing_ok=_n_target_columns(y) > 1)
         if self.client_column is None:
             X = validate_data(self, X, reset=True, dtype=np.float64)
             labels = None
@@ -970,7 +970,7 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             Before fit.
         """
         y_pred = self.predict(X, groups)
-        y = unmask(y, "y", missing_ok=getattr(y, "ndim", 1) == 2 and np.shape(y)[1] > 1)
+        y = unmask(y, "y", missing_ok=_n_target_columns(y) > 1)
         return r2_observed(y, y_pred, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):

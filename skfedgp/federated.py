@@ -3321,6 +3321,7 @@ def spread_chance(X, y, lengthscale, variance, noise_variance):
     section 10).
     """
     from scipy import integrate
+    from scipy.stats import chi2
 
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=float).ravel()
@@ -3335,14 +3336,6 @@ def spread_chance(X, y, lengthscale, variance, noise_variance):
     stat = float(np.sum((y - y.mean()) ** 2))
     if lam.size == 0:
         return 1.0
-
-    def integrand(u):
-        theta = 0.5 * np.sum(np.arctan(lam * u)) - 0.5 * stat * u
-        rho = np.prod((1.0 + (lam * u) ** 2) ** 0.25)
-        return np.sin(theta) / (u * rho)
-
-    from scipy.stats import chi2
-
     # bounds: every term below S (upper), all weight on the largest (lower);
     # with one weight both are the exact chi2(1) value, where the integral
     # (decaying like u^-3/2) is not computed reliably
@@ -3350,6 +3343,12 @@ def spread_chance(X, y, lengthscale, variance, noise_variance):
     lower = float(chi2.cdf(stat / lam.max(), lam.size))
     if lam.size == 1 or upper <= lower:
         return upper
+
+    def integrand(u):
+        theta = 0.5 * np.sum(np.arctan(lam * u)) - 0.5 * stat * u
+        rho = np.prod((1.0 + (lam * u) ** 2) ** 0.25)
+        return np.sin(theta) / (u * rho)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", integrate.IntegrationWarning)
         val, _ = integrate.quad(integrand, 0.0, np.inf, limit=500)

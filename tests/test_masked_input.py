@@ -117,16 +117,21 @@ def test_multioutput_masked_output_is_missing():
                 b.score(X, Y_nan, groups=g), abs=1e-4)
 
 
-def test_classifier_masked_point_is_missing():
+def _curves():
+    """Two classes of 8 noisy curves of 20 points, and a small regressor for them."""
     rng = np.random.default_rng(0)
     t = np.linspace(0, 1, 20)
     X = np.vstack([np.sin(6 * t) + 0.1 * rng.standard_normal((8, 20)),
                    np.cos(6 * t) + 0.1 * rng.standard_normal((8, 20))])
-    y = np.repeat([0, 1], 8)
-    X_nan = X.copy()
-    X_nan[2, 5] = np.nan
     reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=4, n_rounds=2,
                                            local_steps=10, random_state=0)
+    return X, np.repeat([0, 1], 8), reg
+
+
+def test_classifier_masked_point_is_missing():
+    X, y, reg = _curves()
+    X_nan = X.copy()
+    X_nan[2, 5] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = MaxEvidenceClassifier(reg, random_state=0).fit(_masked(X, (2, 5)), y)
@@ -174,13 +179,7 @@ def test_scores_refuse_masked_targets_and_weights():
 
 
 def test_classifier_score_refuses_masked_labels_and_weights():
-    rng = np.random.default_rng(0)
-    t = np.linspace(0, 1, 20)
-    X = np.vstack([np.sin(6 * t) + 0.1 * rng.standard_normal((8, 20)),
-                   np.cos(6 * t) + 0.1 * rng.standard_normal((8, 20))])
-    y = np.repeat([0, 1], 8)
-    reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=4, n_rounds=2,
-                                           local_steps=10, random_state=0)
+    X, y, reg = _curves()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clf = MaxEvidenceClassifier(reg, random_state=0).fit(X, y)
