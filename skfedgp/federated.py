@@ -1951,6 +1951,15 @@ LOCAL_SD_RATE = float(np.log(20.0))
 #: Smallest start of the clients' level variance (standardised units): the
 #: spread of the clients' means when they agree, so the level can grow.
 LEVEL_START_MIN = 1.0
+#: Shape ``a`` of the gamma hyperprior on the standard deviation ``tau`` of
+#: the clients' random levels, with rate 0: ``log p(tau) = (a - 1) log tau``
+#: (:func:`level_log_prior`). ``a = 2`` is the boundary-avoiding prior of
+#: Chung, Rabe-Hesketh, Dorie, Gelman and Liu (2013), "A nondegenerate
+#: penalized likelihood estimator for variance parameters in multilevel
+#: models", Psychometrika 78(4), section 3: it keeps the estimate off 0 when
+#: the data hardly tell the group-level variance (few clients, clients on
+#: disjoint input ranges) and moves it little when they do.
+LEVEL_PRIOR_SHAPE = 2.0
 #: The upper bound of ``level_variance`` is at least this many times the
 #: spread of the clients' means (standardised units; LOG_BOUNDS otherwise).
 LEVEL_BOUND_FACTOR = 100.0
@@ -2781,6 +2790,45 @@ def structured_global_spec(components, M, d):
         spec.append(("phi", (), "log"))
     spec.append(("level_variance", (), "log"))
     return Packer(spec)
+
+
+def level_log_prior(gpack, theta_g, config):
+    """Log hyperprior of the clients' level variance and its gradient (packed scale).
+
+    The gamma prior of shape :data:`LEVEL_PRIOR_SHAPE` and rate 0 on the
+    levels' standard deviation ``tau`` (Chung et al. 2013, Psychometrika
+    78(4), section 3), ``log p = (a - 1) log tau = (a - 1) theta / 2`` with
+    ``theta = log tau^2`` the packed entry, used without the log-scale
+    Jacobian (the estimate maximises the penalised likelihood in ``tau``).
+    Maximum likelihood puts ``tau = 0`` whenever the clients' levels are
+    not identified, e.g. clients on disjoint input ranges whose levels the
+    shared function can absorb as a trend; every client is then predicted
+    with no departure from the others where it has no data (docs/maths.md,
+    section 13). ``config.noise_prior_scale=None`` switches it off with the
+    other hyperpriors.
+
+    Parameters
+    ----------
+    gpack : Packer
+        Layout of the global vector (:func:`structured_global_spec`).
+    theta_g : ndarray of shape (P_g,)
+        Packed global vector.
+    config : ModelConfig
+
+    Returns
+    -------
+    value : float
+        ``(a - 1) log tau`` (nats; constants dropped); 0 without a level.
+    grad : ndarray of shape (P_g,)
+        Its gradient with respect to ``theta_g``.
+    """
+    grad = np.zeros(gpack.size)
+    sl = gpack.slices.get("level_variance")
+    if sl is None or config.noise_prior_scale is None:
+        return 0.0, grad
+    w = 0.5 * (LEVEL_PRIOR_SHAPE - 1.0)
+    grad[sl] = w
+    return w * float(np.sum(np.asarray(theta_g, dtype=float)[sl])), grad
 
 
 def structured_local_spec(components, M_local, d, client_scale=False):
@@ -7469,7 +7517,8 @@ class _StructuredRun:
         post_s = combine([m.precision for m in msgs], [m.shift for m in msgs],
                          [m.constant for m in msgs], self.Mg)
         post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
-        lp = float(sum(m.log_prior for m in msgs))
+        # the clients' own hyperpriors and the server's (the level variance)
+        lp = float(sum(m.log_prior for m in msgs)) + level_log_prior(gpack, tg, cfg)[0]
         grads, lost2 = self._booked_call("global_gradient", (post, tg, gpack, cfg), list(stats),
                                          r, trial, strict, message_nbytes(post))
         self.messages.update(stats)
@@ -7850,7 +7899,10 @@ class _StructuredRun:
                         anchor["key"] = key
                         raise _MembershipChanged
             e, g, _, _ = cache[key]
-            return -e / N, -g / N
+            # the ELBO and the server's own hyperprior (the clients' are
+            # constant in this phase)
+            lp_g, g_lp = level_log_prior(gpack, tg, cfg)
+            return -(e + lp_g) / N, -(g + g_lp) / N
 
         theta_g = self.theta_g
         if gpack.size and cfg.global_steps and not hold:
@@ -8316,7 +8368,7 @@ class _StructuredRun:
                           "final": True})
         # every client forgets its data (excluded ones too)
         self.transport.call("close", (), self.transport.client_ids, round_=r_final)
-        lp = float(sum(stats[k].log_prior for k in live))
+        lp = float(sum(stats[k].log_prior for k in live)) + level_log_prior(gpack, theta_g, cfg)[0]
         history, objectives = self.history, self.objectives
         n_iter = len(history)  # rounds run (0: none; the entry appended below is no round)
         if history:

@@ -1429,9 +1429,15 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         least two clients of 32 observations or more on the typical scale
         have fitted theirs, unless that mean is below the size at which a
         local part counts as switched off
-        (``server_.local_prior_centre_``; docs/maths.md section 10). None:
-        no priors (maximum likelihood; also none on ``client_scale`` and
-        no local-kernel prior).
+        (``server_.local_prior_centre_``; docs/maths.md section 10). With
+        a 1-D ``y`` the server puts the gamma prior of shape 2 and rate 0 on
+        the clients' level standard deviation ``tau``, ``log p = log tau``
+        (Chung, Rabe-Hesketh, Dorie, Gelman and Liu, *Psychometrika* 78(4),
+        2013, section 3), which keeps levels the data hardly tell apart
+        (clients on disjoint input ranges) from collapsing to one
+        (docs/maths.md section 13). None: no priors (maximum likelihood;
+        also none on ``client_scale``, no local-kernel prior and none on
+        the level variance).
     client_scale : {"auto", True, False}, default="auto"
         Structured family, 1-D targets: clients that learn their own scale
         ``s_i`` on the shared parts, so client ``i``'s function is
@@ -1609,7 +1615,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         ELBO after each round (standardised units); the last entry is the
         ELBO of the returned model.
     objective_history_ : list of float
-        Structured family: ELBO plus the clients' log hyperpriors (the
+        Structured family: ELBO plus the log hyperpriors, the clients' and
+        (1-D ``y``) the level variance's (the
         objective that every L-BFGS-B round increases; Adam rounds may lose
         some of it). A small client's local-kernel prior changes when it
         receives the population's centre (before round 2 with every client

@@ -317,13 +317,14 @@ def test_fitted_state_is_consistent(fitted):
         mu_u, Sigma_u, H = client_posterior(st, post.mu, post.A_inv)
         assert_allclose(est.clients_[lab].posterior["mu_u"], mu_u, atol=1e-9)
         assert_allclose(est.clients_[lab].posterior["Sigma_u"], Sigma_u, atol=1e-9)
-    # the objective (ELBO + the clients' hyperpriors) never decreases (block
+    # the objective (ELBO + the hyperpriors) never decreases (block
     # coordinate ascent), and is the ELBO plus the recomputed log priors: the
     # log-normal one of the noise variance (clients whose own pilot is not
-    # reliable) and the exponential one of the local standard deviation
+    # reliable), the exponential one of the local standard deviation and the
+    # server's gamma(2, 0) one of the levels' standard deviation, log tau
     obj = np.asarray(est.objective_history_)
     assert np.all(np.diff(obj) >= -1e-9 * np.abs(obj[1:]))
-    lp = 0.0
+    lp = np.log(np.sqrt(G["level_variance"]))
     for c in est.clients_.values():
         B = c.local_values()
         if c.noise_hyperprior:
