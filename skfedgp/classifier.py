@@ -22,7 +22,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._linalg import CholeskyError
 from ._parallel import single_threaded_blas
-from ._validation import check_n_jobs, float_param, keep_state_on_error, unmask
+from ._validation import (check_n_jobs, float_param, keep_state_on_error, unmask,
+                          user_stacklevel)
 from .federated import default_sizes_quiet, warning_filters_kept
 from .regressor import FederatedHierarchicalGPRegressor, SharedPartsOffWarning, TargetScaleError
 
@@ -1041,8 +1042,9 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
     proba_floor_ : float
         ``eps``, the share of the prior mixed into the probabilities
         (:func:`proba_floor`: Laplace's rule of succession for the
-        cross-validated error rate); 0.0 where ``proba_temperature_`` is 1.0
-        for lack of held-out curves.
+        cross-validated error rate); 0.0 with ``curve_variation="none"``;
+        1.0 (the probabilities are the prior, with a ``UserWarning`` at
+        fit) when no class has the 3 training curves a held-out fold needs.
     inputs_ : ndarray of shape (n_channels * n_points,) or (n_points,)
         Regressor input of each column of ``X`` (shape
         (n_channels * n_points,), concatenate mode), or the grid (shape
@@ -1504,8 +1506,18 @@ class MaxEvidenceClassifier(ClassifierMixin, BaseEstimator):
                                        X_held=X_held)
                 held = None if held is None else held[0]
             if held is None:
+                # no class has the 3 curves a held-out fold needs: nothing
+                # shows the assignments beat chance, so the probabilities
+                # are the prior (proba_floor's rule with no held-out curve:
+                # eps = 1); the scores and predict are the model's
                 self.decision_temperature_ = self.proba_temperature_ = 1.0
-                self.proba_floor_ = 0.0
+                self.proba_floor_ = proba_floor(np.zeros((0, K)), np.zeros(0, dtype=int))
+                warnings.warn(
+                    "every class has fewer than 3 training curves, too few to cross-validate "
+                    "the class probabilities: predict_proba returns the class prior "
+                    "(predict and decision_function still use the curves' log-evidence); "
+                    "fit at least 3 curves of some class to calibrate them", UserWarning,
+                    stacklevel=user_stacklevel())
             else:
                 freq = np.bincount(y_idx, minlength=K) / y_idx.size
                 weight = np.exp(log_prior)[own] / freq[own]

@@ -921,6 +921,33 @@ def test_probabilities_of_a_small_training_set_are_not_overconfident():
     assert log_loss(yte, P, labels=clf.classes_) < np.log(2)
 
 
+@pytest.mark.parametrize("per_class", [1, 2])
+def test_too_few_curves_to_cross_validate_gives_the_prior(per_class):
+    """Fewer than 3 curves in every class: no held-out fold, so nothing shows
+    the assignments beat chance. Two classes drawn from one law got
+    probabilities above 0.99 for 80 % of test curves (eps was 0; log loss
+    3.8-5.0); now eps = 1 (proba_floor's rule with no held-out curve), the
+    probabilities are the prior, with a warning, and predict still follows
+    the log-evidence."""
+    t = np.linspace(0, 1, 20)
+    rng = np.random.default_rng(0)
+    X = np.sin(6 * t) + 0.3 * rng.standard_normal((2 * per_class, 20))
+    Xt = np.sin(6 * t) + 0.3 * rng.standard_normal((10, 20))
+    y = np.repeat([0, 1], per_class)
+    reg = FederatedHierarchicalGPRegressor(n_inducing=8, n_inducing_local=4, n_rounds=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        with pytest.warns(UserWarning, match="fewer than 3 training curves"):
+            clf = MaxEvidenceClassifier(reg, grid=t, random_state=0,
+                                        class_prior=[0.7, 0.3]).fit(X, y)
+    assert clf.proba_floor_ == 1.0
+    np.testing.assert_allclose(clf.predict_proba(Xt), np.tile([0.7, 0.3], (10, 1)))
+    np.testing.assert_array_equal(
+        clf.predict(Xt),
+        np.argmax(clf.log_evidence(Xt) / clf.decision_temperature_ + np.log([0.7, 0.3]),
+                  axis=1))
+
+
 def test_predict_follows_the_scores_when_the_probabilities_are_the_prior():
     """Noise curves: the classifier is no better than chance on its held-out
     curves, eps = 1 and every probability is the prior; predict still
