@@ -1314,8 +1314,15 @@ class AsyncDGPRegressor(RegressorMixin, BaseEstimator):
                     default=float(self.rkhs_bound),
                 )
                 if not b > 0:
-                    warnings.warn("Lemma 1 gives beta = 0; using beta = 1", RuntimeWarning,
-                                  stacklevel=user_stacklevel())
+                    warnings.warn(
+                        "Lemma 1 gives beta = 0 (for every expert with data, "
+                        "(y - m)^T (K + s2 I)^-1 (y - m) - n reaches rkhs_bound**2 = "
+                        f"{g2:.3g}: the data look rougher than an "
+                        "RKHS norm of rkhs_bound allows, often because the noise variance was "
+                        "fitted tiny on few points, e.g. a small first partial_fit chunk); "
+                        "using beta = 1. Pass a larger rkhs_bound or an explicit beta, or "
+                        "fit the hyperparameters on more rows", RuntimeWarning,
+                        stacklevel=user_stacklevel())
                     b = 1.0
             else:
                 b = float(self.beta)

@@ -64,7 +64,8 @@ from ._validation import (
 )
 from .federated import input_scaling, outer_box
 from .regressor import _Population as _UNSEEN  # the population-prediction sentinel label
-from .regressor import _check_cov_budget, _n_target_columns, check_target_values
+from .regressor import (_check_cov_budget, _n_target_columns, _warn_copied_rows,
+                        check_target_values)
 
 __all__ = [
     "PFedGPRegressor",
@@ -714,6 +715,8 @@ class PFedGPRegressor(RegressorMixin, BaseEstimator):
             if c < MIN_SAMPLES_PER_CLIENT:
                 raise ValueError(f"client {lab!r} has {c} sample(s); at least "
                                  f"{MIN_SAMPLES_PER_CLIENT} samples per client are needed")
+        if y_ndim == 1:  # exact copies of rows (the regressor's check and warning)
+            _warn_copied_rows(X, Y[:, 0], inv, labels)
         Q = Y.shape[1]
         d = X.shape[1]
         # server: union box of the clients' per-feature minima and maxima

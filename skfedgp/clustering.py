@@ -308,7 +308,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
         Client labels, sorted (labels of mixed types, e.g. ``0`` and
         ``"b"``, in first-seen order, as an object array; tuple labels as
         a 1-D object array of tuples).
-    client_labels_ : ndarray of shape (n_clients,)
+    client_labels_ : ndarray of int64 of shape (n_clients,)
         Cluster of each client.
     labels_ : ndarray of shape (n_samples,)
         Cluster of each row of ``X`` (its client's cluster).
@@ -685,6 +685,7 @@ class OperatorClustering(ClusterMixin, BaseEstimator):
             client_labels = np.arange(len(clients))
         else:
             client_labels = sc.fit_predict(W)
+        client_labels = client_labels.astype(np.int64)  # one dtype whatever the path
 
         self.estimator_ = reg
         self.clients_ = clients

@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 from scipy.stats import multivariate_normal
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import skfedgp.baselines as bl
@@ -421,3 +422,20 @@ def test_given_lengthscale_outside_learned_range_is_refused(rng, start):
     # inside the range (in input units) it is taken
     est = PFedGPRegressor(n_latent=1, lengthscale=0.5, n_rounds=0).fit(X, y, groups=g)
     np.testing.assert_allclose(est.lengthscales_, 0.5, rtol=1e-12)
+
+
+def test_copied_rows_warn_as_in_the_regressor():
+    # a table appended to itself: the noise variance collapsed (median
+    # predictive sd 0.0009 at the training inputs, true noise sd 0.1) without
+    # a word; the baseline now gives the regressor's warning
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 5, (40, 1))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(40)
+    g = np.repeat([0, 1], 20)
+    with pytest.warns(UserWarning, match="repeat an earlier row exactly"):
+        PFedGPRegressor(n_rounds=1, random_state=0).fit(np.vstack([X, X]), np.r_[y, y],
+                                                        np.r_[g, g])
+    with warnings.catch_warnings():  # the same rows once: no such warning
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)  # (one round)
+        PFedGPRegressor(n_rounds=1, random_state=0).fit(X, y, g)

@@ -279,6 +279,15 @@ def test_clusters_recover_regimes(two_regimes):
     np.testing.assert_array_equal(oc.labels_, oc.client_labels_[idx])
 
 
+@pytest.mark.parametrize("n_clusters", [2, 6])
+def test_client_labels_have_one_dtype(two_regimes, n_clusters):
+    # six clients in six clusters skip the spectral step (np.arange: int64
+    # here) where SpectralClustering gives int32: one dtype either way
+    X, y, g, reg = two_regimes
+    oc = OperatorClustering(n_clusters, reg, random_state=0).fit(X, y, groups=g)
+    assert oc.client_labels_.dtype == np.int64 and oc.labels_.dtype == np.int64
+
+
 def test_operators_and_dissimilarity(two_regimes):
     X, y, g, reg = two_regimes
     oc = OperatorClustering(2, reg, operator="published", random_state=0).fit(X, y, groups=g)
