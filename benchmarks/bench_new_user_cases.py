@@ -1,6 +1,6 @@
 """Default settings on cases a new user meets.
 
-Six cases, each at the regressor's defaults (``random_state=0``), printing
+Seven cases, each at the regressor's defaults (``random_state=0``), printing
 RMSE, mean Gaussian NLL, the share of test points beyond 3 predictive std
 and the 95 % coverage:
 
@@ -41,6 +41,15 @@ and the 95 % coverage:
   hierarchical kernel (``exact_hierarchical``) and the exact GP pooled with
   one-hot client features. The 5-point client takes the larger clients'
   local kernel as its prior from round 2 (docs/maths.md section 10).
+* ``disjoint``: 4 clients of 40 points on the four quarters of [0, 10],
+  each ``sin x + 0.2 x`` plus its own smooth departure (sd 0.1,
+  lengthscale 3) and level (``N(0, 0.3^2)``), noise sd 0.1, every client
+  tested at 100 points over all of [0, 10] (mostly where it has no data).
+  The likelihood can hardly tell the levels from the shared function; on
+  seed 2 they fall with ``x`` and, before the level variance had its
+  hyperprior (docs/maths.md section 13), collapsed to 0 (35 % of the test
+  points beyond 3 std). References: the exact GP pooled with one-hot client
+  features and one per client.
 * ``unseen``: 8 clients of 30 points on different levels (``N(0, 1)``) and
   with their own smooth deviations; each client in turn is left out and
   predicted as a never-seen client (its band must include the spread of the
@@ -50,7 +59,7 @@ and the 95 % coverage:
 Usage::
 
     python benchmarks/bench_new_user_cases.py [--case relevance small-client data-poor
-        unequal-2d five-point-2d unseen]
+        unequal-2d five-point-2d disjoint unseen]
         [--seeds 0 1 2 3]
 """
 
@@ -322,8 +331,49 @@ def five_point_2d(seed):
                   f"{f'variance {centre.variance:.3g}' if centre else 'none'}")
 
 
+def disjoint_data(seed):
+    """The ``disjoint`` case's data: ``X, y, g`` (160 rows), ``Xt, yt, gt`` and
+    the noise-free test values ``ft`` (400 rows); ``X`` of shape (n, 1)."""
+    rng = np.random.default_rng(seed)
+
+    def departure():  # random Fourier features of an SE kernel, lengthscale 3, sd 0.1
+        W = rng.normal(size=(200, 1)) / 3.0
+        b = rng.uniform(0, 2 * np.pi, 200)
+        a = rng.normal(size=200) * 0.1 * np.sqrt(2.0 / 200)
+        return lambda x: np.cos(x[:, None] @ W.T + b) @ a
+
+    funcs = []
+    for _ in range(4):
+        dev, level = departure(), 0.3 * rng.normal()
+        funcs.append(lambda x, d=dev, c=level: np.sin(x) + 0.2 * x + d(x) + c)
+    X, y, Xt, yt, ft = [], [], [], [], []
+    for i, f in enumerate(funcs):
+        x, xt = rng.uniform(2.5 * i, 2.5 * (i + 1), 40), rng.uniform(0, 10, 100)
+        X.append(x)
+        y.append(f(x) + 0.1 * rng.normal(size=40))
+        ft.append(f(xt))
+        yt.append(ft[-1] + 0.1 * rng.normal(size=100))
+        Xt.append(xt)
+    g, gt = np.repeat(np.arange(4), 40), np.repeat(np.arange(4), 100)
+    return (np.concatenate(X)[:, None], np.concatenate(y), g, np.concatenate(Xt)[:, None],
+            np.concatenate(yt), gt, np.concatenate(ft))
+
+
+def disjoint(seed):
+    X, y, g, Xt, yt, gt, _ = disjoint_data(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FederatedHierarchicalGPRegressor(random_state=0).fit(X, y, g)
+    rows = {"skfedgp defaults": scores(yt, *est.predict(Xt, gt, return_std=True)),
+            "exact GP pooled (one-hot)": scores(yt, *exact_pooled(X, y, g, Xt, gt)),
+            "exact GP per client": scores(yt, *exact_per_client(X, y, g, Xt, gt))}
+    return rows, (f"{est.n_iter_} rounds, level_variance_ = {est.level_variance_:.3g}, "
+                  f"phi_ = {est.phi_:.2g}")
+
+
 CASES = {"relevance": relevance, "unseen": unseen, "small-client": small_client,
-         "data-poor": data_poor, "unequal-2d": unequal_2d, "five-point-2d": five_point_2d}
+         "data-poor": data_poor, "unequal-2d": unequal_2d, "five-point-2d": five_point_2d,
+         "disjoint": disjoint}
 
 
 def main(argv=None):

@@ -88,3 +88,19 @@ def five_point_federation(seed=7, n_test=150):
     X, y, g = make(sizes)
     Xt, yt, gt = make([n_test] * len(sizes))
     return X, y, g, Xt, yt, gt
+
+
+def disjoint_case(seed):
+    """The ``disjoint`` case of ``benchmarks/bench_new_user_cases.py`` (its ``disjoint_data``).
+
+    Four clients of 40 points on the four quarters of [0, 10], each
+    ``sin x + 0.2 x`` plus its own smooth departure and level
+    (``N(0, 0.3^2)``), noise sd 0.1, each tested at 100 points over all of
+    [0, 10].
+
+    Returns
+    -------
+    X, y, g, X_test, y_test, g_test, f_test : ndarray
+        ``X`` and ``X_test`` of shape (n, 1); ``f_test`` noise-free.
+    """
+    return _benchmark("bench_new_user_cases").disjoint_data(seed)

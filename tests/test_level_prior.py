@@ -12,6 +12,8 @@ import pytest
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp import federated as fed
 
+from _federations import disjoint_case
+
 
 def _spec():
     return fed.structured_global_spec(("global", "deviation", "local"), 3, 1)
@@ -48,40 +50,6 @@ def test_level_log_prior_off_without_priors_or_level():
     assert value == 0.0 and grad.shape == (1,) and not np.any(grad)
 
 
-def _disjoint(seed):
-    """Four clients on the four quarters of [0, 10], each tested over all of it.
-
-    Each client is ``sin x + 0.2 x`` plus its own smooth departure (sd 0.1)
-    and its own level (sd 0.3); noise sd 0.1, 40 training points each.
-    """
-    rng = np.random.default_rng(seed)
-
-    def draw():
-        W = rng.normal(size=(200, 1)) / 3.0
-        b = rng.uniform(0, 2 * np.pi, 200)
-        a = rng.normal(size=200) * 0.1 * np.sqrt(2.0 / 200)
-        return lambda x: np.cos(x[:, None] @ W.T + b) @ a
-
-    funcs = []
-    for _ in range(4):
-        dev, off = draw(), 0.3 * rng.normal()
-        funcs.append(lambda x, d=dev, o=off: np.sin(x) + 0.2 * x + d(x) + o)
-    X, y, g, Xt, ft, gt = [], [], [], [], [], []
-    for i, f in enumerate(funcs):
-        x = rng.uniform(2.5 * i, 2.5 * (i + 1), 40)
-        xt = rng.uniform(0, 10, 100)
-        X.append(x)
-        y.append(f(x) + 0.1 * rng.normal(size=40))
-        g += [i] * 40
-        fte = f(xt)
-        rng.normal(size=100)  # (the generator's noisy test targets, unused here)
-        Xt.append(xt)
-        ft.append(fte)
-        gt += [i] * 100
-    return (np.concatenate(X)[:, None], np.concatenate(y), np.array(g),
-            np.concatenate(Xt)[:, None], np.concatenate(ft), np.array(gt))
-
-
 @pytest.mark.parametrize("seed", [0, 2])
 def test_levels_of_clients_on_disjoint_ranges_do_not_collapse(seed):
     # seed 2: the four levels fall with x, so the shared function can absorb
@@ -89,7 +57,7 @@ def test_levels_of_clients_on_disjoint_ranges_do_not_collapse(seed):
     # every client where it has no data as its neighbour, without its own level:
     # RMSE 0.50 and 35 % of the test points beyond 3 std (an exact GP with one-hot
     # client columns: 0.42 and 1.8 %). With the prior: 0.13 and 0 %.
-    X, y, g, Xt, ft, gt = _disjoint(seed)
+    X, y, g, Xt, _, gt, ft = disjoint_case(seed)
     est = FederatedHierarchicalGPRegressor(random_state=seed).fit(X, y, groups=g)
     m, s = est.predict(Xt, groups=gt, return_std=True)
     rmse = np.sqrt(np.mean((m - ft) ** 2))
@@ -99,7 +67,7 @@ def test_levels_of_clients_on_disjoint_ranges_do_not_collapse(seed):
 
 
 def test_objective_history_holds_the_level_prior():
-    X, y, g, *_ = _disjoint(2)
+    X, y, g, *_ = disjoint_case(2)
     est = FederatedHierarchicalGPRegressor(random_state=2).fit(X, y, groups=g)
     off = FederatedHierarchicalGPRegressor(random_state=2, noise_prior_scale=None).fit(
         X, y, groups=g)
