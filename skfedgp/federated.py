@@ -2800,7 +2800,7 @@ def level_log_prior(gpack, theta_g, config):
     78(4), section 3), ``log p = (a - 1) log tau = (a - 1) theta / 2`` with
     ``theta = log tau^2`` the packed entry, used without the log-scale
     Jacobian (the estimate maximises the penalised likelihood in ``tau``).
-    Maximum likelihood puts ``tau = 0`` whenever the clients' levels are
+    Maximum likelihood can put ``tau = 0`` when the clients' levels are
     not identified, e.g. clients on disjoint input ranges whose levels the
     shared function can absorb as a trend; every client is then predicted
     with no departure from the others where it has no data (docs/maths.md,
