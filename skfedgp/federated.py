@@ -2792,7 +2792,7 @@ def structured_global_spec(components, M, d):
     return Packer(spec)
 
 
-def level_log_prior(gpack, theta_g, config):
+def level_log_prior(gpack, theta_g, config, n_clients):
     """Log hyperprior of the clients' level variance and its gradient (packed scale).
 
     The gamma prior of shape :data:`LEVEL_PRIOR_SHAPE` and rate 0 on the
@@ -2805,7 +2805,10 @@ def level_log_prior(gpack, theta_g, config):
     shared function can absorb as a trend; every client is then predicted
     with no departure from the others where it has no data (docs/maths.md,
     section 13). ``config.noise_prior_scale=None`` switches it off with the
-    other hyperpriors.
+    other hyperpriors. With fewer than 2 clients there is none: the bound
+    then falls like ``-log tau`` for large ``tau`` (one level, confounded
+    with the shared function's constant), and with the prior's ``+log tau``
+    the objective would rise towards the upper bound of ``tau``.
 
     Parameters
     ----------
@@ -2814,17 +2817,20 @@ def level_log_prior(gpack, theta_g, config):
     theta_g : ndarray of shape (P_g,)
         Packed global vector.
     config : ModelConfig
+    n_clients : int
+        Number of clients in the model.
 
     Returns
     -------
     value : float
-        ``(a - 1) log tau`` (nats; constants dropped); 0 without a level.
+        ``(a - 1) log tau`` (nats; constants dropped); 0 without a level or
+        with fewer than 2 clients.
     grad : ndarray of shape (P_g,)
         Its gradient with respect to ``theta_g``.
     """
     grad = np.zeros(gpack.size)
     sl = gpack.slices.get("level_variance")
-    if sl is None or config.noise_prior_scale is None:
+    if sl is None or config.noise_prior_scale is None or n_clients < 2:
         return 0.0, grad
     w = 0.5 * (LEVEL_PRIOR_SHAPE - 1.0)
     grad[sl] = w
@@ -7489,6 +7495,10 @@ class _StructuredRun:
         return centre
 
     # -- one evaluation of the (pseudo-)ELBO: two exchanges -------------------------
+    def _level_log_prior(self, tg):
+        """:func:`level_log_prior` at ``tg`` for the clients in the model."""
+        return level_log_prior(self.gpack, tg, self.config, len(self.active))
+
     def evaluate(self, tg, r, live, trial=False, strict=False):
         """ELBO, its gradient and q(v_g) at ``tg``; ``live`` clients send fresh messages.
 
@@ -7518,7 +7528,7 @@ class _StructuredRun:
                          [m.constant for m in msgs], self.Mg)
         post = PosteriorBroadcast(r, post_s.mu, post_s.A_inv)
         # the clients' own hyperpriors and the server's (the level variance)
-        lp = float(sum(m.log_prior for m in msgs)) + level_log_prior(gpack, tg, cfg)[0]
+        lp = float(sum(m.log_prior for m in msgs)) + self._level_log_prior(tg)[0]
         grads, lost2 = self._booked_call("global_gradient", (post, tg, gpack, cfg), list(stats),
                                          r, trial, strict, message_nbytes(post))
         self.messages.update(stats)
@@ -7901,7 +7911,7 @@ class _StructuredRun:
             e, g, _, _ = cache[key]
             # the ELBO and the server's own hyperprior (the clients' are
             # constant in this phase)
-            lp_g, g_lp = level_log_prior(gpack, tg, cfg)
+            lp_g, g_lp = self._level_log_prior(tg)
             return -(e + lp_g) / N, -(g + g_lp) / N
 
         theta_g = self.theta_g
@@ -8368,7 +8378,7 @@ class _StructuredRun:
                           "final": True})
         # every client forgets its data (excluded ones too)
         self.transport.call("close", (), self.transport.client_ids, round_=r_final)
-        lp = float(sum(stats[k].log_prior for k in live)) + level_log_prior(gpack, theta_g, cfg)[0]
+        lp = float(sum(stats[k].log_prior for k in live)) + self._level_log_prior(theta_g)[0]
         history, objectives = self.history, self.objectives
         n_iter = len(history)  # rounds run (0: none; the entry appended below is no round)
         if history:

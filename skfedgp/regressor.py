@@ -1435,7 +1435,8 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         (Chung, Rabe-Hesketh, Dorie, Gelman and Liu, *Psychometrika* 78(4),
         2013, section 3), which keeps levels the data hardly tell apart
         (clients on disjoint input ranges) from collapsing to one
-        (docs/maths.md section 13). None: no priors (maximum likelihood;
+        (docs/maths.md section 13); not with a single client, whose level
+        variance it would push to its upper bound. None: no priors (maximum likelihood;
         also none on ``client_scale``, no local-kernel prior and none on
         the level variance).
     client_scale : {"auto", True, False}, default="auto"
@@ -1682,7 +1683,9 @@ class FederatedHierarchicalGPRegressor(RegressorMixin, BaseEstimator):
         A never-seen client takes their median.
     level_variance_ : float
         Structured family, 1-D ``y``: fitted variance of the clients' random
-        levels around ``y_offset_`` (target units squared).
+        levels around ``y_offset_`` (target units squared); with 2 clients
+        or more, a penalised estimate (the gamma(2, 0) prior on its square
+        root, ``noise_prior_scale``).
     communication_ : list of dict
         Bytes uploaded and downloaded per round (keys ``"round"``,
         ``"bytes_up"``, ``"bytes_down"``, ``"n_messages"``): round 0 is the

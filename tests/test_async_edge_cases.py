@@ -340,3 +340,20 @@ def test_given_lengthscale_outside_the_learned_range_is_refused(rng):
                             variance=1.0, noise_variance=0.1, random_state=0).fit(X, y)
     np.testing.assert_array_equal(est.lengthscale_, [1e308, 1e308])
     AsyncDGPRegressor(n_experts=2, lengthscale=[1.5, 4.0], random_state=0).fit(X, y)
+
+
+def test_beta_zero_warning_names_cause_and_remedy():
+    # streaming in chunks of 10 rows: the first chunk's hyperparameters (noise
+    # fitted tiny on 10 points) are kept, and Lemma 1 then gives beta = 0; the
+    # warning said only "Lemma 1 gives beta = 0; using beta = 1"
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (40, 1))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(40)
+    est = AsyncDGPRegressor(n_experts=2, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(4):
+            est.partial_fit(X[10 * k:10 * (k + 1)], y[10 * k:10 * (k + 1)])
+    msgs = [str(w.message) for w in caught if "Lemma 1 gives beta = 0" in str(w.message)]
+    assert msgs and est.beta_ == 1.0
+    assert all("rkhs_bound" in m and "partial_fit" in m and "explicit beta" in m for m in msgs)
