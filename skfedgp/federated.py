@@ -6986,6 +6986,13 @@ class _TrialRejected(Exception):
         self.n_calls = n_calls
 
 
+#: Version of the structured training objective (the ELBO plus the log
+#: hyperpriors) that a :class:`TrainingState` records: 2 added the server's
+#: level-variance prior (:func:`level_log_prior`). Bump it whenever the
+#: objective's value at the same vectors changes.
+OBJECTIVE_VERSION = 2
+
+
 @dataclass
 class TrainingState:
     """Server state of structured training after a round: enough to resume it.
@@ -7034,6 +7041,12 @@ class TrainingState:
         The model settings of the saved run (None in a state written by an
         older version); resuming with other settings is refused
         (:func:`check_same_model`).
+    objective_version : int
+        Version of the objective whose value ``elbo + log_prior`` holds
+        (:data:`OBJECTIVE_VERSION` when written by ``snapshot``; 1 in a
+        state written before the field existed). A state of another version
+        is resumed with fresh messages from every client, so that the first
+        resumed round's gain compares values of one objective.
     """
 
     round: int
@@ -7056,6 +7069,8 @@ class TrainingState:
     excluded_clients: list = dataclasses.field(default_factory=list)
     client_states: dict = dataclasses.field(default_factory=dict)
     config: object = None
+    # the class default is what an unpickled older state reads: keep it 1
+    objective_version: int = 1
 
     def save(self, path):
         """Write the state to ``path`` (:func:`joblib.dump`)."""
@@ -7754,6 +7769,9 @@ class _StructuredRun:
         self.round0 = state.round
         changed = (getattr(state, "config", None) is not None
                    and configs_differ(state.config, cfg))
+        # a state of an older objective (e.g. without the level prior): its
+        # saved ELBO and log prior are not values of this one
+        changed = changed or getattr(state, "objective_version", 1) != OBJECTIVE_VERSION
         if new or changed or set(self.messages) != set(self.active) or state.post is None:
             # new clients, missing messages, or changed settings (e.g. a prior,
             # whose saved ELBO and log prior belong to the old objective):
@@ -7778,7 +7796,7 @@ class _StructuredRun:
             communication=copy.deepcopy(self.comm), n_evaluations=self.counter["evals"],
             rng_state=self.rng.get_state(), adam=copy.deepcopy(self.adam),
             failed_clients=list(self.failures), excluded_clients=list(self.excluded),
-            client_states=states, config=self.config)
+            client_states=states, config=self.config, objective_version=OBJECTIVE_VERSION)
 
     # -- one round ------------------------------------------------------------------
     def round(self, r):
@@ -8460,7 +8478,7 @@ def warm_start_state(server, clients, history, objectives, communication, n_eval
         # inputs again ("auto") rather than trusting its last check
         client_states={cid: dataclasses.replace(c.get_state(), inducing_checked_at=None)
                        for cid, c in clients.items()},
-        config=server.config)
+        config=server.config, objective_version=OBJECTIVE_VERSION)
 
 
 #: :class:`ModelConfig` fields that define the model's vectors (their layout

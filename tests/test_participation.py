@@ -1,6 +1,7 @@
 """Client transport, partial participation, failures, warm start and checkpoints
 of the structured family (issue 10, items 2-4)."""
 
+import dataclasses
 import warnings
 import zlib
 
@@ -14,6 +15,7 @@ from sklearn.utils.validation import check_is_fitted
 import skfedgp._structured as structured
 from skfedgp import FederatedHierarchicalGPRegressor
 from skfedgp.federated import (
+    OBJECTIVE_VERSION,
     ClientFailure,
     JoblibTransport,
     RoundSkippedWarning,
@@ -429,6 +431,28 @@ def test_resume_from_checkpoint_is_identical(data, tmp_path, kw):
     assert resumed.n_iter_ == 5
     assert resumed.failed_clients_ == full.failed_clients_
     assert resumed.excluded_clients_ == full.excluded_clients_
+
+
+def test_a_state_of_an_older_objective_is_resumed_with_fresh_messages(data):
+    """A state written before the objective changed (here: before the level
+    prior joined it) holds an ELBO and log prior of another function; the
+    resumed run must not compare the first round's objective with them. With
+    the saved value taken as is, a stale log prior 1e6 too high made the
+    first resumed round 'lose' and stopped training there (3 rounds, not 5)."""
+    X, y, g = data
+    seen = {}
+    full = _fit(X, y, g, n_rounds=5, tol=1e-12, checkpoint=lambda r, s: seen.__setitem__(r, s))
+    assert full.n_iter_ == 5
+    state = seen[2]
+    assert state.objective_version == OBJECTIVE_VERSION
+    old = dataclasses.replace(state, log_prior=state.log_prior + 1e6)
+    del old.__dict__["objective_version"]  # as a state of an older version unpickles
+    assert old.objective_version == 1
+    resumed = _fit(X, y, g, n_rounds=3, tol=1e-12, resume_from=old)
+    assert resumed.n_iter_ == 5
+    _same_model(resumed, full, exact=False)
+    # a state of this version is trusted as saved (no extra evaluation)
+    assert _fit(X, y, g, n_rounds=3, tol=1e-12, resume_from=state).n_iter_ == 5
 
 
 def test_resume_after_a_round_that_switched_to_learned_inducing_inputs(data):
