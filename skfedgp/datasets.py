@@ -1527,7 +1527,32 @@ def _ts_parse_value(token, path, lineno):
     return value
 
 
-def load_ucr_ts(path):
+def _ts_to_length(values, n, how):
+    """One channel of one series brought to ``n`` points (``how``: "resample" or "pad").
+
+    "resample": linear interpolation at ``n`` equally spaced positions from
+    the first to the last value; a position between a missing value (NaN)
+    and its neighbour is missing, one on an observed value is that value.
+    "pad": NaN appended up to ``n`` (the caller checked the length).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    m = x.shape[0]
+    if how == "pad":
+        return np.concatenate([x, np.full(n - m, np.nan)])
+    if m == 1:
+        return np.full(n, x[0])
+    pos = np.linspace(0.0, m - 1.0, n)
+    i0 = np.minimum(np.floor(pos).astype(np.intp), m - 2)
+    w = pos - i0
+    out = (1.0 - w) * x[i0] + w * x[i0 + 1]
+    # exactly on a point: that point's value (its neighbour may be missing)
+    on0, on1 = w == 0.0, w == 1.0
+    out[on0] = x[i0[on0]]
+    out[on1] = x[i0[on1] + 1]
+    return out
+
+
+def load_ucr_ts(path, *, unequal_length="raise", n_points=None):
     """Read a time-series classification file in the UCR/UEA ``.ts`` format.
 
     The format (UCR Time Series Classification Archive, Dau et al. 2019; UEA
@@ -1543,6 +1568,27 @@ def load_ucr_ts(path):
     ----------
     path : str or path-like
         A ``.ts`` file, e.g. ``GunPoint_TRAIN.ts``.
+    unequal_length : {"raise", "resample", "pad"}, default="raise"
+        What to do with series of unequal length (the archive's
+        ``@equalLength false`` problems, e.g. PickupGestureWiimoteZ or
+        JapaneseVowels). ``"raise"``: refuse them (a ``ValueError`` that
+        names the lengths). ``"resample"``: linear interpolation of every
+        channel of every series onto ``n_points`` equally spaced positions
+        from its first to its last value (uniform scaling of the time axis:
+        a gesture made slowly or quickly lands on the same grid); a value
+        next to a missing one stays missing. ``"pad"``: the series are left
+        as recorded and padded at the end with NaN to ``n_points``;
+        :class:`skfedgp.MaxEvidenceClassifier` then scores each curve on its
+        observed points only, which suits a series cut short by a dropout,
+        not one that ends because the movement ended (there the padding
+        says where it ended, and ``"resample"`` is the better choice).
+        Equal-length files load unchanged whatever the value, unless
+        ``n_points`` asks for another length.
+    n_points : int, optional
+        Length of the output series with ``"resample"`` or ``"pad"``
+        (default: the longest series in the file). Give the same value for
+        a problem's training and test files, whose longest series may
+        differ, so that both have the same columns.
 
     Returns
     -------
@@ -1562,8 +1608,11 @@ def load_ucr_ts(path):
         If ``path`` is a folder or has a line that is not UTF-8 text (other
         than a comment; a byte-order mark is allowed), the file has no ``@data``
         section, no class labels (``@classLabel false``), time stamps
-        (``@timeStamps true``, not supported), series of unequal length or
-        channel count or of another length than ``@seriesLength``, a
+        (``@timeStamps true``, not supported), series of unequal length
+        (with ``unequal_length="raise"``) or channel count, series of
+        another length than ``@seriesLength``, a series longer than
+        ``n_points`` with ``"pad"``, an ``unequal_length`` or ``n_points``
+        that is not one of the allowed values, a
         channel count other than ``@dimensions``, a label not listed in
         ``@classLabel`` or empty, a series line without a label, a value
         that is not a finite number, an empty value (a stray comma; a
@@ -1578,6 +1627,12 @@ def load_ucr_ts(path):
     of Automatica Sinica 6(6). Bagnall, A. et al. (2018), "The UEA
     multivariate time series classification archive, 2018", arXiv:1811.00075.
     """
+    if unequal_length not in ("raise", "resample", "pad"):
+        raise ValueError(f"unequal_length must be 'raise', 'resample' or 'pad', got "
+                         f"{unequal_length!r}")
+    if n_points is not None and (isinstance(n_points, (bool, np.bool_))
+                                 or not isinstance(n_points, (int, np.integer)) or n_points < 1):
+        raise ValueError(f"n_points must be a positive integer or None, got {n_points!r}")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{str(path)!r} is a folder, not a time-series file")
@@ -1636,18 +1691,38 @@ def load_ucr_ts(path):
     if not rows:
         raise ValueError(f"{path}: the @data section holds no series")
     n_channels = len(rows[0])
-    n_points = len(rows[0][0])
+    first = len(rows[0][0])
     for i, series in enumerate(rows):
         if len(series) != n_channels:
             raise ValueError(
                 f"{path}: series {i} has {len(series)} channel(s), the first has {n_channels}"
             )
-        lengths = {len(ch) for ch in series}
-        if lengths != {n_points}:
+    lengths = sorted({len(ch) for series in rows for ch in series})
+    longest = lengths[-1]
+    if unequal_length == "raise":
+        if len(lengths) > 1:
+            i = next(i for i, series in enumerate(rows)
+                     if {len(ch) for ch in series} != {first})
+            found = sorted({len(ch) for ch in rows[i]})
             raise ValueError(
-                f"{path}: series {i} has channel length(s) {sorted(lengths)}, the "
-                f"first series has {n_points}; unequal-length series are not supported"
-            )
+                f"{path}: series {i} has channel length(s) {found}, the first series has "
+                f"{first} (lengths {lengths[0]} to {longest} in the file); to load "
+                "unequal-length series pass unequal_length='resample' (interpolated onto "
+                "a common grid) or 'pad' (NaN at the end), with the same n_points for the "
+                "training and test files")
+        if n_points is not None and n_points != first:
+            raise ValueError(f"{path}: the series have {first} points, not n_points="
+                             f"{n_points}; pass unequal_length='resample' or 'pad' to "
+                             "change their length")
+    target = longest if n_points is None else int(n_points)
+    if unequal_length == "pad" and longest > target:
+        raise ValueError(f"{path}: a series has {longest} points, more than n_points="
+                         f"{target}: padding cannot shorten it (use unequal_length="
+                         "'resample', or a larger n_points)")
+    if lengths != [target] and unequal_length != "raise":
+        rows = [[_ts_to_length(ch, target, unequal_length) for ch in series]
+                for series in rows]
+    n_points = len(rows[0][0])
     for key in ("dimensions", "serieslength"):
         if key in header:
             try:
@@ -1655,9 +1730,11 @@ def load_ucr_ts(path):
             except ValueError:
                 raise ValueError(f"{path}: @{key} must be an integer, got "
                                  f"{header[key]!r}") from None
-    if "serieslength" in header and header["serieslength"] != n_points:
+    if "serieslength" in header and lengths != [header["serieslength"]]:
+        found = (f"{lengths[0]} points" if len(lengths) == 1
+                 else f"{lengths[0]} to {lengths[-1]} points")
         raise ValueError(f"{path}: @seriesLength says {header['serieslength']} but the series "
-                         f"have {n_points} points")
+                         f"have {found}")
     if "dimensions" in header and int(header["dimensions"]) != n_channels:
         raise ValueError(
             f"{path}: @dimensions says {header['dimensions']} but the series have "

@@ -81,6 +81,78 @@ def test_ucr_bad_files(tmp_path, text, match):
         load_ucr_ts(_write(tmp_path, text))
 
 
+_UNEQUAL = """\
+@problemName Gestures
+@equalLength false
+@dimensions 2
+@classLabel true a b
+@data
+0,1,2:5,6,7:a
+0,1,2,3,4:1,?,3,4,5:b
+"""
+
+
+def test_ucr_unequal_lengths_are_refused_by_default_with_the_options_named(tmp_path):
+    p = _write(tmp_path, _UNEQUAL)
+    with pytest.raises(ValueError, match=r"lengths 3 to 5.*unequal_length='resample'.*'pad'"):
+        load_ucr_ts(p)
+
+
+def test_ucr_unequal_lengths_padded(tmp_path):
+    X, y = load_ucr_ts(_write(tmp_path, _UNEQUAL), unequal_length="pad")
+    nan = np.nan
+    np.testing.assert_array_equal(X, [[0, 1, 2, nan, nan, 5, 6, 7, nan, nan],
+                                      [0, 1, 2, 3, 4, 1, nan, 3, 4, 5]])
+    assert list(y) == ["a", "b"]
+    X7, _ = load_ucr_ts(_write(tmp_path, _UNEQUAL), unequal_length="pad", n_points=7)
+    assert X7.shape == (2, 14)
+    np.testing.assert_array_equal(X7[1, :7], [0, 1, 2, 3, 4, nan, nan])
+    with pytest.raises(ValueError, match="more than n_points=4"):
+        load_ucr_ts(_write(tmp_path, _UNEQUAL), unequal_length="pad", n_points=4)
+
+
+def test_ucr_unequal_lengths_resampled(tmp_path):
+    p = _write(tmp_path, _UNEQUAL)
+    X, _ = load_ucr_ts(p, unequal_length="resample")
+    # the 3-point series stretched over 5 points; the 5-point one unchanged,
+    # its missing value still missing
+    np.testing.assert_allclose(X[0], [0, 0.5, 1, 1.5, 2, 5, 5.5, 6, 6.5, 7])
+    np.testing.assert_array_equal(np.isnan(X[1]), [False] * 6 + [True] + [False] * 3)
+    np.testing.assert_array_equal(X[1, [0, 1, 2, 3, 4, 5, 7, 8, 9]], [0, 1, 2, 3, 4, 1, 3, 4, 5])
+    # onto another length: np.interp where no value is missing; a position
+    # between a missing value and its neighbour is missing
+    X4, _ = load_ucr_ts(p, unequal_length="resample", n_points=4)
+    assert X4.shape == (2, 8)
+    grid = np.linspace(0, 1, 4)
+    np.testing.assert_allclose(X4[0, :4], np.interp(grid, np.linspace(0, 1, 3), [0, 1, 2]))
+    np.testing.assert_allclose(X4[1, :4], np.interp(grid, np.linspace(0, 1, 5), [0, 1, 2, 3, 4]))
+    np.testing.assert_array_equal(np.isnan(X4[1, 4:]), [False, True, False, False])
+    np.testing.assert_allclose(X4[1, [4, 6, 7]], [1, 3 + 2 / 3, 5])
+
+
+def test_ucr_equal_lengths_load_unchanged_whatever_the_option(tmp_path):
+    p = _write(tmp_path, _UNIVARIATE)
+    X, _ = load_ucr_ts(p)
+    for how in ("raise", "resample", "pad"):
+        Xh, _ = load_ucr_ts(p, unequal_length=how)
+        np.testing.assert_array_equal(Xh, X)
+    Xr, _ = load_ucr_ts(p, unequal_length="resample", n_points=7)
+    np.testing.assert_allclose(Xr[0], np.linspace(1, 4, 7))
+    with pytest.raises(ValueError, match="not n_points=7"):
+        load_ucr_ts(p, n_points=7)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(unequal_length="truncate"), "unequal_length must be"),
+    (dict(unequal_length="pad", n_points=0), "n_points must be a positive integer"),
+    (dict(unequal_length="pad", n_points=2.5), "n_points must be a positive integer"),
+    (dict(unequal_length="pad", n_points=True), "n_points must be a positive integer"),
+])
+def test_ucr_bad_unequal_length_options(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        load_ucr_ts(_write(tmp_path, _UNEQUAL), **kw)
+
+
 def test_ucr_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_ucr_ts(tmp_path / "nope.ts")
