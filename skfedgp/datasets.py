@@ -1541,12 +1541,17 @@ def _ts_to_length(values, n, how):
         return np.concatenate([x, np.full(n - m, np.nan)])
     if m == 1:
         return np.full(n, x[0])
-    pos = np.linspace(0.0, m - 1.0, n)
-    i0 = np.minimum(np.floor(pos).astype(np.intp), m - 2)
-    w = pos - i0
+    # position k of n is k (m - 1) / (n - 1) points along the series: its
+    # interval and offset in integers, so that a position on a point is
+    # found exactly (floating linspace positions miss some, and the
+    # weight 1e-16 of a missing neighbour made them missing)
+    k = np.arange(n, dtype=np.int64) * (m - 1)
+    i0 = np.minimum(k // (n - 1), m - 2)
+    r = k - i0 * (n - 1)
+    w = r / (n - 1)
     out = (1.0 - w) * x[i0] + w * x[i0 + 1]
     # exactly on a point: that point's value (its neighbour may be missing)
-    on0, on1 = w == 0.0, w == 1.0
+    on0, on1 = r == 0, r == n - 1
     out[on0] = x[i0[on0]]
     out[on1] = x[i0[on1] + 1]
     return out
@@ -1585,18 +1590,22 @@ def load_ucr_ts(path, *, unequal_length="raise", n_points=None):
         Equal-length files load unchanged whatever the value, unless
         ``n_points`` asks for another length.
     n_points : int, optional
-        Length of the output series with ``"resample"`` or ``"pad"``
-        (default: the longest series in the file). Give the same value for
-        a problem's training and test files, whose longest series may
-        differ, so that both have the same columns.
+        Length of the output series with ``"resample"`` (at least 2) or
+        ``"pad"`` (default: the longest series in the file). Give the same
+        value for a problem's training and test files, whose longest series
+        may differ, so that both have the same columns. With ``"raise"`` it
+        must be None or the series' length.
 
     Returns
     -------
     X : ndarray of shape (n_series, n_channels * n_points), float64
         One series per row, channels side by side: columns
         ``k * n_points : (k + 1) * n_points`` hold channel ``k`` (the layout
-        :class:`skfedgp.MaxEvidenceClassifier` expects). Missing values
-        (``?`` or ``NaN`` in the file) are NaN.
+        :class:`skfedgp.MaxEvidenceClassifier` expects); ``n_points`` is
+        the series' length, or the argument (by default the longest series)
+        with ``"resample"`` or ``"pad"``. Missing values (``?`` or ``NaN``
+        in the file) are NaN, and so are the padding and resampled values
+        next to a missing one.
     y : ndarray of shape (n_series,), object
         Class label of every series, as the string written in the file.
 
@@ -1610,9 +1619,11 @@ def load_ucr_ts(path, *, unequal_length="raise", n_points=None):
         section, no class labels (``@classLabel false``), time stamps
         (``@timeStamps true``, not supported), series of unequal length
         (with ``unequal_length="raise"``) or channel count, series of
-        another length than ``@seriesLength``, a series longer than
-        ``n_points`` with ``"pad"``, an ``unequal_length`` or ``n_points``
-        that is not one of the allowed values, a
+        another length than ``@seriesLength``, an ``n_points`` other than
+        the series' length with ``"raise"``, a series longer than
+        ``n_points`` with ``"pad"``, an ``n_points`` below 2 with
+        ``"resample"``, an ``unequal_length`` or ``n_points`` that is not
+        one of the allowed values, a
         channel count other than ``@dimensions``, a label not listed in
         ``@classLabel`` or empty, a series line without a label, a value
         that is not a finite number, an empty value (a stray comma; a
@@ -1627,12 +1638,17 @@ def load_ucr_ts(path, *, unequal_length="raise", n_points=None):
     of Automatica Sinica 6(6). Bagnall, A. et al. (2018), "The UEA
     multivariate time series classification archive, 2018", arXiv:1811.00075.
     """
-    if unequal_length not in ("raise", "resample", "pad"):
+    if not isinstance(unequal_length, str) or unequal_length not in ("raise", "resample",
+                                                                      "pad"):
         raise ValueError(f"unequal_length must be 'raise', 'resample' or 'pad', got "
                          f"{unequal_length!r}")
     if n_points is not None and (isinstance(n_points, (bool, np.bool_))
                                  or not isinstance(n_points, (int, np.integer)) or n_points < 1):
         raise ValueError(f"n_points must be a positive integer or None, got {n_points!r}")
+    if n_points is not None and n_points < 2 and unequal_length == "resample":
+        raise ValueError(f"n_points={n_points} with unequal_length='resample': a series is "
+                         "resampled from its first to its last value, which needs at least "
+                         "2 points")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{str(path)!r} is a folder, not a time-series file")
@@ -1704,9 +1720,10 @@ def load_ucr_ts(path, *, unequal_length="raise", n_points=None):
             i = next(i for i, series in enumerate(rows)
                      if {len(ch) for ch in series} != {first})
             found = sorted({len(ch) for ch in rows[i]})
+            what = (f"series 0's channels have lengths {found}" if i == 0 else
+                    f"series {i} has channel length(s) {found}, the first series has {first}")
             raise ValueError(
-                f"{path}: series {i} has channel length(s) {found}, the first series has "
-                f"{first} (lengths {lengths[0]} to {longest} in the file); to load "
+                f"{path}: {what} (lengths {lengths[0]} to {longest} in the file); to load "
                 "unequal-length series pass unequal_length='resample' (interpolated onto "
                 "a common grid) or 'pad' (NaN at the end), with the same n_points for the "
                 "training and test files")

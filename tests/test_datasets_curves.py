@@ -130,6 +130,29 @@ def test_ucr_unequal_lengths_resampled(tmp_path):
     np.testing.assert_allclose(X4[1, [4, 6, 7]], [1, 3 + 2 / 3, 5])
 
 
+def test_ucr_resampled_points_on_observed_values_stay_observed(tmp_path):
+    # floating positions k (m - 1) / (n - 1) miss whole numbers (0.999...);
+    # the observed value there must not take the missing neighbour's NaN
+    p = _write(tmp_path, "@classLabel true a\n@data\n?,1,2:a\n")
+    X, _ = load_ucr_ts(p, unequal_length="resample", n_points=99)
+    assert X[0, 49] == 1.0 and X[0, 98] == 2.0 and np.isnan(X[0, :49]).all()
+    rng = np.random.default_rng(0)
+    for m in range(2, 30):
+        x = rng.normal(size=m)
+        for n in (2, 3, 7, 50, 99):
+            line = ",".join(repr(float(v)) for v in x)
+            Xr, _ = load_ucr_ts(_write(tmp_path, f"@classLabel true a\n@data\n{line}:a\n"),
+                                unequal_length="resample", n_points=n)
+            np.testing.assert_allclose(Xr[0], np.interp(np.linspace(0, m - 1, n),
+                                                        np.arange(m), x), atol=1e-12)
+
+
+def test_ucr_unequal_channels_within_the_first_series_are_named(tmp_path):
+    p = _write(tmp_path, "@classLabel true a b\n@data\n0,1,2,3:5,6:a\n0,1:1,2,3:b\n")
+    with pytest.raises(ValueError, match=r"series 0's channels have lengths \[2, 4\]"):
+        load_ucr_ts(p)
+
+
 def test_ucr_equal_lengths_load_unchanged_whatever_the_option(tmp_path):
     p = _write(tmp_path, _UNIVARIATE)
     X, _ = load_ucr_ts(p)
@@ -147,6 +170,8 @@ def test_ucr_equal_lengths_load_unchanged_whatever_the_option(tmp_path):
     (dict(unequal_length="pad", n_points=0), "n_points must be a positive integer"),
     (dict(unequal_length="pad", n_points=2.5), "n_points must be a positive integer"),
     (dict(unequal_length="pad", n_points=True), "n_points must be a positive integer"),
+    (dict(unequal_length="resample", n_points=1), "at least 2 points"),
+    (dict(unequal_length=["pad"]), "unequal_length must be"),
 ])
 def test_ucr_bad_unequal_length_options(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):

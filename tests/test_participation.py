@@ -451,8 +451,11 @@ def test_a_state_of_an_older_objective_is_resumed_with_fresh_messages(data):
     resumed = _fit(X, y, g, n_rounds=3, tol=1e-12, resume_from=old)
     assert resumed.n_iter_ == 5
     _same_model(resumed, full, exact=False)
+    # one evaluation more than the uninterrupted run: the fresh messages
+    assert resumed.n_evaluations_ == full.n_evaluations_ + 1
     # a state of this version is trusted as saved (no extra evaluation)
-    assert _fit(X, y, g, n_rounds=3, tol=1e-12, resume_from=state).n_iter_ == 5
+    same = _fit(X, y, g, n_rounds=3, tol=1e-12, resume_from=state)
+    assert same.n_iter_ == 5 and same.n_evaluations_ == full.n_evaluations_
 
 
 def test_resume_after_a_round_that_switched_to_learned_inducing_inputs(data):
