@@ -34,13 +34,15 @@ from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 from skfedgp import FederatedHierarchicalGPRegressor
 
 
-def make(n_clients, n_per_client, seed=0):
+def make(n_clients, n_per_client, seed=0, return_offset=False):
+    """``X`` (n, 2), ``y`` and client labels ``g``; with ``return_offset``
+    also each client's level (shape (n_clients,))."""
     rng = np.random.default_rng(seed)
     X = rng.uniform(0, 10, size=(n_clients * n_per_client, 2))
     g = np.repeat(np.arange(n_clients), n_per_client)
     offset = 0.3 * rng.normal(size=n_clients)
     y = np.sin(X[:, 0]) + 0.3 * np.cos(X[:, 1]) + offset[g] + 0.1 * rng.normal(size=X.shape[0])
-    return X, y, g
+    return (X, y, g, offset) if return_offset else (X, y, g)
 
 
 def time_fit(X, y, g, n_jobs):

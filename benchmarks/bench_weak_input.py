@@ -38,15 +38,11 @@ from skfedgp import FederatedHierarchicalGPRegressor
 LEVEL_VARIANCE = 0.09  # 0.3 ** 2, make()'s client offsets
 
 
-def test_data(n_clients, n_per_client):
+def test_data(n_clients, offset):
     """2 000 test inputs with random clients and the noise-free values there."""
     rng = np.random.default_rng(5)
     Xt = rng.uniform(0, 10, size=(2000, 2))
     gt = rng.integers(0, n_clients, 2000)
-    # make()'s draws, in its order: the inputs, then the offsets
-    rng0 = np.random.default_rng(0)
-    rng0.uniform(0, 10, size=(n_clients * n_per_client, 2))
-    offset = 0.3 * rng0.normal(size=n_clients)
     return Xt, gt, np.sin(Xt[:, 0]) + 0.3 * np.cos(Xt[:, 1]) + offset[gt]
 
 
@@ -75,8 +71,8 @@ def main(argv=None):
     print(f"{'case':>6s} {'model':32s} {'RMSE':>7s} {'ELBO':>9s}  lengthscales   fit s")
     for case in args.cases:
         n_clients, n_per_client = (int(v) for v in case.split("x"))
-        X, y, g = make(n_clients, n_per_client)
-        Xt, gt, f = test_data(n_clients, n_per_client)
+        X, y, g, offset = make(n_clients, n_per_client, return_offset=True)
+        Xt, gt, f = test_data(n_clients, offset)
         for name, kw in (("skfedgp defaults", {}),
                          ("skfedgp, lengthscale=[2.2, 2.8]", {"lengthscale": [2.2, 2.8]})):
             t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.utils import Bunch, check_random_state
 
-from ._validation import user_stacklevel
+from ._validation import check_count, user_stacklevel
 
 __all__ = [
     "DEFAULT_URL",
@@ -1642,9 +1642,7 @@ def load_ucr_ts(path, *, unequal_length="raise", n_points=None):
                                                                       "pad"):
         raise ValueError(f"unequal_length must be 'raise', 'resample' or 'pad', got "
                          f"{unequal_length!r}")
-    if n_points is not None and (isinstance(n_points, (bool, np.bool_))
-                                 or not isinstance(n_points, (int, np.integer)) or n_points < 1):
-        raise ValueError(f"n_points must be a positive integer or None, got {n_points!r}")
+    n_points = check_count(n_points, "n_points", allow_none=True)
     if n_points is not None and n_points < 2 and unequal_length == "resample":
         raise ValueError(f"n_points={n_points} with unequal_length='resample': a series is "
                          "resampled from its first to its last value, which needs at least "

@@ -167,9 +167,9 @@ def test_ucr_equal_lengths_load_unchanged_whatever_the_option(tmp_path):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(unequal_length="truncate"), "unequal_length must be"),
-    (dict(unequal_length="pad", n_points=0), "n_points must be a positive integer"),
-    (dict(unequal_length="pad", n_points=2.5), "n_points must be a positive integer"),
-    (dict(unequal_length="pad", n_points=True), "n_points must be a positive integer"),
+    (dict(unequal_length="pad", n_points=0), r"n_points must be an integer >= 1 or None"),
+    (dict(unequal_length="pad", n_points=2.5), r"n_points must be an integer >= 1 or None"),
+    (dict(unequal_length="pad", n_points=True), r"n_points must be an integer >= 1 or None"),
     (dict(unequal_length="resample", n_points=1), "at least 2 points"),
     (dict(unequal_length=["pad"]), "unequal_length must be"),
 ])
